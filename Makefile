@@ -1,0 +1,138 @@
+# orchid — build, set-up, test and benchmark entry points. `make help` lists them.
+#
+# Layout: every src/**/*.c except src/app/ goes into build/liborchid.a; src/app/*.c
+# is the CLI (build/orchid). Each tests/unit/test_*.c is its own test program linked
+# against the library. src/cuda/*.cu is compiled with nvcc when nvcc exists
+# (CUDA=1, the default then); `make cpu` or CUDA=0 builds without it.
+# A second tree, build/asan/, holds the same code built with ASan+UBSan for tests.
+
+.DEFAULT_GOAL := all
+SHELL := /bin/bash
+
+BUILD   ?= build
+CC      ?= cc
+PY      := .venv/bin/python
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+CUDA    ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+ARCHFLAGS ?= -march=native
+
+WARN    := -Wall -Wextra -Wno-unused-parameter
+CFLAGS_COMMON := -std=c11 -D_GNU_SOURCE $(WARN) -g -MMD -MP -Isrc -pthread
+LIBS    := -lmicrohttpd -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+
+LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/app/*' | sort)
+APP_SRC  := $(sort $(wildcard src/app/*.c))
+CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
+TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
+
+ifeq ($(CUDA),1)
+  CFLAGS_CUDA := -DORCHID_CUDA=1
+  NVCCFLAGS := -O3 -std=c++17 -Isrc -DORCHID_CUDA=1 -lineinfo \
+      -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
+      -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+  CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lstdc++
+else
+  CU_OBJ :=
+  CUDA_LIBS :=
+endif
+
+CFLAGS := $(CFLAGS_COMMON) -O2 $(ARCHFLAGS) $(CFLAGS_CUDA)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+APP_OBJ := $(APP_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+# Sanitizer tree (CPU only: ASan and the CUDA runtime do not mix well).
+ASAN := build/asan
+ASAN_CFLAGS := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+ASAN_LIB_OBJ := $(LIB_SRC:%.c=$(ASAN)/%.o)
+ASAN_APP_OBJ := $(APP_SRC:%.c=$(ASAN)/%.o)
+ASAN_TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(ASAN)/tests/%)
+
+.PHONY: all cpu asan setup run test test-unit test-python test-gpu bench-gpu clean help models
+
+all: $(BUILD)/orchid $(TEST_BIN)
+
+cpu:
+	$(MAKE) CUDA=0 all
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/liborchid.a: $(LIB_OBJ) $(CU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/orchid: $(APP_OBJ) $(BUILD)/liborchid.a
+	$(CC) $(CFLAGS) -o $@ $(APP_OBJ) $(BUILD)/liborchid.a $(LIBS) $(CUDA_LIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/liborchid.a tests/unit/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/liborchid.a $(LIBS) $(CUDA_LIBS)
+
+$(ASAN)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -c $< -o $@
+
+$(ASAN)/liborchid.a: $(ASAN_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(ASAN)/orchid: $(ASAN_APP_OBJ) $(ASAN)/liborchid.a
+	$(CC) $(ASAN_CFLAGS) -o $@ $(ASAN_APP_OBJ) $(ASAN)/liborchid.a $(LIBS)
+
+$(ASAN)/tests/%: tests/unit/%.c $(ASAN)/liborchid.a tests/unit/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -Itests/unit -o $@ $< $(ASAN)/liborchid.a $(LIBS)
+
+asan: $(ASAN)/orchid $(ASAN_TEST_BIN)
+
+setup:
+	@scripts/setup.sh
+
+# The default model `make run` serves: a tiny random model of the real architecture.
+models/tiny/config.json: tools/make_test_model.py | setup
+	$(PY) tools/make_test_model.py --config tiny --out models/tiny
+
+models: models/tiny/config.json
+
+run: setup all models/tiny/config.json
+	$(BUILD)/orchid serve --model models/tiny
+
+test: setup
+	@$(MAKE) --no-print-directory all asan
+	@scripts/run_tests.sh
+
+test-unit: all asan
+	@scripts/run_tests.sh --unit-only
+
+test-python: setup all asan
+	@scripts/run_tests.sh --python-only
+
+test-gpu: all
+	@scripts/test_gpu.sh
+
+bench-gpu: all
+	@scripts/bench_gpu.sh
+
+clean:
+	rm -rf build .pytest_cache
+
+help:
+	@echo "orchid make targets:"
+	@echo "  make           build build/orchid (CUDA parts too when nvcc is present)"
+	@echo "  make cpu       build without CUDA"
+	@echo "  make run       set up, build, make the tiny default model, serve it on 127.0.0.1:8000"
+	@echo "  make test      set up, build (normal + ASan/UBSan), run unit and Python parity tests"
+	@echo "  make test-gpu  GPU tests (needs an NVIDIA GPU)"
+	@echo "  make bench-gpu benchmark on a full-shape synthetic checkpoint (needs a GPU)"
+	@echo "  make setup     install Debian -dev packages and the .venv tools (idempotent)"
+	@echo "  make clean     remove build outputs"
+
+-include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(ASAN_LIB_OBJ:.o=.d) $(ASAN_APP_OBJ:.o=.d)

@@ -1,0 +1,54 @@
+/* backend.h — the one interface between the backend-neutral engine (model/engine.c)
+ * and an implementation: src/cpu/ (the plain reference) or src/cuda/ (fast).
+ *
+ * A backend receives the bound weights at creation (it may copy them to a
+ * device), owns per-sequence state (struct backend_session: KV cache of the
+ * attention layers, conv + recurrent state of the GDN layers) and runs the
+ * whole model over a batch of tokens. The batch is the general form from day
+ * one: tokens of several sequences, each token with its own position; the
+ * tokens of one sequence are contiguous and in position order. Prefill chunks
+ * and decode steps are the same call.
+ */
+#ifndef ORCHID_BACKEND_H
+#define ORCHID_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+struct backend_session;
+
+struct fwd_batch {
+    int n_tokens;
+    const int32_t *tokens; /* [n_tokens] ids, already range-checked */
+    const int32_t *pos;    /* [n_tokens] absolute positions */
+    const int32_t *seq;    /* [n_tokens] index into sessions */
+    struct backend_session *const *sessions;
+    int n_seqs;
+    int n_out;               /* tokens whose logits are wanted */
+    const int32_t *out_rows; /* [n_out] ascending token indices */
+    float *const *out_logits; /* [n_out] destinations of `vocab` float32 each; runs of
+                                 adjacent rows (ptr[i+1] == ptr[i] + vocab) may be
+                                 computed together */
+};
+
+struct backend {
+    const char *name;
+    int max_batch_tokens; /* the engine never passes more tokens in one call */
+    int (*session_create)(struct backend *b, int max_seq, struct backend_session **out, char *err, size_t errlen);
+    void (*session_destroy)(struct backend *b, struct backend_session *s);
+    void (*session_reset)(struct backend *b, struct backend_session *s);
+    int (*forward)(struct backend *b, const struct fwd_batch *batch, char *err, size_t errlen);
+    void (*destroy)(struct backend *b);
+};
+
+int cpu_backend_create(struct backend **out, const struct model_config *cfg, const struct model_weights *w,
+                       int threads, char *err, size_t errlen);
+#ifdef ORCHID_CUDA
+int cuda_backend_create(struct backend **out, const struct model_config *cfg, const struct model_weights *w,
+                        char *err, size_t errlen);
+#endif
+
+#endif

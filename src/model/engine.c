@@ -1,0 +1,199 @@
+/* model/engine.c — engine and session lifetime, and batching onto a backend (engine.h).
+ *
+ * engine_open: config.json → struct model_config (validated), safetensors mmap,
+ * weights_bind (every tensor named and checked), then the backend. Sessions own
+ * their token list and the backend's per-sequence state. engine_forward
+ * flattens a list of (session, new tokens) into fixed-capacity chunks of at most
+ * backend->max_batch_tokens tokens — one sequence may span several chunks, its
+ * state carries over — using buffers allocated at open, so the token loop does
+ * not allocate.
+ */
+#include "model/engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "model/weights.h"
+#include "runtime/safetensors.h"
+#include "runtime/status.h"
+#include "runtime/timing.h"
+
+struct engine {
+    struct model_config cfg;
+    safetensors *st;
+    struct model_weights w;
+    struct backend *be;
+    char *model_dir;
+    double load_seconds;
+    /* chunk assembly buffers, [max_batch_tokens] each */
+    int32_t *c_tokens, *c_pos, *c_seq, *c_out_rows;
+    float **c_out;
+    struct backend_session **c_sessions;
+};
+
+struct session {
+    engine *e;
+    struct backend_session *bs;
+    int32_t *tokens;
+    int len, cap;
+};
+
+int engine_open(engine **out, const struct engine_options *opt, char *err, size_t errlen) {
+    *out = NULL;
+    const double t0 = now_seconds();
+    if (!opt || !opt->model_dir) return errorf(err, errlen, ST_INVALID, "no model directory given");
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return errorf(err, errlen, ST_NOMEM, "out of memory");
+    int rc;
+    e->model_dir = strdup(opt->model_dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", opt->model_dir);
+    if ((rc = config_load(&e->cfg, path, err, errlen))) goto fail;
+    if ((rc = safetensors_open(&e->st, opt->model_dir, err, errlen))) goto fail;
+    if ((rc = weights_bind(&e->w, &e->cfg, e->st, err, errlen))) goto fail;
+
+    const char *backend = opt->backend ? opt->backend : "cpu";
+    if (strcmp(backend, "cpu") == 0) {
+        rc = cpu_backend_create(&e->be, &e->cfg, &e->w, opt->threads, err, errlen);
+    } else if (strcmp(backend, "cuda") == 0) {
+#ifdef ORCHID_CUDA
+        rc = cuda_backend_create(&e->be, &e->cfg, &e->w, err, errlen);
+#else
+        rc = errorf(err, errlen, ST_UNSUPPORTED, "this build of orchid has no CUDA backend (built without nvcc)");
+#endif
+    } else {
+        rc = errorf(err, errlen, ST_INVALID, "unknown backend \"%s\" (cpu or cuda)", backend);
+    }
+    if (rc) goto fail;
+
+    const size_t n = (size_t)e->be->max_batch_tokens;
+    e->c_tokens = malloc(n * sizeof(int32_t));
+    e->c_pos = malloc(n * sizeof(int32_t));
+    e->c_seq = malloc(n * sizeof(int32_t));
+    e->c_out_rows = malloc(n * sizeof(int32_t));
+    e->c_out = malloc(n * sizeof(float *));
+    e->c_sessions = malloc(n * sizeof(struct backend_session *));
+    if (!e->c_tokens || !e->c_pos || !e->c_seq || !e->c_out_rows || !e->c_out || !e->c_sessions) {
+        rc = errorf(err, errlen, ST_NOMEM, "out of memory");
+        goto fail;
+    }
+    e->load_seconds = now_seconds() - t0;
+    *out = e;
+    return 0;
+fail:
+    engine_close(e);
+    return rc;
+}
+
+void engine_close(engine *e) {
+    if (!e) return;
+    if (e->be) e->be->destroy(e->be);
+    weights_free(&e->w);
+    safetensors_close(e->st);
+    free(e->c_tokens); free(e->c_pos); free(e->c_seq); free(e->c_out_rows); free(e->c_out); free(e->c_sessions);
+    free(e->model_dir);
+    free(e);
+}
+
+const struct model_config *engine_config(const engine *e) { return &e->cfg; }
+const char *engine_backend_name(const engine *e) { return e->be->name; }
+const char *engine_model_dir(const engine *e) { return e->model_dir; }
+double engine_load_seconds(const engine *e) { return e->load_seconds; }
+
+size_t engine_tensor_count(const engine *e) { return (size_t)e->st->n_tensors; }
+size_t engine_tensor_bytes(const engine *e) { return e->st->total_bytes; }
+size_t engine_bound_tensors(const engine *e) { return e->w.n_bound; }
+size_t engine_quant_bytes(const engine *e) { return e->w.quant_bytes; }
+
+int session_open(engine *e, session **out, int max_seq, char *err, size_t errlen) {
+    *out = NULL;
+    if (max_seq < 1) return errorf(err, errlen, ST_INVALID, "session capacity must be at least 1 token (got %d)", max_seq);
+    if (e->cfg.max_position > 0 && max_seq > e->cfg.max_position)
+        return errorf(err, errlen, ST_RANGE, "session capacity %d exceeds max_position_embeddings %d", max_seq, e->cfg.max_position);
+    session *s = calloc(1, sizeof *s);
+    if (!s) return errorf(err, errlen, ST_NOMEM, "out of memory");
+    s->e = e;
+    s->cap = max_seq;
+    s->tokens = malloc((size_t)max_seq * sizeof(int32_t));
+    if (!s->tokens) { free(s); return errorf(err, errlen, ST_NOMEM, "out of memory for %d tokens", max_seq); }
+    int rc = e->be->session_create(e->be, max_seq, &s->bs, err, errlen);
+    if (rc) { free(s->tokens); free(s); return rc; }
+    *out = s;
+    return 0;
+}
+
+void session_close(session *s) {
+    if (!s) return;
+    s->e->be->session_destroy(s->e->be, s->bs);
+    free(s->tokens);
+    free(s);
+}
+
+void session_reset(session *s) {
+    s->e->be->session_reset(s->e->be, s->bs);
+    s->len = 0;
+}
+
+int session_length(const session *s) { return s->len; }
+int session_capacity(const session *s) { return s->cap; }
+const int32_t *session_tokens(const session *s) { return s->tokens; }
+
+int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, size_t errlen) {
+    const struct model_config *c = &e->cfg;
+    /* Validate everything before touching any state. */
+    for (int i = 0; i < n_seqs; i++) {
+        const struct batch_seq *q = &seqs[i];
+        if (!q->s || q->s->e != e) return errorf(err, errlen, ST_INVALID, "batch entry %d has no session of this engine", i);
+        if (q->n_tokens < 1) return errorf(err, errlen, ST_INVALID, "batch entry %d has no tokens", i);
+        if (q->n_tokens > q->s->cap - q->s->len)
+            return errorf(err, errlen, ST_RANGE, "sequence full: %d tokens + %d new exceed the session capacity %d",
+                          q->s->len, q->n_tokens, q->s->cap);
+        for (int k = 0; k < q->n_tokens; k++)
+            if (q->tokens[k] < 0 || q->tokens[k] >= c->vocab)
+                return errorf(err, errlen, ST_INVALID, "token id %d is outside the vocabulary (0..%d)", q->tokens[k], c->vocab - 1);
+        for (int j = 0; j < i; j++)
+            if (seqs[j].s == q->s) return errorf(err, errlen, ST_INVALID, "a session appears twice in one batch");
+    }
+    const int cap = e->be->max_batch_tokens;
+    int n = 0, n_sess = 0, n_out = 0;
+    struct backend_session *last = NULL;
+    for (int i = 0; i < n_seqs; i++) {
+        struct batch_seq *q = &seqs[i];
+        for (int k = 0; k < q->n_tokens; k++) {
+            if (n == cap) { /* flush a full chunk */
+                struct fwd_batch b = {.n_tokens = n, .tokens = e->c_tokens, .pos = e->c_pos, .seq = e->c_seq,
+                                      .sessions = e->c_sessions, .n_seqs = n_sess, .n_out = n_out,
+                                      .out_rows = e->c_out_rows, .out_logits = e->c_out};
+                int rc = e->be->forward(e->be, &b, err, errlen);
+                if (rc) return rc;
+                n = n_sess = n_out = 0;
+                last = NULL;
+            }
+            if (q->s->bs != last) {
+                e->c_sessions[n_sess++] = q->s->bs;
+                last = q->s->bs;
+            }
+            const int pos = q->s->len;
+            e->c_tokens[n] = q->tokens[k];
+            e->c_pos[n] = pos;
+            e->c_seq[n] = n_sess - 1;
+            if (q->logits && (q->all_logits || k == q->n_tokens - 1)) {
+                e->c_out_rows[n_out] = n;
+                e->c_out[n_out] = q->logits + (q->all_logits ? (size_t)k * c->vocab : 0);
+                n_out++;
+            }
+            q->s->tokens[pos] = q->tokens[k];
+            q->s->len++;
+            n++;
+        }
+    }
+    if (n) {
+        struct fwd_batch b = {.n_tokens = n, .tokens = e->c_tokens, .pos = e->c_pos, .seq = e->c_seq,
+                              .sessions = e->c_sessions, .n_seqs = n_sess, .n_out = n_out,
+                              .out_rows = e->c_out_rows, .out_logits = e->c_out};
+        return e->be->forward(e->be, &b, err, errlen);
+    }
+    return 0;
+}

@@ -1,0 +1,74 @@
+/* model/engine.h — the public engine/session API every front end uses
+ * (CLI, server, benchmarks, tests).
+ *
+ * An engine is immutable once open: the mmap'd checkpoint, its validated
+ * config, the bound weights and the chosen backend's device copies. A session
+ * is the mutable state of one sequence: its token list, the KV cache of the
+ * full-attention layers, and the conv + recurrent state of the Gated DeltaNet
+ * layers, all sized once at session_open (no allocation in the token loop).
+ *
+ * engine_forward feeds a batch: several sequences, each with one or more new
+ * tokens (a prefill chunk or one decode token). Positions are implicit: the
+ * i-th new token of a sequence sits at session_length(s) + i. Every token of
+ * the batch goes through the same code path (prefill and decode are not
+ * separate). Only the scheduler thread may call engine_forward; engines and
+ * sessions are not internally locked.
+ */
+#ifndef ORCHID_ENGINE_H
+#define ORCHID_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+
+typedef struct engine engine;
+typedef struct session session;
+
+struct engine_options {
+    const char *model_dir; /* checkpoint directory (config.json + safetensors) */
+    const char *backend;   /* "cpu" (default) or "cuda" */
+    int threads;           /* CPU worker threads; 0 = number of online cores */
+    bool quiet;            /* no load-progress lines on stderr */
+};
+
+int engine_open(engine **out, const struct engine_options *opt, char *err, size_t errlen);
+void engine_close(engine *e);
+
+const struct model_config *engine_config(const engine *e);
+const char *engine_backend_name(const engine *e);
+const char *engine_model_dir(const engine *e);
+double engine_load_seconds(const engine *e);
+size_t engine_tensor_count(const engine *e);  /* tensors in the checkpoint, skipped ones included */
+size_t engine_tensor_bytes(const engine *e);  /* their bytes */
+size_t engine_bound_tensors(const engine *e); /* tensors bound to model fields */
+size_t engine_quant_bytes(const engine *e);   /* bytes of the quantized matrices */
+
+/* A session holds up to max_seq tokens (prompt + generated). */
+int session_open(engine *e, session **out, int max_seq, char *err, size_t errlen);
+void session_close(session *s);
+/* Forget every token: zero the recurrent/conv state, length 0. Keeps buffers. */
+void session_reset(session *s);
+int session_length(const session *s);
+int session_capacity(const session *s);
+/* The tokens fed so far (session_length of them). */
+const int32_t *session_tokens(const session *s);
+
+/* One sequence's part of a batch. `logits`, when non-NULL, receives float32
+ * logits: [vocab] for the last new token, or [n_tokens, vocab] when
+ * `all_logits` is set (teacher forcing, dumps). */
+struct batch_seq {
+    session *s;
+    const int32_t *tokens;
+    int n_tokens;
+    float *logits;
+    bool all_logits;
+};
+
+/* Runs the model over every new token of every sequence and appends them to
+ * their sessions. Fails without changing any session when a token id is out of
+ * range or a session would overflow its capacity. */
+int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, size_t errlen);
+
+#endif
