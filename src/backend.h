@@ -41,6 +41,11 @@ struct backend {
     void (*session_destroy)(struct backend *b, struct backend_session *s);
     void (*session_reset)(struct backend *b, struct backend_session *s);
     int (*forward)(struct backend *b, const struct fwd_batch *batch, char *err, size_t errlen);
+    /* Optional (NULL = the engine loops forward + argmax on the host): greedy decode of
+     * n_steps tokens for one session starting at position pos by feeding `first`;
+     * out_ids[i] is the argmax after feeding step i's token; step_end as in engine.h. */
+    int (*decode_greedy)(struct backend *b, struct backend_session *s, int pos, int32_t first, int n_steps,
+                         int32_t *out_ids, double *step_end, char *err, size_t errlen);
     void (*destroy)(struct backend *b);
 };
 

@@ -20,13 +20,6 @@ static const char *USAGE =
     "usage: orchid generate --model DIR --prompt-ids 1,2,3 [--max-tokens N] [--dump-logits FILE]\n"
     "                       [--backend cpu|cuda] [--threads N] [--ignore-eos]";
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i; /* first maximum wins; NaN never wins */
-    return best;
-}
-
 static int write_records(FILE *f, int pos0, const int32_t *ids, int n, const float *logits, int vocab) {
     for (int i = 0; i < n; i++) {
         int32_t hdr[3] = {pos0 + i, ids[i], vocab};
@@ -89,7 +82,7 @@ int cmd_generate(int argc, char **argv) {
     if (engine_forward(e, &bs, 1, err, sizeof err)) { fprintf(stderr, "orchid generate: %s\n", err); goto out; }
     const float *last = logits + (dump ? (n_prompt - 1) * (size_t)c->vocab : 0);
     if (df && write_records(df, 0, prompt, (int)n_prompt, logits, c->vocab)) { fprintf(stderr, "orchid generate: write to %s failed\n", dump); goto out; }
-    int32_t tok = argmax(last, c->vocab);
+    int32_t tok = argmax_f32(last, c->vocab);
     const double t_prefill = now_seconds() - t0;
     int n_gen = 0;
     double t1 = now_seconds();
@@ -102,7 +95,7 @@ int cmd_generate(int argc, char **argv) {
         bs = (struct batch_seq){.s = s, .tokens = &tok, .n_tokens = 1, .logits = logits};
         if (engine_forward(e, &bs, 1, err, sizeof err)) { fprintf(stderr, "orchid generate: %s\n", err); goto out; }
         if (df && write_records(df, session_length(s) - 1, &tok, 1, logits, c->vocab)) { fprintf(stderr, "orchid generate: write to %s failed\n", dump); goto out; }
-        tok = argmax(logits, c->vocab);
+        tok = argmax_f32(logits, c->vocab);
     }
     const double t_decode = now_seconds() - t1;
     printf("# prompt=%zu generated=%d load_s=%.3f prefill_tok_s=%.2f decode_tok_s=%.2f backend=%s\n", n_prompt, n_gen,

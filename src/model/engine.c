@@ -31,6 +31,7 @@ struct engine {
     int32_t *c_tokens, *c_pos, *c_seq, *c_out_rows;
     float **c_out;
     struct backend_session **c_sessions;
+    float *greedy_logits; /* [vocab], host fallback of engine_decode_greedy */
 };
 
 struct session {
@@ -94,6 +95,7 @@ void engine_close(engine *e) {
     safetensors_close(e->st);
     free(e->c_tokens); free(e->c_pos); free(e->c_seq); free(e->c_out_rows); free(e->c_out); free(e->c_sessions);
     free(e->model_dir);
+    free(e->greedy_logits);
     free(e);
 }
 
@@ -194,6 +196,45 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
                               .sessions = e->c_sessions, .n_seqs = n_sess, .n_out = n_out,
                               .out_rows = e->c_out_rows, .out_logits = e->c_out};
         return e->be->forward(e->be, &b, err, errlen);
+    }
+    return 0;
+}
+
+int argmax_f32(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int32_t *out_ids, double *step_end,
+                         char *err, size_t errlen) {
+    const struct model_config *c = &e->cfg;
+    if (n_steps < 1) return 0;
+    if (s->e != e) return errorf(err, errlen, ST_INVALID, "session belongs to another engine");
+    if (n_steps > s->cap - s->len)
+        return errorf(err, errlen, ST_RANGE, "sequence full: %d tokens + %d steps exceed the session capacity %d", s->len,
+                      n_steps, s->cap);
+    if (first < 0 || first >= c->vocab) return errorf(err, errlen, ST_INVALID, "token id %d is outside the vocabulary", first);
+    const double t0 = now_seconds();
+    if (e->be->decode_greedy) {
+        const int pos = s->len;
+        int rc = e->be->decode_greedy(e->be, s->bs, pos, first, n_steps, out_ids, step_end, err, errlen);
+        if (rc) return rc;
+        /* the session fed `first` and then all but the last chosen id */
+        s->tokens[s->len++] = first;
+        for (int i = 0; i + 1 < n_steps; i++) s->tokens[s->len++] = out_ids[i];
+        return 0;
+    }
+    if (!e->greedy_logits && !(e->greedy_logits = malloc((size_t)c->vocab * sizeof(float))))
+        return errorf(err, errlen, ST_NOMEM, "out of memory for logits");
+    int32_t tok = first;
+    for (int i = 0; i < n_steps; i++) {
+        struct batch_seq q = {.s = s, .tokens = &tok, .n_tokens = 1, .logits = e->greedy_logits};
+        int rc = engine_forward(e, &q, 1, err, errlen);
+        if (rc) return rc;
+        tok = out_ids[i] = argmax_f32(e->greedy_logits, c->vocab);
+        if (step_end) step_end[i] = now_seconds() - t0;
     }
     return 0;
 }

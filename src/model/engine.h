@@ -71,4 +71,16 @@ struct batch_seq {
  * range or a session would overflow its capacity. */
 int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, size_t errlen);
 
+/* Greedy decoding: feeds `first` (the token chosen from the previous logits), then
+ * each new argmax, n_steps times in all, and writes the n_steps chosen ids (ties go
+ * to the lowest id). A backend with a device-resident loop (CUDA graphs, next token
+ * written on the device) runs it there; otherwise engine_forward + a host argmax.
+ * step_end (optional, [n_steps]) receives the wall time, from the call's start, at
+ * which each id was known on the host. */
+int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int32_t *out_ids, double *step_end,
+                         char *err, size_t errlen);
+
+/* First index of the largest value (NaN never wins). */
+int argmax_f32(const float *x, int n);
+
 #endif
