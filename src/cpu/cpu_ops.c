@@ -6,6 +6,11 @@
 
 #include "runtime/bf16.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#endif
+
 void qmat_dequant_row(const struct qmat *m, int mat, int row, float *out) {
     const size_t r = (size_t)mat * (size_t)m->rows + (size_t)row;
     const uint32_t *w = m->codes + r * qmat_row_words(m);
@@ -49,7 +54,52 @@ struct qmm_job {
     float *y;
     int ldy;
     int rows_per_item;
+    const float *xp;   /* small-T 4-bit path: x permuted per group, [T, cols] */
+    const float *xsum; /* small-T 4-bit path: Σx per group, [T, cols/group] */
 };
+
+#define QMM_SMALL_T 4
+
+#ifdef HAVE_AVX2
+/* Small-T 4-bit path: y = Σ_g s_g·(Σ_i q_i x_i) + b_g·(Σ_i x_i) without materialising the
+ * row. Word j of a group holds elements 8j..8j+7 (nibble k = element 8j+k), so with x
+ * permuted to xp[g·G + 8k + j] = x[g·G + 8j + k], nibble plane k of the group's 8 words
+ * (one 256-bit load, shifted by 4k and masked) lines up with xp[8k .. 8k+7]. */
+static void qmm_item_q4_small(void *ctx, int item) {
+    const struct qmm_job *j = ctx;
+    const struct qmat *m = j->m;
+    const int G = m->group, ng = m->cols / G, wpg = G / 8;
+    const int r0 = item * j->rows_per_item;
+    const int r1 = r0 + j->rows_per_item < m->rows ? r0 + j->rows_per_item : m->rows;
+    const __m256i mask = _mm256_set1_epi32(15);
+    for (int r = r0; r < r1; r++) {
+        const size_t row = (size_t)j->mat * (size_t)m->rows + (size_t)r;
+        const uint32_t *w = m->codes + row * qmat_row_words(m);
+        const uint16_t *sc = m->scales + row * (size_t)ng, *bi = m->biases + row * (size_t)ng;
+        float acc[QMM_SMALL_T] = {0};
+        for (int g = 0; g < ng; g++) {
+            const float s = bf16_to_f32(sc[g]), b = bf16_to_f32(bi[g]);
+            for (int c = 0; c < wpg; c += 8) { /* 8 words = 64 elements */
+                const __m256i words = _mm256_loadu_si256((const __m256i *)(w + (size_t)g * wpg + c));
+                for (int t = 0; t < j->T; t++) {
+                    const float *xp = j->xp + (size_t)t * m->cols + (size_t)g * G + (size_t)c * 8;
+                    __m256 d = _mm256_setzero_ps();
+                    for (int k = 0; k < 8; k++) {
+                        const __m256 q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words, 4 * k), mask));
+                        d = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp + 8 * k), d);
+                    }
+                    __m128 h = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+                    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+                    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+                    acc[t] += s * _mm_cvtss_f32(h);
+                }
+            }
+            for (int t = 0; t < j->T; t++) acc[t] += b * j->xsum[(size_t)t * ng + g];
+        }
+        for (int t = 0; t < j->T; t++) j->y[(size_t)t * j->ldy + r] = acc[t];
+    }
+}
+#endif
 
 static void qmm_item(void *ctx, int item) {
     const struct qmm_job *j = ctx;
@@ -71,9 +121,35 @@ void cpu_qmatmul(threadpool *pool, const struct qmat *m, int mat, const float *x
     if (rpi < 4) rpi = 4;
     j.rows_per_item = rpi;
     const int items = (m->rows + rpi - 1) / rpi;
-    if (pool) threadpool_run(pool, items, qmm_item, &j);
+    threadpool_fn fn = qmm_item;
+#ifdef HAVE_AVX2
+    /* permuted x and group sums for the fused small-T path (stack: T·cols floats) */
+    const int small = m->bits == 4 && T <= QMM_SMALL_T && m->group % 64 == 0 && m->cols <= 16384;
+    float xp[small ? T * m->cols : 1], xs[small ? T * (m->cols / m->group) : 1];
+    if (small) {
+        const int G = m->group;
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (size_t)t * ldx;
+            for (int g = 0; g < m->cols / G; g++) {
+                float sum = 0;
+                for (int c = 0; c < G / 64; c++)
+                    for (int k = 0; k < 8; k++)
+                        for (int jj = 0; jj < 8; jj++) {
+                            const float v = xt[g * G + c * 64 + 8 * jj + k];
+                            xp[(size_t)t * m->cols + g * G + c * 64 + 8 * k + jj] = v;
+                            sum += v;
+                        }
+                xs[t * (m->cols / G) + g] = sum;
+            }
+        }
+        j.xp = xp;
+        j.xsum = xs;
+        fn = qmm_item_q4_small;
+    }
+#endif
+    if (pool) threadpool_run(pool, items, fn, &j);
     else
-        for (int i = 0; i < items; i++) qmm_item(&j, i);
+        for (int i = 0; i < items; i++) fn(&j, i);
 }
 
 void rmsnorm(float *out, const float *x, const float *gain, int n, float eps) {
