@@ -25,6 +25,9 @@ run_unit() {
 }
 
 if [ "$mode" != "--python-only" ]; then
+  # MLX-made fixtures the C unit tests compare against (made once, then cached).
+  mkdir -p .cache
+  [ -s .cache/quant_fixture.json ] || .venv/bin/python tools/quant_fixture.py .cache/quant_fixture.json >/dev/null
   for b in build/tests/test_* build/asan/tests/test_*; do
     [ -x "$b" ] && [ "${b%.d}" = "$b" ] && run_unit "$b"
   done
