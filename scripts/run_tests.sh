@@ -28,6 +28,8 @@ if [ "$mode" != "--python-only" ]; then
   # MLX-made fixtures the C unit tests compare against (made once, then cached).
   mkdir -p .cache
   [ -s .cache/quant_fixture.json ] || .venv/bin/python tools/quant_fixture.py .cache/quant_fixture.json >/dev/null
+  # The tiny mlx-lm test model the engine tests load (tests/python/models.py caches it).
+  export ORCHID_TEST_MODEL=$(.venv/bin/python -c 'import sys; sys.path.insert(0, "tests/python"); import models; print(models.model_dir("tiny"))')
   for b in build/tests/test_* build/asan/tests/test_*; do
     [ -x "$b" ] && [ "${b%.d}" = "$b" ] && run_unit "$b"
   done
