@@ -46,6 +46,16 @@ struct backend {
      * out_ids[i] is the argmax after feeding step i's token; step_end as in engine.h. */
     int (*decode_greedy)(struct backend *b, struct backend_session *s, int pos, int32_t first, int n_steps,
                          int32_t *out_ids, double *step_end, char *err, size_t errlen);
+    /* Session state transfer for prefix checkpoints (model/prefix_cache.c). The
+     * recurrent part (conv + GDN state of every linear layer) has a fixed size; the
+     * KV part is per position. Buffers are host memory; formats are the backend's own
+     * and only ever read back by the same backend. */
+    size_t (*state_bytes)(struct backend *b);
+    int (*state_save)(struct backend *b, struct backend_session *s, void *dst, char *err, size_t errlen);
+    int (*state_load)(struct backend *b, struct backend_session *s, const void *src, char *err, size_t errlen);
+    size_t (*kv_bytes_per_token)(struct backend *b);
+    int (*kv_save)(struct backend *b, struct backend_session *s, int pos0, int n, void *dst, char *err, size_t errlen);
+    int (*kv_load)(struct backend *b, struct backend_session *s, int pos0, int n, const void *src, char *err, size_t errlen);
     void (*destroy)(struct backend *b);
 };
 

@@ -16,6 +16,7 @@
  * allocates nothing.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -340,6 +341,63 @@ static void cpu_session_reset(struct backend *base, struct backend_session *s) {
     memset(s->state, 0, (size_t)cb->n_lin * c->lin_v_heads * (size_t)c->lin_v_dim * c->lin_k_dim * sizeof(float));
 }
 
+static size_t conv_floats(const struct cpu_backend *cb) {
+    return (size_t)cb->n_lin * (size_t)(cb->cfg->conv_kernel - 1) * cfg_conv_dim(cb->cfg);
+}
+static size_t rec_floats(const struct cpu_backend *cb) {
+    const struct model_config *c = cb->cfg;
+    return (size_t)cb->n_lin * c->lin_v_heads * (size_t)c->lin_v_dim * c->lin_k_dim;
+}
+
+static size_t cpu_state_bytes(struct backend *base) {
+    struct cpu_backend *cb = (struct cpu_backend *)base;
+    return (conv_floats(cb) + rec_floats(cb)) * sizeof(float);
+}
+
+static int cpu_state_save(struct backend *base, struct backend_session *s, void *dst, char *err, size_t errlen) {
+    struct cpu_backend *cb = (struct cpu_backend *)base;
+    (void)err; (void)errlen;
+    memcpy(dst, s->conv, conv_floats(cb) * sizeof(float));
+    memcpy((float *)dst + conv_floats(cb), s->state, rec_floats(cb) * sizeof(float));
+    return 0;
+}
+
+static int cpu_state_load(struct backend *base, struct backend_session *s, const void *src, char *err, size_t errlen) {
+    struct cpu_backend *cb = (struct cpu_backend *)base;
+    (void)err; (void)errlen;
+    memcpy(s->conv, src, conv_floats(cb) * sizeof(float));
+    memcpy(s->state, (const float *)src + conv_floats(cb), rec_floats(cb) * sizeof(float));
+    return 0;
+}
+
+static size_t cpu_kv_bytes_per_token(struct backend *base) {
+    struct cpu_backend *cb = (struct cpu_backend *)base;
+    return (size_t)cb->n_attn * cb->kv_stride * sizeof(float);
+}
+
+/* KV rows of positions [pos0, pos0+n) of every attention layer, layer-major in dst. */
+static int cpu_kv_copy(struct cpu_backend *cb, struct backend_session *s, int pos0, int n, float *host, bool save,
+                       char *err, size_t errlen) {
+    if (pos0 < 0 || n < 0 || pos0 + n > s->max_seq)
+        return errorf(err, errlen, ST_RANGE, "KV range [%d, %d) outside the session capacity %d", pos0, pos0 + n, s->max_seq);
+    const size_t row = cb->kv_stride * sizeof(float);
+    for (int l = 0; l < cb->n_attn; l++) {
+        float *dev = kv_row(cb, s, l, pos0);
+        float *h = host + (size_t)l * n * cb->kv_stride;
+        if (save) memcpy(h, dev, (size_t)n * row);
+        else memcpy(dev, h, (size_t)n * row);
+    }
+    return 0;
+}
+
+static int cpu_kv_save(struct backend *base, struct backend_session *s, int pos0, int n, void *dst, char *err, size_t errlen) {
+    return cpu_kv_copy((struct cpu_backend *)base, s, pos0, n, dst, true, err, errlen);
+}
+
+static int cpu_kv_load(struct backend *base, struct backend_session *s, int pos0, int n, const void *src, char *err, size_t errlen) {
+    return cpu_kv_copy((struct cpu_backend *)base, s, pos0, n, (float *)src, false, err, errlen);
+}
+
 static void cpu_destroy(struct backend *base) {
     struct cpu_backend *cb = (struct cpu_backend *)base;
     if (!cb) return;
@@ -359,7 +417,9 @@ int cpu_backend_create(struct backend **out, const struct model_config *c, const
     if (!cb) return errorf(err, errlen, ST_NOMEM, "out of memory");
     cb->base = (struct backend){.name = "cpu", .max_batch_tokens = CPU_MAX_BATCH, .session_create = cpu_session_create,
                                 .session_destroy = cpu_session_destroy, .session_reset = cpu_session_reset,
-                                .forward = cpu_forward, .destroy = cpu_destroy};
+                                .forward = cpu_forward, .state_bytes = cpu_state_bytes, .state_save = cpu_state_save,
+                                .state_load = cpu_state_load, .kv_bytes_per_token = cpu_kv_bytes_per_token,
+                                .kv_save = cpu_kv_save, .kv_load = cpu_kv_load, .destroy = cpu_destroy};
     cb->cfg = c;
     cb->w = w;
     for (int l = 0; l < c->n_layers; l++) cb->ordinal[l] = c->layer_kind[l] == LAYER_ATTENTION ? cb->n_attn++ : cb->n_lin++;

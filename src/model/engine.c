@@ -238,3 +238,39 @@ int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int3
     }
     return 0;
 }
+
+size_t engine_state_bytes(const engine *e) { return e->be->state_bytes ? e->be->state_bytes(e->be) : 0; }
+size_t engine_kv_bytes_per_token(const engine *e) { return e->be->kv_bytes_per_token ? e->be->kv_bytes_per_token(e->be) : 0; }
+
+static int no_transfer(const engine *e, char *err, size_t errlen) {
+    return errorf(err, errlen, ST_UNSUPPORTED, "the %s backend cannot save or restore session state", e->be->name);
+}
+
+int session_save_state(session *s, void *dst, char *err, size_t errlen) {
+    struct backend *b = s->e->be;
+    if (!b->state_save) return no_transfer(s->e, err, errlen);
+    return b->state_save(b, s->bs, dst, err, errlen);
+}
+
+int session_load_state(session *s, const void *src, const int32_t *tokens, int n, char *err, size_t errlen) {
+    struct backend *b = s->e->be;
+    if (!b->state_load) return no_transfer(s->e, err, errlen);
+    if (n < 0 || n > s->cap) return errorf(err, errlen, ST_RANGE, "restoring %d tokens into a session of capacity %d", n, s->cap);
+    int rc = b->state_load(b, s->bs, src, err, errlen);
+    if (rc) return rc;
+    memcpy(s->tokens, tokens, (size_t)n * sizeof(int32_t));
+    s->len = n;
+    return 0;
+}
+
+int session_save_kv(session *s, int pos0, int n, void *dst, char *err, size_t errlen) {
+    struct backend *b = s->e->be;
+    if (!b->kv_save) return no_transfer(s->e, err, errlen);
+    return b->kv_save(b, s->bs, pos0, n, dst, err, errlen);
+}
+
+int session_load_kv(session *s, int pos0, int n, const void *src, char *err, size_t errlen) {
+    struct backend *b = s->e->be;
+    if (!b->kv_load) return no_transfer(s->e, err, errlen);
+    return b->kv_load(b, s->bs, pos0, n, src, err, errlen);
+}

@@ -80,6 +80,18 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
 int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int32_t *out_ids, double *step_end,
                          char *err, size_t errlen);
 
+/* State transfer for prefix checkpoints (model/prefix_cache.c). The recurrent part
+ * (conv + GDN state of every linear layer) is engine_state_bytes; KV is
+ * engine_kv_bytes_per_token per position. Host buffers, backend-private formats.
+ * session_load_state also sets the session's token list to tokens[0, n) — the
+ * caller guarantees the KV rows of those positions are (or will be) loaded. */
+size_t engine_state_bytes(const engine *e);
+size_t engine_kv_bytes_per_token(const engine *e);
+int session_save_state(session *s, void *dst, char *err, size_t errlen);
+int session_load_state(session *s, const void *src, const int32_t *tokens, int n, char *err, size_t errlen);
+int session_save_kv(session *s, int pos0, int n, void *dst, char *err, size_t errlen);
+int session_load_kv(session *s, int pos0, int n, const void *src, char *err, size_t errlen);
+
 /* First index of the largest value (NaN never wins). */
 int argmax_f32(const float *x, int n);
 
