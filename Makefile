@@ -106,7 +106,7 @@ run: setup all models/tiny/config.json
 	$(BUILD)/orchid serve --model models/tiny
 
 test: setup
-	@$(MAKE) --no-print-directory all asan
+	@$(MAKE) --no-print-directory all asan fuzz-build
 	@scripts/run_tests.sh
 
 test-unit: all asan
@@ -136,3 +136,34 @@ help:
 	@echo "  make clean     remove build outputs"
 
 -include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(ASAN_LIB_OBJ:.o=.d) $(ASAN_APP_OBJ:.o=.d)
+
+# --- fuzzing (issue 7): libFuzzer targets tests/fuzz/fuzz_*.c, clang + ASan + UBSan ---
+FUZZ := build/fuzz
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_CFLAGS := $(CFLAGS_COMMON) -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ)/%)
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ)/%.o)
+
+$(FUZZ)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+$(FUZZ)/liborchid.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ)/liborchid.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ)/liborchid.a $(LIBS)
+
+.PHONY: fuzz fuzz-smoke fuzz-build
+fuzz-build: $(FUZZ_BIN)
+
+fuzz: setup fuzz-build
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(FUZZ_BIN)
+
+fuzz-smoke: setup fuzz-build
+	@FUZZ_SECONDS=3 scripts/fuzz.sh $(FUZZ_BIN)
+
+-include $(FUZZ_LIB_OBJ:.o=.d)

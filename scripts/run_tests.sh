@@ -35,6 +35,16 @@ if [ "$mode" != "--python-only" ]; then
   done
 fi
 
+# A short smoke of every fuzz target (make fuzz runs them for FUZZ_SECONDS each).
+if [ "$mode" = all ] && ls build/fuzz/fuzz_* >/dev/null 2>&1; then
+  out=$(FUZZ_SECONDS=3 scripts/fuzz.sh build/fuzz/fuzz_* 2>&1)
+  printf '%s\n' "$out" | grep -E '^fuzz:' 
+  line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
+  p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.*, ([0-9]+) failed.*/\1/')
+  [ -z "$line" ] && { p=0; f=1; }
+  passed=$((passed + p)); failed=$((failed + f))
+fi
+
 if [ "$mode" != "--unit-only" ] && [ -d tests/python ]; then
   out=$(.venv/bin/python -m pytest -q tests/python 2>&1); rc=$?
   printf '%s\n' "$out" | tail -60
