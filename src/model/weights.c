@@ -230,6 +230,14 @@ static int bind_layer(struct binder *b, int i) {
     return 0;
 }
 
+/* The checkpoint directory, from the first shard's path (for messages). */
+static const char *checkpoint_dir(const safetensors *st, char *dir, size_t len) {
+    snprintf(dir, len, "%s", st->n_shards ? st->shards[0].path : ".");
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    return dir;
+}
+
 /* Names orchid deliberately ignores: the vision tower and the MTP draft head. */
 static bool ignorable(const char *name) {
     if (strncmp(name, "vision_tower.", 13) == 0) return true;
@@ -260,17 +268,21 @@ int weights_bind(struct model_weights *w, const struct model_config *c, safetens
 
     /* Fail closed on anything left over. */
     int n_left = 0;
-    char list[1024] = "";
+    char list[1024] = "", dir[512];
     size_t o = 0;
     for (int i = 0; i < st->n_tensors; i++) {
         const struct st_tensor *t = &st->tensors[i];
         if (t->consumed || ignorable(t->name)) continue;
-        if (n_left < 8 && o < sizeof list) o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", n_left ? ", " : "", t->name);
+        if (n_left < 8 && o < sizeof list) {
+            const char *file = strrchr(safetensors_shard_path(st, t), '/');
+            file = file ? file + 1 : safetensors_shard_path(st, t);
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%s (in %s)", n_left ? ", " : "", t->name, file);
+        }
         n_left++;
     }
     if (n_left) {
-        rc = errorf(err, errlen, ST_FORMAT, "%d checkpoint tensor%s not recognised (unknown tensor%s or name-scheme drift): %s%s",
-                    n_left, n_left == 1 ? " is" : "s are", n_left == 1 ? "" : "s", list, n_left > 8 ? ", ..." : "");
+        rc = errorf(err, errlen, ST_FORMAT, "%s: %d checkpoint tensor%s not recognised (unknown tensor%s or name-scheme drift): %s%s",
+                    checkpoint_dir(st, dir, sizeof dir), n_left, n_left == 1 ? " is" : "s are", n_left == 1 ? "" : "s", list, n_left > 8 ? ", ..." : "");
         goto fail;
     }
     return 0;
