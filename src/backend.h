@@ -56,6 +56,9 @@ struct backend {
     size_t (*kv_bytes_per_token)(struct backend *b);
     int (*kv_save)(struct backend *b, struct backend_session *s, int pos0, int n, void *dst, char *err, size_t errlen);
     int (*kv_load)(struct backend *b, struct backend_session *s, int pos0, int n, const void *src, char *err, size_t errlen);
+    /* Optional: a device description, and the device's copy bandwidth (see engine.h). */
+    const char *(*device_name)(struct backend *b);
+    int (*copy_gbs)(struct backend *b, size_t bytes, double *gbs, char *err, size_t errlen);
     void (*destroy)(struct backend *b);
 };
 

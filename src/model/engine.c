@@ -41,6 +41,8 @@ struct session {
     int len, cap;
 };
 
+static int engine_open_rest(engine **out, engine *e, const struct engine_options *opt, double t0, char *err, size_t errlen);
+
 int engine_open(engine **out, const struct engine_options *opt, char *err, size_t errlen) {
     *out = NULL;
     const double t0 = now_seconds();
@@ -53,6 +55,32 @@ int engine_open(engine **out, const struct engine_options *opt, char *err, size_
     snprintf(path, sizeof path, "%s/config.json", opt->model_dir);
     if ((rc = config_load(&e->cfg, path, err, errlen))) goto fail;
     if ((rc = safetensors_open(&e->st, opt->model_dir, err, errlen))) goto fail;
+    return engine_open_rest(out, e, opt, t0, err, errlen);
+fail:
+    engine_close(e);
+    return rc;
+}
+
+int engine_open_checkpoint(engine **out, const struct engine_options *opt, const char *config_json, size_t config_len,
+                           safetensors *st, char *err, size_t errlen) {
+    *out = NULL;
+    const double t0 = now_seconds();
+    if (!opt || !config_json || !st) {
+        safetensors_close(st);
+        return errorf(err, errlen, ST_INVALID, "engine_open_checkpoint: no options, config or checkpoint");
+    }
+    engine *e = calloc(1, sizeof *e);
+    if (!e) { safetensors_close(st); return errorf(err, errlen, ST_NOMEM, "out of memory"); }
+    e->st = st;
+    e->model_dir = strdup(opt->model_dir ? opt->model_dir : "<memory>");
+    int rc = config_parse(&e->cfg, config_json, config_len, e->model_dir ? e->model_dir : "<memory>", err, errlen);
+    if (rc) { engine_close(e); return rc; }
+    return engine_open_rest(out, e, opt, t0, err, errlen);
+}
+
+/* Binds the weights of e->st to e->cfg and creates the backend; closes e on failure. */
+static int engine_open_rest(engine **out, engine *e, const struct engine_options *opt, double t0, char *err, size_t errlen) {
+    int rc;
     if ((rc = weights_bind(&e->w, &e->cfg, e->st, err, errlen))) goto fail;
 
     const char *backend = opt->backend ? opt->backend : "cpu";
@@ -273,4 +301,13 @@ int session_load_kv(session *s, int pos0, int n, const void *src, char *err, siz
     struct backend *b = s->e->be;
     if (!b->kv_load) return no_transfer(s->e, err, errlen);
     return b->kv_load(b, s->bs, pos0, n, src, err, errlen);
+}
+
+const char *engine_device_name(const engine *e) {
+    return e->be->device_name ? e->be->device_name(e->be) : e->be->name;
+}
+
+int engine_copy_gbs(engine *e, size_t bytes, double *gbs, char *err, size_t errlen) {
+    if (!e->be->copy_gbs) return errorf(err, errlen, ST_UNSUPPORTED, "the %s backend does not measure copy bandwidth", e->be->name);
+    return e->be->copy_gbs(e->be, bytes, gbs, err, errlen);
 }

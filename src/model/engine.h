@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "model/config.h"
+#include "runtime/safetensors.h"
 
 typedef struct engine engine;
 typedef struct session session;
@@ -34,6 +35,11 @@ struct engine_options {
 };
 
 int engine_open(engine **out, const struct engine_options *opt, char *err, size_t errlen);
+/* Like engine_open, from a config.json text and an already open checkpoint (e.g. the
+ * in-memory shards of synth_build_memory). Takes ownership of st: engine_close closes
+ * it, and so does a failure here. opt->model_dir only names the model (may be NULL). */
+int engine_open_checkpoint(engine **out, const struct engine_options *opt, const char *config_json, size_t config_len,
+                           safetensors *st, char *err, size_t errlen);
 void engine_close(engine *e);
 
 const struct model_config *engine_config(const engine *e);
@@ -91,6 +97,12 @@ int session_save_state(session *s, void *dst, char *err, size_t errlen);
 int session_load_state(session *s, const void *src, const int32_t *tokens, int n, char *err, size_t errlen);
 int session_save_kv(session *s, int pos0, int n, void *dst, char *err, size_t errlen);
 int session_load_kv(session *s, int pos0, int n, const void *src, char *err, size_t errlen);
+
+/* The backend's device, e.g. "NVIDIA H200 (sm_90, 139 GiB)"; "cpu" for the CPU backend. */
+const char *engine_device_name(const engine *e);
+/* The backend's own copy bandwidth: (read + write bytes) / s of a device-to-device copy
+ * of `bytes`, best of a few. ST_UNSUPPORTED when the backend has no such measurement. */
+int engine_copy_gbs(engine *e, size_t bytes, double *gbs, char *err, size_t errlen);
 
 /* First index of the largest value (NaN never wins). */
 int argmax_f32(const float *x, int n);

@@ -186,14 +186,15 @@ struct st_tensor *safetensors_find(const safetensors *st, const char *name) {
     return bsearch(&key, st->tensors, (size_t)st->n_tensors, sizeof key, tensor_cmp);
 }
 
-/* Sorts the tensor table by name and rejects a name that appears twice. */
-static int sort_and_check_unique(safetensors *st, char *err, size_t errlen) {
+int safetensors_finish(safetensors *st, char *err, size_t errlen) {
     qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, tensor_cmp);
     for (int i = 1; i < st->n_tensors; i++) {
         if (strcmp(st->tensors[i].name, st->tensors[i - 1].name) == 0)
             return errorf(err, errlen, ST_FORMAT, "tensor %s appears twice (%s and %s)", st->tensors[i].name,
-                          st->shards[st->tensors[i - 1].shard].path, st->shards[st->tensors[i].shard].path);
+                          safetensors_shard_path(st, &st->tensors[i - 1]), safetensors_shard_path(st, &st->tensors[i]));
     }
+    st->total_bytes = 0;
+    for (int i = 0; i < st->n_tensors; i++) st->total_bytes += st->tensors[i].nbytes;
     return 0;
 }
 
@@ -281,7 +282,7 @@ int safetensors_open(safetensors **out, const char *dir, char *err, size_t errle
             if (sidx < 0) { rc = sidx; goto done; }
         }
         if (st->n_shards == 0) { rc = errorf(err, errlen, ST_FORMAT, "%s: weight_map is empty", index_path); goto done; }
-        if ((rc = sort_and_check_unique(st, err, errlen)) != 0) goto done;
+        if ((rc = safetensors_finish(st, err, errlen)) != 0) goto done;
         /* Every index entry must exist in the shard the index names. */
         for (cJSON *e = map->child; e; e = e->next) {
             struct st_tensor *t = safetensors_find(st, e->string);
@@ -305,9 +306,8 @@ int safetensors_open(safetensors **out, const char *dir, char *err, size_t errle
         }
         int sidx = add_shard(st, dir, "model.safetensors", err, errlen);
         if (sidx < 0) { rc = sidx; goto done; }
-        if ((rc = sort_and_check_unique(st, err, errlen)) != 0) goto done;
+        if ((rc = safetensors_finish(st, err, errlen)) != 0) goto done;
     }
-    for (int i = 0; i < st->n_tensors; i++) st->total_bytes += st->tensors[i].nbytes;
 done:
     cJSON_Delete(root);
     free(text);

@@ -52,6 +52,11 @@ int safetensors_open(safetensors **out, const char *dir, char *err, size_t errle
  * it against a file of `file_size` bytes and appends its tensors. */
 int safetensors_parse_header(safetensors *st, int shard, const uint8_t *bytes, size_t file_size,
                              char *err, size_t errlen);
+/* After the last safetensors_parse_header of a checkpoint assembled by hand (e.g. the
+ * in-memory shards of model/synth.c): sorts the tensor table, rejects a name that
+ * appears twice, sums total_bytes. safetensors_open calls it itself. Shards whose fd
+ * is -1 and map non-NULL are anonymous mappings that safetensors_close unmaps. */
+int safetensors_finish(safetensors *st, char *err, size_t errlen);
 void safetensors_close(safetensors *st);
 
 struct st_tensor *safetensors_find(const safetensors *st, const char *name);
