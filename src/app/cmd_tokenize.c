@@ -20,30 +20,9 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "runtime/fileio.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
-
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *p = malloc(cap);
-    size_t k;
-    while (p && (k = fread(p + n, 1, cap - n - 1, f)) > 0) {
-        n += k;
-        if (n + 1 == cap) {
-            char *q = realloc(p, cap *= 2);
-            if (!q) {
-                free(p);
-                p = NULL;
-            }
-            p = q;
-        }
-    }
-    fclose(f);
-    if (p) p[n] = 0;
-    return p;
-}
 
 /* Loads the tokenizer from --tokenizer, else --model. Prints the error. */
 static tokenizer *open_tokenizer(const char *cmd, const char *model, const char *tok_path) {
@@ -87,8 +66,9 @@ int cmd_tokenize(int argc, char **argv) {
     cJSON *js = NULL;
     if (messages) {
         if (messages[0] == '@') {
-            if (!(owned_json = read_all(messages + 1)))
-                return cli_usage_error("tokenize", "%s: cannot read", messages + 1);
+            char rerr[512];
+            if (file_read_all(messages + 1, 64u << 20, &owned_json, NULL, rerr, sizeof rerr) != 0)
+                return cli_usage_error("tokenize", "%s", rerr);
             messages = owned_json;
         }
         js = cJSON_Parse(messages);

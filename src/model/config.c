@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/fileio.h"
 #include "runtime/status.h"
 
 static int get_int(const cJSON *obj, const char *key, int *out, int def, bool required, const char *what,
@@ -275,16 +276,11 @@ done:
 }
 
 int config_load(struct model_config *cfg, const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return errorf(err, errlen, ST_IO, "%s: %s", path, strerror(errno));
-    char *buf = malloc(1 << 20);
-    if (!buf) { fclose(f); return errorf(err, errlen, ST_NOMEM, "out of memory"); }
-    size_t n = fread(buf, 1, (1 << 20) - 1, f);
-    bool more = fgetc(f) != EOF;
-    fclose(f);
-    int rc;
-    if (more) rc = errorf(err, errlen, ST_FORMAT, "%s: larger than 1 MiB, not a config.json", path);
-    else rc = config_parse(cfg, buf, n, path, err, errlen);
+    char *buf;
+    size_t n;
+    int rc = file_read_all(path, 1u << 20, &buf, &n, err, errlen);
+    if (rc) return rc;
+    rc = config_parse(cfg, buf, n, path, err, errlen);
     free(buf);
     return rc;
 }

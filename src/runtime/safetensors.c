@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/fileio.h"
 #include "runtime/status.h"
 
 #define MAX_HEADER_BYTES (256u << 20) /* a 2,000-tensor header is ~300 KB; refuse absurd sizes */
@@ -205,23 +206,6 @@ static char *path_join(const char *dir, const char *file) {
     return p;
 }
 
-static int read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return errorf(err, errlen, ST_IO, "%s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return errorf(err, errlen, ST_IO, "%s: cannot seek", path); }
-    long n = ftell(f);
-    if (n < 0 || n > (64L << 20)) { fclose(f); return errorf(err, errlen, ST_FORMAT, "%s: unreasonable size", path); }
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    if (!buf) { fclose(f); return errorf(err, errlen, ST_NOMEM, "out of memory reading %s", path); }
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); fclose(f); return errorf(err, errlen, ST_IO, "%s: read failed", path); }
-    fclose(f);
-    buf[n] = 0;
-    *out = buf;
-    *len = (size_t)n;
-    return 0;
-}
-
 /* Adds shard `file` (relative to dir) unless already listed; returns its index. */
 static int add_shard(safetensors *st, const char *dir, const char *file, char *err, size_t errlen) {
     if (strchr(file, '/') || strcmp(file, "..") == 0 || file[0] == 0)
@@ -266,7 +250,7 @@ int safetensors_open(safetensors **out, const char *dir, char *err, size_t errle
     if (!index_path) { rc = errorf(err, errlen, ST_NOMEM, "out of memory"); goto done; }
 
     if (access(index_path, F_OK) == 0) {
-        if ((rc = read_file(index_path, &text, &len, err, errlen)) != 0) goto done;
+        if ((rc = file_read_all(index_path, 64u << 20, &text, &len, err, errlen)) != 0) goto done;
         root = cJSON_ParseWithLength(text, len);
         cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
         if (!cJSON_IsObject(map)) {

@@ -31,6 +31,7 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include "runtime/fileio.h"
 #include "runtime/status.h"
 #include "text/utf8.h"
 
@@ -106,32 +107,6 @@ static inline uint64_t hash_u64(uint64_t x) {
     x *= 0xc4ceb9fe1a85ec53ull;
     x ^= x >> 33;
     return x;
-}
-
-static int read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return errorf(err, errlen, ST_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        fclose(f);
-        return errorf(err, errlen, ST_IO, "%s: %s", path, strerror(errno));
-    }
-    size_t n = (size_t)st.st_size;
-    char *p = malloc(n + 1);
-    if (!p) {
-        fclose(f);
-        return errorf(err, errlen, ST_NOMEM, "%s: out of memory", path);
-    }
-    if (n && fread(p, 1, n, f) != n) {
-        fclose(f);
-        free(p);
-        return errorf(err, errlen, ST_IO, "%s: short read", path);
-    }
-    fclose(f);
-    p[n] = 0;
-    *out = p;
-    if (len) *len = n;
-    return 0;
 }
 
 /* GPT-2 bytes_to_unicode: printable Latin-1 bytes map to themselves, the 68
@@ -519,9 +494,9 @@ static int load_config(tokenizer *t, const char *dir, char *err, size_t errlen) 
     char path[4200]; /* dir is < 4096 */
     char *text = NULL;
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    if (read_file(path, &text, NULL, NULL, 0) == 0) t->chat_template = text;
+    if (file_read_all(path, 0, &text, NULL, NULL, 0) == 0) t->chat_template = text;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    if (read_file(path, &text, NULL, NULL, 0) != 0) return 0; /* optional */
+    if (file_read_all(path, 0, &text, NULL, NULL, 0) != 0) return 0; /* optional */
     cJSON *cfg = cJSON_Parse(text);
     free(text);
     if (!cfg) return errorf(err, errlen, ST_FORMAT, "%s: invalid JSON", path);
@@ -739,7 +714,7 @@ int tokenizer_load(tokenizer **out, const char *path, char *err, size_t errlen) 
         else snprintf(dir, sizeof dir, ".");
     }
     char *text;
-    int rc = read_file(file, &text, NULL, err, errlen);
+    int rc = file_read_all(file, 0, &text, NULL, err, errlen);
     if (rc) return rc;
     raw_model rm = {0};
     cJSON *root = cJSON_CreateObject();
