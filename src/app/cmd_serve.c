@@ -1,0 +1,166 @@
+/* app/cmd_serve.c — `orchid serve`: parses flags, starts the scheduler (which
+ * loads the model in the background), binds the HTTP server before the load
+ * finishes (so /health answers 503 "loading" meanwhile), then waits for
+ * SIGINT/SIGTERM. Shutdown order: stop accepting, cancel queued and running
+ * jobs, wait for every connection thread, close the model, exit 0. */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "app/commands.h"
+#include "runtime/status.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/sched.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: orchid serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--max-seq N]\n"
+            "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend cpu|cuda]\n"
+            "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N] [--thinking on|off]\n"
+            "                    [--quiet] [--mock]\n"
+            "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"
+            "  --max-seq N     context per sequence, prompt + completion (default 8192)\n"
+            "  --parallel N    sequences generated concurrently (default 4)\n"
+            "  --max-queue N   requests waiting beyond those; more get 429 (default 256)\n"
+            "  --prefix-cache-mb N  host memory for prefix checkpoints (default 2048; 0 = off)\n"
+            "  --api-key KEY   require `Authorization: Bearer KEY` (also $ORCHID_API_KEY)\n"
+            "  --thinking X    default when a request does not say (default: the template's, on)\n"
+            "  --quiet         no per-request log lines\n"
+            "  --mock          serve the scripted test model instead of a checkpoint (tests only)\n");
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "orchid serve: %s must be an integer in [%ld, %ld]; got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+    const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("ORCHID_API_KEY"), *backend = NULL;
+    long port = 8000, max_seq = 8192, max_queue = 256, parallel = 4, threads = 0, max_body = 8L << 20;
+    long cache_mb = 2048;
+    int thinking = -1;
+    bool mock = false, quiet = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes = strcmp(a, "--mock") && strcmp(a, "--quiet") && strcmp(a, "-h") && strcmp(a, "--help");
+        if (takes && !v) {
+            fprintf(stderr, "orchid serve: %s needs a value\n", a);
+            return 2;
+        }
+        int bad = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--mock")) mock = true;
+        else if (!strcmp(a, "--quiet")) quiet = true;
+        else if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--host")) host = v;
+        else if (!strcmp(a, "--api-key")) api_key = v;
+        else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--port")) bad = parse_int(a, v, 0, 65535, &port);
+        else if (!strcmp(a, "--max-seq")) bad = parse_int(a, v, 2, 1L << 24, &max_seq);
+        else if (!strcmp(a, "--max-queue")) bad = parse_int(a, v, 1, 1L << 20, &max_queue);
+        else if (!strcmp(a, "--parallel")) bad = parse_int(a, v, 1, 256, &parallel);
+        else if (!strcmp(a, "--threads")) bad = parse_int(a, v, 0, 4096, &threads);
+        else if (!strcmp(a, "--max-body")) bad = parse_int(a, v, 1024, 1L << 30, &max_body);
+        else if (!strcmp(a, "--prefix-cache-mb")) bad = parse_int(a, v, 0, 1L << 24, &cache_mb);
+        else if (!strcmp(a, "--thinking")) {
+            if (!strcmp(v, "on")) thinking = 1;
+            else if (!strcmp(v, "off")) thinking = 0;
+            else {
+                fprintf(stderr, "orchid serve: --thinking must be on or off; got '%s'\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "orchid serve: unknown flag '%s' (see --help)\n", a);
+            return 2;
+        }
+        if (bad) return 2;
+        if (takes) i++;
+    }
+    if (!model) model = "models/tiny";
+
+    /* Every thread inherits this mask; the main thread takes the signals with sigwait. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    metrics_init();
+    char err[1024];
+    struct sched_options so = {0};
+    so.parallel = (int)parallel;
+    so.max_queue = (int)max_queue;
+    so.max_seq = (int)max_seq;
+    so.prefill_chunk = 512;
+    so.open = mock ? port_open_mock : port_open_engine;
+    so.port.model_dir = model;
+    so.port.backend = backend;
+    so.port.threads = (int)threads;
+    so.port.cache_bytes = (size_t)cache_mb << 20;
+    struct sched *sched;
+    if (sched_start(&sched, &so, err, sizeof err)) {
+        fprintf(stderr, "orchid serve: %s\n", err);
+        return 2;
+    }
+    struct http_options ho = {0};
+    ho.host = host;
+    ho.port = (int)port;
+    ho.api_key = api_key;
+    ho.max_body = (size_t)max_body;
+    ho.default_thinking = thinking;
+    ho.log_requests = !quiet;
+    struct http_server *http;
+    if (http_start(&http, &ho, sched, err, sizeof err)) {
+        fprintf(stderr, "orchid serve: %s\n", err);
+        sched_free(sched);
+        return 1;
+    }
+    fprintf(stderr, "orchid: listening on http://%s:%d (loading %s)\n", host, http_port(http),
+            mock ? "the mock model" : model);
+
+    int rc = 0;
+    bool announced = false;
+    for (;;) {
+        struct timespec ts = {0, 200 * 1000000L};
+        int sig = sigtimedwait(&set, NULL, &ts);
+        if (sig == SIGINT || sig == SIGTERM) {
+            fprintf(stderr, "orchid: %s received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+            break;
+        }
+        enum sched_state st = sched_state(sched, err, sizeof err);
+        if (st == SCHED_FAILED) {
+            fprintf(stderr, "orchid serve: %s\n", err);
+            rc = 1;
+            break;
+        }
+        if (st == SCHED_READY && !announced) {
+            const struct model_port *p = sched_port(sched);
+            fprintf(stderr, "orchid: serving %s on http://%s:%d (%s; max_seq %d, parallel %ld)\n",
+                    p ? p->model_id : "?", host, http_port(http), p ? p->description : "", sched_max_seq(sched),
+                    parallel);
+            announced = true;
+        }
+    }
+    http_quiesce(http);
+    sched_shutdown(sched);
+    http_stop(http);
+    sched_free(sched);
+    if (rc == 0) fprintf(stderr, "orchid: stopped\n");
+    return rc;
+}

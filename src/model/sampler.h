@@ -1,0 +1,71 @@
+/* model/sampler.h — next-token choice from float32 logits, one sampler per
+ * request: greedy, temperature, top_k, top_p, min_p, presence / frequency /
+ * repetition penalties, a seeded RNG, and (optionally) logprobs of the chosen
+ * token plus the top-N alternatives.
+ *
+ * Semantics (the usual OpenAI / vLLM meaning):
+ *   - repetition_penalty (HF style, 1 = off) applies to every token seen so far,
+ *     prompt included: l > 0 ? l / r : l * r.
+ *   - presence_penalty / frequency_penalty (OpenAI style, 0 = off) apply to the
+ *     generated tokens only: l -= presence * [count > 0] + frequency * count.
+ *   - temperature 0 (or top_k == 1) is greedy: the first maximal logit wins and
+ *     NaN never wins. Otherwise logits / T, then top_k, min_p (relative to the
+ *     most likely token) and top_p (smallest set whose mass >= top_p) filters,
+ *     then one draw from the renormalised rest.
+ *   - logprobs are log-softmax of the raw model logits (before penalties and
+ *     temperature), as vLLM reports them by default.
+ * All buffers are sized at sampler_init; sampler_sample/accept never allocate.
+ * A sampler belongs to one thread at a time.
+ */
+#ifndef ORCHID_SAMPLER_H
+#define ORCHID_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SAMPLER_MAX_TOP_LOGPROBS 20
+
+struct sampler_params {
+    float temperature;        /* 0 = greedy */
+    float top_p;              /* (0, 1]; 1 = off */
+    int top_k;                /* 0 = off */
+    float min_p;              /* [0, 1]; 0 = off */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    float repetition_penalty; /* 1 = off; > 0 */
+    uint64_t seed;
+    bool has_seed;            /* false: seeded from a process-wide counter + clock */
+    int top_logprobs;         /* 0..SAMPLER_MAX_TOP_LOGPROBS alternatives to report */
+    bool logprobs;            /* report the chosen token's logprob */
+};
+
+/* Defaults: greedy, no filters, no penalties, no logprobs. */
+struct sampler_params sampler_params_default(void);
+
+struct sample_result {
+    int32_t token;
+    float logprob;                                /* when params.logprobs */
+    int n_top;                                    /* number of alternatives filled */
+    int32_t top_ids[SAMPLER_MAX_TOP_LOGPROBS];    /* most likely first */
+    float top_logprobs[SAMPLER_MAX_TOP_LOGPROBS];
+};
+
+typedef struct sampler sampler;
+
+/* Validates params (ST_INVALID naming the field) and allocates every buffer. */
+int sampler_new(sampler **out, int vocab, const struct sampler_params *p, char *err, size_t errlen);
+void sampler_free(sampler *s);
+
+/* Records tokens for penalties: prompt tokens (is_prompt: repetition only) and
+ * generated tokens (all penalties). */
+void sampler_accept(sampler *s, const int32_t *tokens, int n, bool is_prompt);
+
+/* Chooses the next token. `logits` ([vocab]) is used as scratch and modified.
+ * Returns the token id (also in res->token when res is non-NULL). */
+int32_t sampler_sample(sampler *s, float *logits, struct sample_result *res);
+
+/* Greedy argmax helper: first maximal index, NaN never wins (-1 if all NaN). */
+int32_t sampler_argmax(const float *logits, int n);
+
+#endif

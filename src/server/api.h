@@ -1,0 +1,84 @@
+/* server/api.h — the OpenAI request surface: parsing and validating the JSON
+ * bodies of /v1/chat/completions and /v1/completions into one request struct,
+ * and the error shape {"error":{"message","type","param","code"}}.
+ *
+ * Rules: unknown fields are ignored (as OpenAI does); a known field of the
+ * wrong type or out of range is a 400 whose message and `param` name it;
+ * unsupported values (n > 1, image parts, json_schema, echo) are 400s saying
+ * so. response_format json_object is best effort: it adds "Respond only with
+ * a single valid JSON object." to the system message (no constrained
+ * decoding). tool_choice "required" / a named function is enforced by ending
+ * the prompt inside an opened "<tool_call>\n<function=" (thinking off). The parse does no tokenization: the HTTP layer renders and encodes the
+ * request afterwards (api_prepare_prompt) and checks the context budget.
+ */
+#ifndef ORCHID_SERVER_API_H
+#define ORCHID_SERVER_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "model/sampler.h"
+#include "server/port.h"
+#include "server/textout.h"
+
+#define API_MAX_STOPS 8
+#define API_MAX_STOP_LEN 512
+
+enum api_kind { API_CHAT = 0, API_COMPLETION = 1 };
+enum tool_choice { TC_AUTO = 0, TC_NONE, TC_REQUIRED, TC_NAMED };
+
+struct api_error {
+    int status;          /* HTTP status */
+    char message[600];
+    char param[64];      /* "" -> null */
+    const char *type;    /* invalid_request_error, server_error, ... */
+    const char *code;    /* NULL -> null */
+};
+
+struct api_request {
+    enum api_kind kind;
+    cJSON *root;        /* owned parse tree */
+    cJSON *messages;    /* owned, normalised for the renderer (chat) */
+    cJSON *tools;       /* owned, the tools the model sees (NULL: none) */
+    enum tool_choice tool_choice;
+    char tool_name[128];
+    int enable_thinking; /* -1 template default, 0 off, 1 on */
+    bool json_object;
+    bool stream, include_usage;
+    int max_tokens;      /* -1: not given */
+    struct sampler_params sp;
+    const char *stops[API_MAX_STOPS]; /* into root */
+    size_t stop_lens[API_MAX_STOPS];
+    int n_stops;
+    bool logprobs;
+    int top_logprobs;
+    /* completions */
+    const char *prompt_text; /* into root, or NULL when ids were given */
+    size_t prompt_len;
+    int32_t *prompt_ids;     /* owned, when given as ids */
+    int n_prompt_ids;
+};
+
+/* Fills e and returns e->status. */
+int api_error_set(struct api_error *e, int status, const char *type, const char *param, const char *code,
+                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error":{...}} as a malloc'd string. */
+char *api_error_json(const struct api_error *e);
+
+/* Parses and validates a body. model_id: the only model served; vocab: for
+ * token-id prompts. Returns 0 or an HTTP status (e filled). */
+int api_parse(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
+              int default_thinking, struct api_request *r, struct api_error *e);
+void api_request_free(struct api_request *r);
+
+/* Renders (chat) and encodes the prompt, checks it against max_seq and fixes
+ * max_tokens. Also returns the forced output prefix (tool_choice required or
+ * named: the prompt ends inside an opened <tool_call>) that the output parser
+ * must see first, and whether the prompt opened reasoning. *ids malloc'd. */
+int api_prepare_prompt(struct api_request *r, const struct model_port *port, int max_seq, int32_t **ids,
+                       int *n_ids, char **forced_prefix, bool *start_in_reasoning, struct api_error *e);
+
+#endif

@@ -1,0 +1,650 @@
+/* server/gen.c — from an accepted request to its OpenAI response (see gen.h).
+ *
+ * Data path: the scheduler appends final text to job->tx (stop strings and
+ * UTF-8 already handled); gen_pump copies the new bytes out under job->mu,
+ * feeds them to the output parser (chat) and turns parser events into either
+ * accumulators (non-streaming) or SSE chunks written into an output buffer
+ * (streaming). Chunks are formatted by hand into reusable buffers, so the
+ * per-token path allocates nothing once the buffers have grown.
+ */
+#include "server/gen.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/status.h"
+#include "runtime/timing.h"
+#include "text/output_parser.h"
+
+struct buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+};
+
+static void b_reserve(struct buf *b, size_t extra) {
+    if (b->oom || b->len + extra + 1 <= b->cap) return;
+    size_t c = b->cap ? b->cap * 2 : 1024;
+    while (c < b->len + extra + 1) c *= 2;
+    char *q = realloc(b->p, c);
+    if (!q) {
+        b->oom = true;
+        return;
+    }
+    b->p = q;
+    b->cap = c;
+}
+
+static void b_put(struct buf *b, const char *s, size_t n) {
+    b_reserve(b, n);
+    if (b->oom) return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void b_puts(struct buf *b, const char *s) { b_put(b, s, strlen(s)); }
+
+static void b_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void b_printf(struct buf *b, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        b_put(b, tmp, (size_t)n);
+        return;
+    }
+    b_reserve(b, (size_t)n);
+    if (b->oom) return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* JSON string literal of UTF-8 text; invalid bytes become U+FFFD. */
+static void b_json_str(struct buf *b, const char *s, size_t n) {
+    b_reserve(b, n + 2);
+    b_put(b, "\"", 1);
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        size_t run = i;
+        while (run < n && u[run] >= 0x20 && u[run] < 0x80 && u[run] != '"' && u[run] != '\\') run++;
+        if (run > i) {
+            b_put(b, s + i, run - i);
+            i = run;
+            continue;
+        }
+        unsigned char c = u[i];
+        if (c == '"') b_put(b, "\\\"", 2);
+        else if (c == '\\') b_put(b, "\\\\", 2);
+        else if (c == '\n') b_put(b, "\\n", 2);
+        else if (c == '\r') b_put(b, "\\r", 2);
+        else if (c == '\t') b_put(b, "\\t", 2);
+        else if (c < 0x20) b_printf(b, "\\u%04x", c);
+        else {
+            size_t l = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+            if (l == 1 || l > n - i || utf8_invalid_at(s + i, l) != (size_t)-1) {
+                b_put(b, "\xEF\xBF\xBD", 3);
+            } else {
+                b_put(b, s + i, l);
+                i += l;
+                continue;
+            }
+        }
+        i++;
+    }
+    b_put(b, "\"", 1);
+}
+
+static void b_json_float(struct buf *b, double v) {
+    if (!isfinite(v)) v = v < 0 ? -9999.0 : 0.0;
+    b_printf(b, "%.6g", v);
+}
+
+struct gen {
+    struct gen_config cfg;
+    struct api_request ar;
+    struct job *job;
+    const struct model_port *port;
+    output_parser *op;
+    int n_prompt;
+    bool submitted;
+
+    char id[48];
+    long created;
+    char model[64];
+
+    size_t cursor;    /* text bytes consumed from the job */
+    int rec_cursor;   /* logprob records consumed */
+    struct buf in;    /* copy of new text */
+    bool finished;    /* job done and everything processed */
+    enum finish_reason fin;
+    int n_gen, cached;
+
+    /* non-streaming accumulators */
+    struct buf reasoning, content;
+    cJSON *tool_calls;
+    struct buf lp; /* logprob entries, comma-joined JSON (chat) */
+    int n_lp;
+    /* completions logprobs (legacy shape), comma-joined pieces */
+    struct buf lp_tokens, lp_vals, lp_tops, lp_offs;
+
+    /* streaming */
+    struct buf out;
+    size_t out_off;
+    bool stream_done;
+    struct buf pending_lp; /* logprob entries for the next chunk */
+    int n_pending_lp;
+    bool chunk_emitted;    /* in this pump */
+    int n_tool_calls;
+    uint64_t call_salt;
+};
+
+static int on_event(void *user, const output_event *ev);
+static void chunk_begin(struct gen *g);
+static void chunk_end(struct gen *g, const char *finish);
+
+bool gen_streaming(const struct gen *g) { return g->ar.stream; }
+bool gen_finished(const struct gen *g) { return g && g->finished; }
+
+static void make_id(char *out, size_t n, const char *prefix, uint64_t a) {
+    uint64_t x = a * 0x9e3779b97f4a7c15ull ^ (uint64_t)time(NULL) * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    snprintf(out, n, "%s%016llx%08x", prefix, (unsigned long long)x, (unsigned)(a & 0xffffffffu));
+}
+
+int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind, const char *body, size_t len,
+              struct api_error *e) {
+    *out = NULL;
+    memset(e, 0, sizeof *e);
+    enum sched_state st = sched_state(cfg->sched, NULL, 0);
+    if (st != SCHED_READY)
+        return api_error_set(e, 503, "server_error", NULL, st == SCHED_LOADING ? "model_loading" : "unavailable",
+                             st == SCHED_LOADING ? "the model is still loading" : "the server is shutting down");
+    const struct model_port *port = sched_port(cfg->sched);
+    if (!port) return api_error_set(e, 503, "server_error", NULL, "unavailable", "the server is not ready");
+    struct gen *g = calloc(1, sizeof *g);
+    if (!g) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
+    *out = g;
+    g->cfg = *cfg;
+    g->port = port;
+    g->created = (long)time(NULL);
+    snprintf(g->model, sizeof g->model, "%s", port->model_id);
+    int rc = api_parse(kind, body, len, port->model_id, port->vocab, cfg->default_thinking, &g->ar, e);
+    if (rc) return rc;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    char *forced = NULL;
+    bool in_reasoning = false;
+    rc = api_prepare_prompt(&g->ar, port, sched_max_seq(cfg->sched), &ids, &n_ids, &forced, &in_reasoning, e);
+    if (rc) return rc;
+    g->n_prompt = n_ids;
+    if (kind == API_CHAT) {
+        output_parser_options po = output_parser_options_default();
+        po.parse_reasoning = 1;
+        po.start_in_reasoning = in_reasoning;
+        po.parse_tools = g->ar.tools != NULL;
+        po.tools = g->ar.tools;
+        char err[256];
+        if (output_parser_new(&g->op, &po, err, sizeof err)) {
+            free(ids);
+            free(forced);
+            return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
+        }
+        g->tool_calls = cJSON_CreateArray();
+    }
+    struct job *j = job_new(ids, n_ids);
+    if (!j) {
+        free(ids);
+        free(forced);
+        return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
+    }
+    g->job = j;
+    g->call_salt = j->id;
+    make_id(g->id, sizeof g->id, kind == API_CHAT ? "chatcmpl-" : "cmpl-", j->id);
+    j->sp = g->ar.sp;
+    j->max_tokens = g->ar.max_tokens;
+    for (int i = 0; i < g->ar.n_stops; i++) job_add_stop(j, g->ar.stops[i], g->ar.stop_lens[i]);
+    if (forced) {
+        /* the prompt already holds these bytes: the parser must see them first */
+        g->in.len = 0;
+        if (g->op) output_parser_feed(g->op, forced, strlen(forced), on_event, g);
+        free(forced);
+    }
+    rc = sched_submit(cfg->sched, j);
+    if (rc == ST_RANGE)
+        return api_error_set(e, 429, "rate_limit_error", NULL, "queue_full",
+                             "the server's request queue is full; retry later");
+    if (rc) return api_error_set(e, 503, "server_error", NULL, "unavailable", "the server is shutting down");
+    g->submitted = true;
+    if (g->ar.stream && kind == API_CHAT) {
+        chunk_begin(g);
+        b_puts(&g->out, "{\"role\":\"assistant\",\"content\":\"\"}");
+        chunk_end(g, NULL);
+    }
+    return 0;
+}
+
+/* ---- output events ---- */
+
+static void chunk_begin(struct gen *g) {
+    if (g->ar.kind == API_CHAT)
+        b_printf(&g->out,
+                 "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%ld,\"model\":\"%s\","
+                 "\"system_fingerprint\":\"orchid\",\"choices\":[{\"index\":0,\"delta\":",
+                 g->id, g->created, g->model);
+    else
+        b_printf(&g->out,
+                 "data: {\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%ld,\"model\":\"%s\","
+                 "\"system_fingerprint\":\"orchid\",\"choices\":[{\"index\":0,",
+                 g->id, g->created, g->model);
+}
+
+static void chunk_end(struct gen *g, const char *finish) {
+    if (g->ar.kind == API_CHAT) {
+        b_puts(&g->out, ",\"logprobs\":");
+        if (g->n_pending_lp) {
+            b_puts(&g->out, "{\"content\":[");
+            b_put(&g->out, g->pending_lp.p, g->pending_lp.len);
+            b_puts(&g->out, "]}");
+        } else {
+            b_puts(&g->out, "null");
+        }
+    } else {
+        b_puts(&g->out, ",\"logprobs\":");
+        if (g->n_pending_lp) {
+            b_puts(&g->out, "{\"tokens\":[");
+            b_put(&g->out, g->lp_tokens.p, g->lp_tokens.len);
+            b_puts(&g->out, "],\"token_logprobs\":[");
+            b_put(&g->out, g->lp_vals.p, g->lp_vals.len);
+            b_puts(&g->out, "],\"top_logprobs\":[");
+            b_put(&g->out, g->lp_tops.p, g->lp_tops.len);
+            b_puts(&g->out, "],\"text_offset\":[");
+            b_put(&g->out, g->lp_offs.p, g->lp_offs.len);
+            b_puts(&g->out, "]}");
+            g->lp_tokens.len = g->lp_vals.len = g->lp_tops.len = g->lp_offs.len = 0;
+        } else {
+            b_puts(&g->out, "null");
+        }
+    }
+    g->pending_lp.len = 0;
+    g->n_pending_lp = 0;
+    if (finish) b_printf(&g->out, ",\"finish_reason\":\"%s\"}]", finish);
+    else b_puts(&g->out, ",\"finish_reason\":null}]");
+    if (g->ar.include_usage) b_puts(&g->out, ",\"usage\":null");
+    b_puts(&g->out, "}\n\n");
+    g->chunk_emitted = true;
+}
+
+static void tool_call_id(const struct gen *g, int index, char *out, size_t n) {
+    char tmp[48];
+    make_id(tmp, sizeof tmp, "call_", g->call_salt * 131 + (uint64_t)index);
+    snprintf(out, n, "%s", tmp);
+}
+
+static int on_event(void *user, const output_event *ev) {
+    struct gen *g = user;
+    if (!g->ar.stream) {
+        if (ev->kind == OUT_REASONING) b_put(&g->reasoning, ev->text, ev->len);
+        else if (ev->kind == OUT_CONTENT) b_put(&g->content, ev->text, ev->len);
+        else if (ev->kind == OUT_TOOL_CALL) {
+            char id[48];
+            tool_call_id(g, ev->index, id, sizeof id);
+            cJSON *tc = cJSON_CreateObject();
+            cJSON_AddStringToObject(tc, "id", id);
+            cJSON_AddStringToObject(tc, "type", "function");
+            cJSON *fn = cJSON_AddObjectToObject(tc, "function");
+            cJSON_AddStringToObject(fn, "name", ev->name);
+            cJSON_AddStringToObject(fn, "arguments", ev->arguments);
+            cJSON_AddItemToArray(g->tool_calls, tc);
+            g->n_tool_calls++;
+        }
+        return 0;
+    }
+    if ((ev->kind == OUT_REASONING || ev->kind == OUT_CONTENT) && ev->len == 0) return 0;
+    chunk_begin(g);
+    if (ev->kind == OUT_REASONING) {
+        b_puts(&g->out, "{\"reasoning_content\":");
+        b_json_str(&g->out, ev->text, ev->len);
+        b_puts(&g->out, "}");
+    } else if (ev->kind == OUT_CONTENT) {
+        b_puts(&g->out, "{\"content\":");
+        b_json_str(&g->out, ev->text, ev->len);
+        b_puts(&g->out, "}");
+    } else {
+        char id[48];
+        tool_call_id(g, ev->index, id, sizeof id);
+        b_printf(&g->out, "{\"tool_calls\":[{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":",
+                 ev->index, id);
+        b_json_str(&g->out, ev->name, strlen(ev->name));
+        b_puts(&g->out, ",\"arguments\":");
+        b_json_str(&g->out, ev->arguments, strlen(ev->arguments));
+        b_puts(&g->out, "}}]}");
+        g->n_tool_calls++;
+    }
+    chunk_end(g, NULL);
+    return 0;
+}
+
+/* Token text for logprob entries (raw bytes; invalid UTF-8 replaced by the escaper). */
+static void lp_token(struct gen *g, struct buf *b, int32_t id, bool with_bytes, const char *key) {
+    size_t n = 0;
+    const char *s = g->port->token_bytes(g->port->ctx, id, &n);
+    if (!s) n = 0;
+    b_printf(b, "\"%s\":", key);
+    b_json_str(b, s ? s : "", n);
+    if (with_bytes) {
+        b_puts(b, ",\"bytes\":[");
+        for (size_t i = 0; i < n; i++) b_printf(b, i ? ",%u" : "%u", (unsigned char)s[i]);
+        b_puts(b, "]");
+    }
+}
+
+static void add_logprob(struct gen *g, const struct tok_rec *r) {
+    if (g->ar.kind == API_CHAT) {
+        struct buf *b = g->ar.stream ? &g->pending_lp : &g->lp;
+        int *n = g->ar.stream ? &g->n_pending_lp : &g->n_lp;
+        if (*n) b_puts(b, ",");
+        b_puts(b, "{");
+        lp_token(g, b, r->id, true, "token");
+        b_puts(b, ",\"logprob\":");
+        b_json_float(b, r->logprob);
+        b_puts(b, ",\"top_logprobs\":[");
+        for (int k = 0; k < r->n_top; k++) {
+            b_puts(b, k ? ",{" : "{");
+            lp_token(g, b, r->top_ids[k], true, "token");
+            b_puts(b, ",\"logprob\":");
+            b_json_float(b, r->top_lps[k]);
+            b_puts(b, "}");
+        }
+        b_puts(b, "]}");
+        (*n)++;
+    } else {
+        int *n = g->ar.stream ? &g->n_pending_lp : &g->n_lp;
+        const char *sep = *n ? "," : "";
+        size_t tn = 0;
+        const char *ts = g->port->token_bytes(g->port->ctx, r->id, &tn);
+        b_puts(&g->lp_tokens, sep);
+        b_json_str(&g->lp_tokens, ts ? ts : "", ts ? tn : 0);
+        b_puts(&g->lp_vals, sep);
+        b_json_float(&g->lp_vals, r->logprob);
+        b_puts(&g->lp_tops, sep);
+        b_puts(&g->lp_tops, "{");
+        for (int k = 0; k < r->n_top; k++) {
+            if (k) b_puts(&g->lp_tops, ",");
+            size_t tn = 0;
+            const char *ts = g->port->token_bytes(g->port->ctx, r->top_ids[k], &tn);
+            b_json_str(&g->lp_tops, ts ? ts : "", ts ? tn : 0);
+            b_puts(&g->lp_tops, ":");
+            b_json_float(&g->lp_tops, r->top_lps[k]);
+        }
+        b_puts(&g->lp_tops, "}");
+        b_puts(&g->lp_offs, sep);
+        b_printf(&g->lp_offs, "%zu", r->text_start);
+        (*n)++;
+    }
+}
+
+static void emit_content(struct gen *g, const char *s, size_t n) {
+    if (g->ar.kind == API_CHAT) {
+        output_parser_feed(g->op, s, n, on_event, g);
+        return;
+    }
+    if (!g->ar.stream) {
+        b_put(&g->content, s, n);
+        return;
+    }
+    if (!n) return;
+    chunk_begin(g);
+    b_puts(&g->out, "\"text\":");
+    b_json_str(&g->out, s, n);
+    chunk_end(g, NULL);
+}
+
+static const char *finish_name(const struct gen *g) {
+    if (g->fin == FIN_LENGTH) return "length";
+    if (g->n_tool_calls > 0) return "tool_calls";
+    return "stop";
+}
+
+static void stream_finish(struct gen *g) {
+    if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
+        b_puts(&g->out, g->fin == FIN_ERROR
+                            ? "data: {\"error\":{\"message\":\"internal server error\",\"type\":\"server_error\","
+                              "\"param\":null,\"code\":null}}\n\n"
+                            : "data: {\"error\":{\"message\":\"the request was cancelled (server shutting down)\","
+                              "\"type\":\"server_error\",\"param\":null,\"code\":\"cancelled\"}}\n\n");
+        b_puts(&g->out, "data: [DONE]\n\n");
+        return;
+    }
+    chunk_begin(g);
+    if (g->ar.kind == API_CHAT) b_puts(&g->out, "{}");
+    else b_puts(&g->out, "\"text\":\"\"");
+    chunk_end(g, finish_name(g));
+    if (g->ar.include_usage) {
+        if (g->ar.kind == API_CHAT)
+            b_printf(&g->out,
+                     "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%ld,\"model\":\"%s\","
+                     "\"system_fingerprint\":\"orchid\",\"choices\":[],",
+                     g->id, g->created, g->model);
+        else
+            b_printf(&g->out,
+                     "data: {\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%ld,\"model\":\"%s\","
+                     "\"system_fingerprint\":\"orchid\",\"choices\":[],",
+                     g->id, g->created, g->model);
+        b_printf(&g->out,
+                 "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+                 "\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
+                 g->n_prompt, g->n_gen, g->n_prompt + g->n_gen, g->cached);
+    }
+    b_puts(&g->out, "data: [DONE]\n\n");
+}
+
+bool gen_pump(struct gen *g, int timeout_ms) {
+    if (g->finished) return true;
+    struct job *j = g->job;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    bool want_lp = j->recs != NULL || g->ar.logprobs;
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && j->tx.released == g->cursor) {
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT) break;
+    }
+    size_t rel = j->tx.released;
+    bool done = j->done;
+    g->in.len = 0;
+    if (rel > g->cursor) b_put(&g->in, j->tx.buf + g->cursor, rel - g->cursor);
+    /* logprob records whose text is released (all remaining ones at the end) */
+    int n_recs = j->n_recs;
+    int upto = g->rec_cursor;
+    if (want_lp && j->recs) {
+        while (upto < n_recs && (done ? j->recs[upto].text_start <= rel : j->recs[upto].text_end <= rel)) {
+            if (!(done && j->tx.stopped && j->recs[upto].text_start >= rel && j->recs[upto].text_end > rel))
+                add_logprob(g, &j->recs[upto]);
+            upto++;
+        }
+        if (done) upto = n_recs;
+    }
+    g->rec_cursor = upto;
+    g->n_gen = j->n_gen;
+    g->cached = j->cached;
+    g->fin = j->finish;
+    pthread_mutex_unlock(&j->mu);
+    g->cursor = rel;
+    g->chunk_emitted = false;
+    if (g->in.len) emit_content(g, g->in.p, g->in.len);
+    if (g->ar.stream && g->n_pending_lp && !g->chunk_emitted) {
+        /* logprobs whose tokens produced no visible text (held by the parser) */
+        chunk_begin(g);
+        if (g->ar.kind == API_CHAT) b_puts(&g->out, "{}");
+        else b_puts(&g->out, "\"text\":\"\"");
+        chunk_end(g, NULL);
+    }
+    if (done) {
+        if (g->op && g->fin != FIN_ERROR && g->fin != FIN_CANCELLED) output_parser_finish(g->op, on_event, g);
+        if (g->ar.stream) stream_finish(g);
+        g->finished = true;
+    }
+    return g->finished;
+}
+
+char *gen_final_json(struct gen *g, int *status) {
+    *status = 200;
+    if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
+        struct api_error e;
+        if (g->fin == FIN_ERROR) {
+            api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
+        } else {
+            api_error_set(&e, 503, "server_error", NULL, "cancelled", "the request was cancelled (server shutting down)");
+        }
+        *status = e.status;
+        return api_error_json(&e);
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", g->id);
+    cJSON_AddStringToObject(root, "object", g->ar.kind == API_CHAT ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(root, "created", (double)g->created);
+    cJSON_AddStringToObject(root, "model", g->model);
+    cJSON_AddStringToObject(root, "system_fingerprint", "orchid");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", 0);
+    const char *lp_key = "logprobs";
+    if (g->ar.kind == API_CHAT) {
+        cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        if (g->content.len == 0 && g->n_tool_calls > 0) cJSON_AddNullToObject(msg, "content");
+        else cJSON_AddStringToObject(msg, "content", g->content.p ? g->content.p : "");
+        if (g->reasoning.len) cJSON_AddStringToObject(msg, "reasoning_content", g->reasoning.p);
+        else cJSON_AddNullToObject(msg, "reasoning_content");
+        if (g->n_tool_calls > 0) {
+            cJSON_AddItemToObject(msg, "tool_calls", g->tool_calls);
+            g->tool_calls = NULL;
+        }
+        if (g->ar.logprobs) {
+            struct buf t = {0};
+            b_puts(&t, "{\"content\":[");
+            b_put(&t, g->lp.p ? g->lp.p : "", g->lp.len);
+            b_puts(&t, "]}");
+            cJSON *lp = t.p ? cJSON_Parse(t.p) : NULL;
+            free(t.p);
+            if (lp) cJSON_AddItemToObject(ch, lp_key, lp);
+            else cJSON_AddNullToObject(ch, lp_key);
+        } else {
+            cJSON_AddNullToObject(ch, lp_key);
+        }
+    } else {
+        cJSON_AddStringToObject(ch, "text", g->content.p ? g->content.p : "");
+        if (g->ar.logprobs) {
+                    struct buf t = {0};
+            b_puts(&t, "{\"tokens\":[");
+            b_put(&t, g->lp_tokens.p ? g->lp_tokens.p : "", g->lp_tokens.len);
+            b_puts(&t, "],\"token_logprobs\":[");
+            b_put(&t, g->lp_vals.p ? g->lp_vals.p : "", g->lp_vals.len);
+            b_puts(&t, "],\"top_logprobs\":[");
+            b_put(&t, g->lp_tops.p ? g->lp_tops.p : "", g->lp_tops.len);
+            b_puts(&t, "],\"text_offset\":[");
+            b_put(&t, g->lp_offs.p ? g->lp_offs.p : "", g->lp_offs.len);
+            b_puts(&t, "]}");
+            cJSON *lp = t.p ? cJSON_Parse(t.p) : NULL;
+            free(t.p);
+            if (lp) cJSON_AddItemToObject(ch, lp_key, lp);
+            else cJSON_AddNullToObject(ch, lp_key);
+        } else {
+            cJSON_AddNullToObject(ch, lp_key);
+        }
+    }
+    cJSON_AddStringToObject(ch, "finish_reason", finish_name(g));
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", g->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", g->n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", g->n_prompt + g->n_gen);
+    cJSON *pd = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(pd, "cached_tokens", g->cached);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!s) {
+        struct api_error e;
+        api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
+        *status = 500;
+        return api_error_json(&e);
+    }
+    return s;
+}
+
+long gen_stream_take(struct gen *g, char *buf, size_t max) {
+    size_t avail = g->out.len - g->out_off;
+    if (avail == 0) {
+        g->out.len = g->out_off = 0;
+        return g->finished ? -1 : 0;
+    }
+    size_t n = avail < max ? avail : max;
+    memcpy(buf, g->out.p + g->out_off, n);
+    g->out_off += n;
+    if (g->out_off == g->out.len) g->out.len = g->out_off = 0;
+    return (long)n;
+}
+
+void gen_cancel(struct gen *g) {
+    if (g && g->job && g->submitted) atomic_store(&g->job->cancel, 1);
+}
+
+void gen_stats(const struct gen *g, int *prompt, int *cached, int *completion, char *err, size_t errlen) {
+    *prompt = g ? g->n_prompt : 0;
+    *cached = g ? g->cached : 0;
+    *completion = g ? g->n_gen : 0;
+    if (err && errlen) {
+        err[0] = 0;
+        if (g && g->job && g->fin == FIN_ERROR) {
+            pthread_mutex_lock(&g->job->mu);
+            snprintf(err, errlen, "%s", g->job->errmsg);
+            pthread_mutex_unlock(&g->job->mu);
+        } else if (g && g->fin == FIN_CANCELLED) {
+            snprintf(err, errlen, "cancelled");
+        }
+    }
+}
+
+void gen_free(struct gen *g) {
+    if (!g) return;
+    if (g->job) {
+        if (g->submitted) {
+            pthread_mutex_lock(&g->job->mu);
+            bool done = g->job->done;
+            pthread_mutex_unlock(&g->job->mu);
+            if (!done) atomic_store(&g->job->cancel, 1);
+        }
+        job_release(g->job);
+    }
+    output_parser_free(g->op);
+    api_request_free(&g->ar);
+    cJSON_Delete(g->tool_calls);
+    free(g->in.p);
+    free(g->reasoning.p);
+    free(g->content.p);
+    free(g->lp.p);
+    free(g->lp_tokens.p);
+    free(g->lp_vals.p);
+    free(g->lp_tops.p);
+    free(g->lp_offs.p);
+    free(g->out.p);
+    free(g->pending_lp.p);
+    free(g);
+}

@@ -1,0 +1,199 @@
+/* server/metrics.c — the /metrics state (see metrics.h): request counts by
+ * endpoint and status, token totals, cancellations, queue/running gauges and
+ * latency histograms (time to first token, inter-token latency, end to end). */
+#include "server/metrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/status.h"
+
+#define MAX_STATUSES 16
+#define NB 14
+
+static const char *const k_ep_names[EP_COUNT] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                                  "/health", "/metrics", "other"};
+
+struct hist {
+    const double *bounds;
+    long counts[NB + 1];
+    double sum;
+    long n;
+};
+
+static const double k_lat_bounds[NB] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+static const double k_itl_bounds[NB] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10};
+
+static struct {
+    pthread_mutex_t mu;
+    int statuses[MAX_STATUSES];
+    int n_statuses;
+    long req[EP_COUNT][MAX_STATUSES];
+    long prompt, completion, cached, cancelled;
+    int queued, running;
+    long kv_used, kv_capacity;
+    struct hist ttft, itl, e2e;
+} M = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+void metrics_init(void) {
+    pthread_mutex_lock(&M.mu);
+    M.ttft.bounds = k_lat_bounds;
+    M.e2e.bounds = k_lat_bounds;
+    M.itl.bounds = k_itl_bounds;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_request(enum metrics_endpoint ep, int status) {
+    if ((int)ep < 0 || ep >= EP_COUNT) ep = EP_OTHER;
+    pthread_mutex_lock(&M.mu);
+    int k = 0;
+    while (k < M.n_statuses && M.statuses[k] != status) k++;
+    if (k == M.n_statuses && k < MAX_STATUSES) M.statuses[M.n_statuses++] = status;
+    if (k < MAX_STATUSES) M.req[ep][k]++;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_tokens(long prompt, long completion, long cached) {
+    pthread_mutex_lock(&M.mu);
+    M.prompt += prompt;
+    M.completion += completion;
+    M.cached += cached;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_cancelled(void) {
+    pthread_mutex_lock(&M.mu);
+    M.cancelled++;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_queue(int queued, int running) {
+    pthread_mutex_lock(&M.mu);
+    M.queued = queued;
+    M.running = running;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_kv(long used, long capacity) {
+    pthread_mutex_lock(&M.mu);
+    M.kv_used = used;
+    M.kv_capacity = capacity;
+    pthread_mutex_unlock(&M.mu);
+}
+
+static void observe(struct hist *h, double v) {
+    pthread_mutex_lock(&M.mu);
+    if (!h->bounds) h->bounds = h == &M.itl ? k_itl_bounds : k_lat_bounds;
+    int b = 0;
+    while (b < NB && v > h->bounds[b]) b++;
+    h->counts[b]++;
+    h->sum += v;
+    h->n++;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_ttft(double s) { observe(&M.ttft, s); }
+void metrics_itl(double s) { observe(&M.itl, s); }
+void metrics_e2e(double s) { observe(&M.e2e, s); }
+
+long metrics_get(const char *name) {
+    long v = -1;
+    pthread_mutex_lock(&M.mu);
+    if (!strcmp(name, "cancelled")) v = M.cancelled;
+    else if (!strcmp(name, "completion_tokens")) v = M.completion;
+    else if (!strcmp(name, "prompt_tokens")) v = M.prompt;
+    else if (!strcmp(name, "cached_tokens")) v = M.cached;
+    pthread_mutex_unlock(&M.mu);
+    return v;
+}
+
+struct out {
+    char *p;
+    size_t len, cap;
+    int oom;
+};
+
+static void outf(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void outf(struct out *o, const char *fmt, ...) {
+    if (o->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(o->p + o->len, o->cap - o->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            o->oom = 1;
+            return;
+        }
+        if ((size_t)n < o->cap - o->len) {
+            o->len += (size_t)n;
+            return;
+        }
+        size_t c = o->cap * 2 + (size_t)n;
+        char *q = realloc(o->p, c);
+        if (!q) {
+            o->oom = 1;
+            return;
+        }
+        o->p = q;
+        o->cap = c;
+    }
+}
+
+static void hist_out(struct out *o, const char *name, const char *help, const struct hist *h) {
+    const double *bounds = h->bounds ? h->bounds : k_lat_bounds;
+    outf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    long cum = 0;
+    for (int b = 0; b < NB; b++) {
+        cum += h->counts[b];
+        outf(o, "%s_bucket{le=\"%g\"} %ld\n", name, bounds[b], cum);
+    }
+    cum += h->counts[NB];
+    outf(o, "%s_bucket{le=\"+Inf\"} %ld\n%s_sum %.6f\n%s_count %ld\n", name, cum, name, h->sum, name, h->n);
+}
+
+int metrics_render(char **out, size_t *len) {
+    struct out o = {malloc(4096), 0, 4096, 0};
+    if (!o.p) return ST_NOMEM;
+    o.p[0] = 0;
+    pthread_mutex_lock(&M.mu);
+    outf(&o, "# HELP orchid_requests_total HTTP requests by endpoint and status code.\n"
+             "# TYPE orchid_requests_total counter\n");
+    for (int e = 0; e < EP_COUNT; e++)
+        for (int k = 0; k < M.n_statuses; k++)
+            if (M.req[e][k])
+                outf(&o, "orchid_requests_total{endpoint=\"%s\",status=\"%d\"} %ld\n", k_ep_names[e],
+                     M.statuses[k], M.req[e][k]);
+    outf(&o, "# HELP orchid_prompt_tokens_total Prompt tokens of completed generations.\n"
+             "# TYPE orchid_prompt_tokens_total counter\norchid_prompt_tokens_total %ld\n", M.prompt);
+    outf(&o, "# HELP orchid_completion_tokens_total Generated tokens.\n"
+             "# TYPE orchid_completion_tokens_total counter\norchid_completion_tokens_total %ld\n", M.completion);
+    outf(&o, "# HELP orchid_prefix_cache_hit_tokens_total Prompt tokens reused from the prefix cache.\n"
+             "# TYPE orchid_prefix_cache_hit_tokens_total counter\norchid_prefix_cache_hit_tokens_total %ld\n",
+         M.cached);
+    outf(&o, "# HELP orchid_requests_cancelled_total Generations cancelled (client gone or shutdown).\n"
+             "# TYPE orchid_requests_cancelled_total counter\norchid_requests_cancelled_total %ld\n", M.cancelled);
+    outf(&o, "# HELP orchid_queue_depth Requests waiting for the scheduler.\n"
+             "# TYPE orchid_queue_depth gauge\norchid_queue_depth %d\n", M.queued);
+    outf(&o, "# HELP orchid_running_requests Requests being generated.\n"
+             "# TYPE orchid_running_requests gauge\norchid_running_requests %d\n", M.running);
+    outf(&o, "# HELP orchid_session_tokens Tokens held in sessions (KV/state in use, incl. kept prefixes).\n"
+             "# TYPE orchid_session_tokens gauge\norchid_session_tokens %ld\n", M.kv_used);
+    outf(&o, "# HELP orchid_session_capacity_tokens Token capacity of all sessions.\n"
+             "# TYPE orchid_session_capacity_tokens gauge\norchid_session_capacity_tokens %ld\n", M.kv_capacity);
+    hist_out(&o, "orchid_time_to_first_token_seconds", "Time from request arrival to the first generated token.",
+             &M.ttft);
+    hist_out(&o, "orchid_inter_token_latency_seconds", "Time between consecutive generated tokens.", &M.itl);
+    hist_out(&o, "orchid_request_duration_seconds", "Generation request duration, arrival to last token.", &M.e2e);
+    pthread_mutex_unlock(&M.mu);
+    if (o.oom) {
+        free(o.p);
+        return ST_NOMEM;
+    }
+    *out = o.p;
+    *len = o.len;
+    return ST_OK;
+}

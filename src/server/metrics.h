@@ -1,0 +1,35 @@
+/* server/metrics.h — process-wide server counters, gauges and histograms,
+ * rendered in the Prometheus text exposition format for GET /metrics.
+ * Every function is thread-safe (one mutex; observations are O(buckets), no
+ * allocation), so the scheduler may record per-token latencies. */
+#ifndef ORCHID_SERVER_METRICS_H
+#define ORCHID_SERVER_METRICS_H
+
+#include <stddef.h>
+
+enum metrics_endpoint {
+    EP_CHAT = 0,
+    EP_COMPLETIONS,
+    EP_MODELS,
+    EP_HEALTH,
+    EP_METRICS,
+    EP_OTHER,
+    EP_COUNT
+};
+
+void metrics_init(void);
+void metrics_request(enum metrics_endpoint ep, int status);
+void metrics_tokens(long prompt, long completion, long cached);
+void metrics_cancelled(void);
+void metrics_queue(int queued, int running);
+/* Tokens held by all sessions (running and kept for prefix reuse) and their capacity. */
+void metrics_kv(long used, long capacity);
+void metrics_ttft(double seconds);
+void metrics_itl(double seconds);
+void metrics_e2e(double seconds);
+/* Reads a counter (tests): "cancelled", "completion_tokens", "prompt_tokens", "cached_tokens". */
+long metrics_get(const char *name);
+/* Renders the exposition text; *out malloc'd. Returns 0 or ST_NOMEM. */
+int metrics_render(char **out, size_t *len);
+
+#endif

@@ -1,0 +1,150 @@
+/* server/port_engine.c — the model port for a real checkpoint: engine.h for
+ * the model, tokenizer.h for ids and token bytes, chat.h for the Qwen3.6
+ * template, model/prefix_cache.h for prefix checkpoints. It owns the engine,
+ * the tokenizer and the cache for the server's lifetime and adds nothing but
+ * plumbing: stop ids are the checkpoint config's
+ * eos_token_id values plus the tokenizer's eos (<|im_end|>), without
+ * duplicates. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/engine.h"
+#include "model/prefix_cache.h"
+#include "runtime/status.h"
+#include "server/port.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+
+struct engine_port {
+    engine *e;
+    tokenizer *tok;
+    prefix_cache *pc;
+};
+
+static int ep_render(void *ctx, const cJSON *messages, const cJSON *tools, int enable_thinking, char **out,
+                     char *err, size_t errlen) {
+    struct engine_port *p = ctx;
+    chat_options o = chat_options_default();
+    o.enable_thinking = enable_thinking;
+    return chat_render(p->tok, messages, tools, &o, out, err, errlen);
+}
+
+static int ep_encode(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n, char *err,
+                     size_t errlen) {
+    struct engine_port *p = ctx;
+    return tokenizer_encode(p->tok, text, len, ids, n, err, errlen);
+}
+
+static const char *ep_token_bytes(void *ctx, int32_t id, size_t *len) {
+    struct engine_port *p = ctx;
+    return tokenizer_token_bytes(p->tok, id, len);
+}
+
+static int ep_is_special(void *ctx, int32_t id) {
+    struct engine_port *p = ctx;
+    return tokenizer_is_special(p->tok, id);
+}
+
+static int ep_seq_open(void *ctx, session **out, int max_seq, char *err, size_t errlen) {
+    struct engine_port *p = ctx;
+    return session_open(p->e, out, max_seq, err, errlen);
+}
+static void ep_seq_close(void *ctx, session *s) { (void)ctx; session_close(s); }
+static void ep_seq_reset(void *ctx, session *s) { (void)ctx; session_reset(s); }
+static int ep_seq_length(void *ctx, const session *s) { (void)ctx; return session_length(s); }
+static const int32_t *ep_seq_tokens(void *ctx, const session *s) { (void)ctx; return session_tokens(s); }
+
+static int ep_forward(void *ctx, struct batch_seq *seqs, int n, char *err, size_t errlen) {
+    struct engine_port *p = ctx;
+    return engine_forward(p->e, seqs, n, err, errlen);
+}
+
+static int ep_cache_restore(void *ctx, session *s, const int32_t *tokens, int n, int *matched, char *err,
+                            size_t errlen) {
+    struct engine_port *p = ctx;
+    return prefix_cache_restore(p->pc, s, tokens, n, matched, err, errlen);
+}
+
+static int ep_cache_save(void *ctx, session *s, char *err, size_t errlen) {
+    struct engine_port *p = ctx;
+    return prefix_cache_save(p->pc, s, err, errlen);
+}
+
+static void ep_close(void *ctx) {
+    struct engine_port *p = ctx;
+    if (!p) return;
+    prefix_cache_free(p->pc);
+    engine_close(p->e);
+    tokenizer_free(p->tok);
+    free(p);
+}
+
+static void add_stop(struct model_port *mp, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < mp->n_stop; i++)
+        if (mp->stop_ids[i] == id) return;
+    if (mp->n_stop < PORT_MAX_STOP_IDS) mp->stop_ids[mp->n_stop++] = id;
+}
+
+int port_open_engine(struct model_port *mp, const struct port_options *opt, char *err, size_t errlen) {
+    memset(mp, 0, sizeof *mp);
+    struct engine_port *p = calloc(1, sizeof *p);
+    if (!p) return errorf(err, errlen, ST_NOMEM, "out of memory");
+    int rc = tokenizer_load(&p->tok, opt->model_dir, err, errlen);
+    if (rc) {
+        error_prefix(err, errlen, "loading tokenizer from %s", opt->model_dir);
+        free(p);
+        return rc;
+    }
+    struct engine_options eo = {0};
+    eo.model_dir = opt->model_dir;
+    eo.backend = opt->backend;
+    eo.threads = opt->threads;
+    eo.quiet = false;
+    rc = engine_open(&p->e, &eo, err, errlen);
+    if (rc) {
+        tokenizer_free(p->tok);
+        free(p);
+        return rc;
+    }
+    if (opt->cache_bytes > 0) {
+        rc = prefix_cache_create(&p->pc, p->e, opt->cache_bytes, err, errlen);
+        if (rc) {
+            error_prefix(err, errlen, "prefix cache");
+            engine_close(p->e);
+            tokenizer_free(p->tok);
+            free(p);
+            return rc;
+        }
+    }
+    const struct model_config *c = engine_config(p->e);
+    if (!chat_template_supported(tokenizer_chat_template(p->tok)))
+        fprintf(stderr, "warning: %s: the checkpoint's chat template differs from the built-in Qwen3.6 "
+                        "template; rendering with the built-in one\n", opt->model_dir);
+    mp->ctx = p;
+    snprintf(mp->model_id, sizeof mp->model_id, "%s", opt->model_id ? opt->model_id : "Qwen3.6-35B-A3B");
+    char desc[200];
+    config_describe(c, desc, sizeof desc);
+    snprintf(mp->description, sizeof mp->description, "%s on %s", desc, engine_backend_name(p->e));
+    mp->vocab = c->vocab;
+    mp->max_position = c->max_position;
+    add_stop(mp, tokenizer_eos_id(p->tok));
+    for (int i = 0; i < c->n_eos; i++) add_stop(mp, c->eos_ids[i]);
+    mp->render_chat = ep_render;
+    mp->encode = ep_encode;
+    mp->token_bytes = ep_token_bytes;
+    mp->is_special = ep_is_special;
+    mp->seq_open = ep_seq_open;
+    mp->seq_close = ep_seq_close;
+    mp->seq_reset = ep_seq_reset;
+    mp->seq_length = ep_seq_length;
+    mp->seq_tokens = ep_seq_tokens;
+    mp->forward = ep_forward;
+    mp->close = ep_close;
+    if (p->pc) {
+        mp->cache_restore = ep_cache_restore;
+        mp->cache_save = ep_cache_save;
+    }
+    return ST_OK;
+}

@@ -1,0 +1,512 @@
+/* server/sched.c — the scheduler thread and the job object (see sched.h for
+ * the threading and ownership rules). Everything the token loop touches is
+ * allocated at admission (sampler, text buffer, logprob records) or at start
+ * (sessions, logits rows, the batch array); the loop itself does not allocate
+ * except for the amortised doubling of a job's text buffer. */
+#include "server/sched.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/status.h"
+#include "runtime/timing.h"
+#include "server/metrics.h"
+
+struct slot {
+    session *s;
+    float *logits;
+    struct job *job;
+    uint64_t last_used;
+};
+
+struct sched {
+    struct sched_options opt;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* work arrived / stop / state change */
+    enum sched_state state;
+    char load_err[512];
+    bool stopping, joined;
+    struct model_port port;
+    bool port_open;
+
+    /* pending queue: ring of max_queue */
+    struct job **q, **tmp;
+    int q_head, q_len;
+    atomic_int n_running, n_queued;
+
+    struct slot *slots;
+    int n_slots;
+    uint64_t clock;
+    struct batch_seq *batch;
+    int *batch_slot;
+};
+
+/* ---- jobs ---- */
+
+struct job *job_new(int32_t *prompt, int n_prompt) {
+    static atomic_ulong next_id = 1;
+    struct job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->id = atomic_fetch_add(&next_id, 1);
+    j->prompt = prompt;
+    j->n_prompt = n_prompt;
+    j->sp = sampler_params_default();
+    j->slot = -1;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    atomic_init(&j->cancel, 0);
+    atomic_init(&j->refs, 1);
+    j->t_arrive = now_seconds();
+    return j;
+}
+
+int job_add_stop(struct job *j, const char *s, size_t len) {
+    if (j->n_stops >= TEXTOUT_MAX_STOPS) return ST_INVALID;
+    char *c = malloc(len + 1);
+    if (!c) return ST_NOMEM;
+    memcpy(c, s, len);
+    c[len] = 0;
+    j->stops[j->n_stops++] = c;
+    return ST_OK;
+}
+
+void job_release(struct job *j) {
+    if (!j || atomic_fetch_sub(&j->refs, 1) != 1) return;
+    free(j->prompt);
+    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
+    sampler_free(j->smp);
+    textout_free(&j->tx);
+    free(j->recs);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* ---- scheduler helpers (scheduler thread) ---- */
+
+static void finish_job(struct sched *S, struct slot *sl, struct job *j, enum finish_reason why,
+                       const char *msg) {
+    double t_done = now_seconds();
+    /* metrics first, so whoever sees the job done also sees it counted */
+    if (why == FIN_CANCELLED) metrics_cancelled();
+    if (why == FIN_STOP || why == FIN_LENGTH) {
+        metrics_tokens(j->n_prompt, j->n_gen, j->cached);
+        metrics_e2e(t_done - j->t_arrive);
+    }
+    pthread_mutex_lock(&j->mu);
+    if (why != FIN_STOP || !j->tx.stopped) textout_finish(&j->tx);
+    j->finish = why;
+    if (msg) snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
+    j->done = true;
+    j->t_done = t_done;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    sampler_free(j->smp);
+    j->smp = NULL;
+    if (sl && S->port.cache_save && (why == FIN_STOP || why == FIN_LENGTH)) {
+        char err[256];
+        if (S->port.cache_save(S->port.ctx, sl->s, err, sizeof err))
+            fprintf(stderr, "prefix cache: save failed: %s\n", err);
+    }
+    if (sl) {
+        if (why == FIN_ERROR) S->port.seq_reset(S->port.ctx, sl->s);
+        sl->job = NULL;
+        sl->last_used = ++S->clock;
+        atomic_fetch_sub(&S->n_running, 1);
+        metrics_queue(atomic_load(&S->n_queued), atomic_load(&S->n_running));
+    }
+    job_release(j);
+}
+
+static bool is_stop_id(const struct model_port *p, int32_t t) {
+    for (int i = 0; i < p->n_stop; i++)
+        if (p->stop_ids[i] == t) return true;
+    return false;
+}
+
+/* Handles one sampled token; returns true when the job finished. */
+static bool take_token(struct sched *S, struct slot *sl, struct job *j, const struct sample_result *r) {
+    double now = now_seconds();
+    if (j->n_gen == 0) {
+        j->t_first = now;
+        metrics_ttft(now - j->t_arrive);
+    } else {
+        metrics_itl(now - j->t_last_tok);
+    }
+    j->t_last_tok = now;
+    int32_t t = r->token;
+    sampler_accept(j->smp, &t, 1, false);
+    if (is_stop_id(&S->port, t)) {
+        pthread_mutex_lock(&j->mu);
+        j->n_gen++;
+        pthread_mutex_unlock(&j->mu);
+        finish_job(S, sl, j, FIN_STOP, NULL);
+        return true;
+    }
+    size_t blen = 0;
+    const char *bytes = NULL;
+    if (!S->port.is_special(S->port.ctx, t)) bytes = S->port.token_bytes(S->port.ctx, t, &blen);
+    pthread_mutex_lock(&j->mu);
+    j->n_gen++;
+    size_t start = j->tx.len;
+    int hit = bytes && blen ? textout_push(&j->tx, bytes, blen) : 0;
+    if (j->recs && j->n_recs < j->max_tokens) {
+        struct tok_rec *rec = &j->recs[j->n_recs++];
+        rec->id = t;
+        rec->logprob = r->logprob;
+        rec->n_top = r->n_top;
+        memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
+        memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
+        rec->text_start = start < j->tx.len ? start : j->tx.len;
+        rec->text_end = j->tx.len;
+    }
+    int n_gen = j->n_gen;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (hit < 0) {
+        finish_job(S, sl, j, FIN_ERROR, "out of memory for output text");
+        return true;
+    }
+    if (hit == 1) {
+        finish_job(S, sl, j, FIN_STOP, NULL);
+        return true;
+    }
+    if (n_gen >= j->max_tokens || j->n_prompt + n_gen >= S->opt.max_seq) {
+        finish_job(S, sl, j, FIN_LENGTH, NULL);
+        return true;
+    }
+    return false;
+}
+
+/* Sets up a job in a slot: sampler, buffers, prefix-cache match. */
+static int admit(struct sched *S, struct job *j, int si) {
+    struct slot *sl = &S->slots[si];
+    char err[256];
+    int rc = sampler_new(&j->smp, S->port.vocab, &j->sp, err, sizeof err);
+    if (rc) return rc;
+    if (textout_init(&j->tx, 256, (const char *const *)j->stops, j->n_stops)) return ST_NOMEM;
+    if (j->sp.logprobs || j->sp.top_logprobs > 0) {
+        j->recs = calloc((size_t)j->max_tokens, sizeof *j->recs);
+        if (!j->recs) return ST_NOMEM;
+    }
+    int L = S->port.seq_length(S->port.ctx, sl->s);
+    const int32_t *toks = S->port.seq_tokens(S->port.ctx, sl->s);
+    if (L > 0 && !(L < j->n_prompt && memcmp(toks, j->prompt, (size_t)L * sizeof *toks) == 0)) {
+        S->port.seq_reset(S->port.ctx, sl->s);
+        L = 0;
+    }
+    if (L == 0 && S->port.cache_restore) {
+        /* the slot holds nothing useful: try the checkpoint store */
+        int matched = 0;
+        if (S->port.cache_restore(S->port.ctx, sl->s, j->prompt, j->n_prompt, &matched, err, sizeof err)) {
+            fprintf(stderr, "prefix cache: restore failed: %s\n", err);
+            S->port.seq_reset(S->port.ctx, sl->s);
+            matched = 0;
+        }
+        L = matched;
+    }
+    j->n_fed = L;
+    j->cached = L;
+    sampler_accept(j->smp, j->prompt, j->n_prompt, true);
+    sl->job = j;
+    j->slot = si;
+    atomic_fetch_add(&S->n_running, 1);
+    return ST_OK;
+}
+
+/* Picks the free slot for a prompt: longest strict-prefix session, else LRU. */
+static int pick_slot(struct sched *S, const struct job *j) {
+    int best = -1, best_len = -1;
+    uint64_t best_used = 0;
+    for (int i = 0; i < S->n_slots; i++) {
+        struct slot *sl = &S->slots[i];
+        if (sl->job) continue;
+        int L = S->port.seq_length(S->port.ctx, sl->s);
+        const int32_t *t = S->port.seq_tokens(S->port.ctx, sl->s);
+        int m = 0;
+        if (L > 0 && L < j->n_prompt && memcmp(t, j->prompt, (size_t)L * sizeof *t) == 0) m = L;
+        if (m > best_len || (m == best_len && m > 0 && sl->last_used > best_used) ||
+            (m == best_len && m == 0 && sl->last_used < best_used)) {
+            best = i;
+            best_len = m;
+            best_used = sl->last_used;
+        }
+    }
+    return best;
+}
+
+static int count_running(const struct sched *S) {
+    int n = 0;
+    for (int i = 0; i < S->n_slots; i++) n += S->slots[i].job != NULL;
+    return n;
+}
+
+static int load(struct sched *S) {
+    char err[512] = "";
+    int rc = S->opt.open(&S->port, &S->opt.port, err, sizeof err);
+    if (rc) goto fail;
+    S->port_open = true;
+    pthread_mutex_lock(&S->mu);
+    if (S->port.max_position > 0 && S->opt.max_seq > S->port.max_position) S->opt.max_seq = S->port.max_position;
+    pthread_mutex_unlock(&S->mu);
+    if (S->opt.max_seq < 2) {
+        rc = errorf(err, sizeof err, ST_INVALID, "--max-seq must be >= 2");
+        goto fail;
+    }
+    S->slots = calloc((size_t)S->n_slots, sizeof *S->slots);
+    S->batch = calloc((size_t)S->n_slots, sizeof *S->batch);
+    S->batch_slot = calloc((size_t)S->n_slots, sizeof *S->batch_slot);
+    if (!S->slots || !S->batch || !S->batch_slot) {
+        rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for scheduler slots");
+        goto fail;
+    }
+    for (int i = 0; i < S->n_slots; i++) {
+        rc = S->port.seq_open(S->port.ctx, &S->slots[i].s, S->opt.max_seq, err, sizeof err);
+        if (rc) {
+            error_prefix(err, sizeof err, "opening session %d of %d (max_seq %d)", i + 1, S->n_slots,
+                         S->opt.max_seq);
+            goto fail;
+        }
+        S->slots[i].logits = malloc((size_t)S->port.vocab * sizeof(float));
+        if (!S->slots[i].logits) {
+            rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for logits");
+            goto fail;
+        }
+    }
+    pthread_mutex_lock(&S->mu);
+    S->state = SCHED_READY;
+    pthread_cond_broadcast(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return 0;
+fail:
+    pthread_mutex_lock(&S->mu);
+    snprintf(S->load_err, sizeof S->load_err, "%s", err);
+    S->state = SCHED_FAILED;
+    pthread_cond_broadcast(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return rc;
+}
+
+static void *sched_main(void *arg) {
+    struct sched *S = arg;
+    if (load(S)) return NULL;
+    char err[512];
+    for (;;) {
+        pthread_mutex_lock(&S->mu);
+        while (!S->stopping && S->q_len == 0 && count_running(S) == 0) pthread_cond_wait(&S->cv, &S->mu);
+        if (S->stopping) {
+            pthread_mutex_unlock(&S->mu);
+            break;
+        }
+        /* Drop cancelled queued jobs; admit into free slots, in order. */
+        int w = 0, n = S->q_len;
+        struct job **keep = S->tmp;
+        int nk = 0;
+        for (int i = 0; i < n; i++) {
+            struct job *j = S->q[(S->q_head + i) % S->opt.max_queue];
+            if (atomic_load(&j->cancel)) {
+                finish_job(S, NULL, j, FIN_CANCELLED, NULL);
+                continue;
+            }
+            keep[nk++] = j;
+        }
+        S->q_head = 0;
+        S->q_len = 0;
+        for (int i = 0; i < nk; i++) {
+            struct job *j = keep[i];
+            int si = pick_slot(S, j);
+            if (si < 0) {
+                S->q[w++] = j; /* no free slot: stays queued, in order */
+                continue;
+            }
+            int rc = admit(S, j, si);
+            if (rc) finish_job(S, NULL, j, FIN_ERROR, "admission failed (out of memory)");
+        }
+        S->q_len = w;
+        atomic_store(&S->n_queued, w);
+        metrics_queue(w, atomic_load(&S->n_running));
+        pthread_mutex_unlock(&S->mu);
+
+        /* Build one batch over every running job. */
+        int nb = 0, budget = S->opt.prefill_chunk;
+        for (int i = 0; i < S->n_slots; i++) {
+            struct slot *sl = &S->slots[i];
+            struct job *j = sl->job;
+            if (!j) continue;
+            if (atomic_load(&j->cancel)) {
+                finish_job(S, sl, j, FIN_CANCELLED, NULL);
+                continue;
+            }
+            struct batch_seq *b = &S->batch[nb];
+            b->s = sl->s;
+            b->all_logits = false;
+            if (j->n_fed < j->n_prompt) {
+                int left = j->n_prompt - j->n_fed;
+                int take = left < budget ? left : budget;
+                if (take <= 0) continue;
+                budget -= take;
+                b->tokens = j->prompt + j->n_fed;
+                b->n_tokens = take;
+                b->logits = take == left ? sl->logits : NULL;
+            } else {
+                b->tokens = &j->next_tok;
+                b->n_tokens = 1;
+                b->logits = sl->logits;
+            }
+            S->batch_slot[nb++] = i;
+        }
+        if (nb == 0) continue;
+        err[0] = 0;
+        int rc = S->port.forward(S->port.ctx, S->batch, nb, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "request failed: forward: %s\n", err);
+            for (int k = 0; k < nb; k++) {
+                struct slot *sl = &S->slots[S->batch_slot[k]];
+                finish_job(S, sl, sl->job, FIN_ERROR, err);
+            }
+            continue;
+        }
+        long used = 0;
+        for (int i = 0; i < S->n_slots; i++) used += S->port.seq_length(S->port.ctx, S->slots[i].s);
+        metrics_kv(used, (long)S->n_slots * S->opt.max_seq);
+        for (int k = 0; k < nb; k++) {
+            struct slot *sl = &S->slots[S->batch_slot[k]];
+            struct job *j = sl->job;
+            struct batch_seq *b = &S->batch[k];
+            if (j->n_fed < j->n_prompt) j->n_fed += b->n_tokens;
+            if (!b->logits) continue;
+            struct sample_result r;
+            sampler_sample(j->smp, sl->logits, &r);
+            if (!take_token(S, sl, j, &r)) j->next_tok = r.token;
+        }
+    }
+    /* stopping: cancel everything */
+    pthread_mutex_lock(&S->mu);
+    for (int i = 0; i < S->q_len; i++) finish_job(S, NULL, S->q[(S->q_head + i) % S->opt.max_queue], FIN_CANCELLED, NULL);
+    S->q_len = 0;
+    pthread_mutex_unlock(&S->mu);
+    for (int i = 0; i < S->n_slots; i++)
+        if (S->slots[i].job) finish_job(S, &S->slots[i], S->slots[i].job, FIN_CANCELLED, NULL);
+    metrics_queue(0, 0);
+    return NULL;
+}
+
+/* ---- public ---- */
+
+int sched_start(struct sched **out, const struct sched_options *opt, char *err, size_t errlen) {
+    *out = NULL;
+    if (opt->parallel < 1 || opt->parallel > 256) return errorf(err, errlen, ST_INVALID, "--parallel must be in [1, 256]");
+    if (opt->max_queue < 1) return errorf(err, errlen, ST_INVALID, "--max-queue must be >= 1");
+    if (opt->prefill_chunk < 1) return errorf(err, errlen, ST_INVALID, "prefill chunk must be >= 1");
+    struct sched *S = calloc(1, sizeof *S);
+    if (!S) return errorf(err, errlen, ST_NOMEM, "out of memory");
+    S->opt = *opt;
+    S->n_slots = opt->parallel;
+    S->q = calloc((size_t)opt->max_queue, sizeof *S->q);
+    S->tmp = calloc((size_t)opt->max_queue, sizeof *S->tmp);
+    atomic_init(&S->n_running, 0);
+    atomic_init(&S->n_queued, 0);
+    if (!S->q || !S->tmp) {
+        free(S->q);
+        free(S->tmp);
+        free(S);
+        return errorf(err, errlen, ST_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->cv, NULL);
+    S->state = SCHED_LOADING;
+    int rc = pthread_create(&S->thread, NULL, sched_main, S);
+    if (rc) {
+        free(S->q);
+        free(S->tmp);
+        free(S);
+        return errorf(err, errlen, ST_INTERNAL, "pthread_create: %s", strerror(rc));
+    }
+    *out = S;
+    return ST_OK;
+}
+
+enum sched_state sched_state(struct sched *S, char *err, size_t errlen) {
+    pthread_mutex_lock(&S->mu);
+    enum sched_state st = S->state;
+    if (err && errlen) snprintf(err, errlen, "%s", S->load_err);
+    pthread_mutex_unlock(&S->mu);
+    return st;
+}
+
+enum sched_state sched_wait_loaded(struct sched *S, char *err, size_t errlen) {
+    pthread_mutex_lock(&S->mu);
+    while (S->state == SCHED_LOADING) pthread_cond_wait(&S->cv, &S->mu);
+    enum sched_state st = S->state;
+    if (err && errlen) snprintf(err, errlen, "%s", S->load_err);
+    pthread_mutex_unlock(&S->mu);
+    return st;
+}
+
+const struct model_port *sched_port(struct sched *S) {
+    return sched_state(S, NULL, 0) == SCHED_READY ? &S->port : NULL;
+}
+
+int sched_max_seq(struct sched *S) {
+    pthread_mutex_lock(&S->mu); /* load() may still clamp it */
+    int m = S->opt.max_seq;
+    pthread_mutex_unlock(&S->mu);
+    return m;
+}
+
+int sched_submit(struct sched *S, struct job *j) {
+    pthread_mutex_lock(&S->mu);
+    if (S->state != SCHED_READY || S->stopping) {
+        pthread_mutex_unlock(&S->mu);
+        return ST_UNSUPPORTED;
+    }
+    if (S->q_len >= S->opt.max_queue) {
+        pthread_mutex_unlock(&S->mu);
+        return ST_RANGE;
+    }
+    atomic_fetch_add(&j->refs, 1);
+    S->q[(S->q_head + S->q_len) % S->opt.max_queue] = j;
+    S->q_len++;
+    atomic_store(&S->n_queued, S->q_len);
+    metrics_queue(S->q_len, atomic_load(&S->n_running));
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return ST_OK;
+}
+
+void sched_shutdown(struct sched *S) {
+    if (!S) return;
+    pthread_mutex_lock(&S->mu);
+    bool joined = S->joined;
+    S->stopping = true;
+    S->joined = true;
+    pthread_cond_broadcast(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    if (!joined) pthread_join(S->thread, NULL);
+    pthread_mutex_lock(&S->mu);
+    if (S->state == SCHED_READY) S->state = SCHED_STOPPED;
+    pthread_mutex_unlock(&S->mu);
+}
+
+void sched_free(struct sched *S) {
+    if (!S) return;
+    sched_shutdown(S);
+    if (S->slots) {
+        for (int i = 0; i < S->n_slots; i++) {
+            if (S->slots[i].s) S->port.seq_close(S->port.ctx, S->slots[i].s);
+            free(S->slots[i].logits);
+        }
+    }
+    if (S->port_open && S->port.close) S->port.close(S->port.ctx);
+    free(S->slots);
+    free(S->batch);
+    free(S->batch_slot);
+    free(S->q);
+    free(S->tmp);
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->cv);
+    free(S);
+}

@@ -1,0 +1,121 @@
+/* server/sched.h — the scheduler: one thread that loads the model, owns it
+ * and every session, and runs generation jobs; and the job object through
+ * which an HTTP connection thread hands a request over and reads results back.
+ *
+ * Threads and ownership:
+ *   - The scheduler thread is the only caller of the port's model functions.
+ *     It keeps `parallel` slots (a session + a logits row each). Each step it
+ *     admits queued jobs into free slots (a slot whose session tokens are a
+ *     strict prefix of the prompt is preferred: prefix cache), then runs ONE
+ *     batched forward over every running job (prefill chunks and decode
+ *     tokens together: continuous batching), samples, detokenizes, applies
+ *     stop ids / stop strings / max_tokens, and publishes text to the job.
+ *   - A job is shared by its connection thread and the scheduler (refcount 2
+ *     while queued or running). The scheduler appends text and logprob
+ *     records under job->mu and signals job->cv; the connection thread copies
+ *     text [0, released) out under job->mu. A slow client therefore never
+ *     blocks the scheduler.
+ *   - Cancellation: the connection thread sets job->cancel (client gone);
+ *     the scheduler drops the job before the next forward (within one step)
+ *     and frees its slot. Queued jobs are dropped from the queue the same way.
+ *   - The pending queue is bounded (max_queue): sched_submit returns ST_RANGE
+ *     when full (HTTP 429).
+ */
+#ifndef ORCHID_SERVER_SCHED_H
+#define ORCHID_SERVER_SCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/sampler.h"
+#include "server/port.h"
+#include "server/textout.h"
+
+enum finish_reason { FIN_NONE = 0, FIN_STOP, FIN_LENGTH, FIN_CANCELLED, FIN_ERROR };
+
+struct tok_rec {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_ids[SAMPLER_MAX_TOP_LOGPROBS];
+    float top_lps[SAMPLER_MAX_TOP_LOGPROBS];
+    size_t text_start, text_end; /* this token's span in the output text */
+};
+
+struct job {
+    /* request: set by the connection thread before sched_submit, then read-only */
+    uint64_t id;
+    int32_t *prompt; /* owned */
+    int n_prompt;
+    struct sampler_params sp;
+    int max_tokens;
+    char *stops[TEXTOUT_MAX_STOPS]; /* owned */
+    int n_stops;
+    double t_arrive;
+
+    /* scheduler-private */
+    sampler *smp;
+    int slot;
+    int n_fed;          /* prompt tokens in the session */
+    int32_t next_tok;   /* sampled, not yet fed */
+    double t_last_tok;
+
+    /* shared, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct textout tx;  /* tx.buf[0, tx.released) is final */
+    struct tok_rec *recs; /* when logprobs are wanted: [max_tokens] */
+    int n_recs;
+    int n_gen;          /* generated ids, stop id included */
+    int cached;         /* prompt tokens reused from the prefix cache */
+    bool done;
+    enum finish_reason finish;
+    char errmsg[256];   /* FIN_ERROR: internal detail (logged, never sent) */
+    double t_first, t_done;
+
+    atomic_int cancel;
+    atomic_int refs;
+};
+
+/* A new job with refcount 1 (the caller's). Takes ownership of prompt. */
+struct job *job_new(int32_t *prompt, int n_prompt);
+void job_release(struct job *j);
+/* Adds a stop string (copied); ST_INVALID beyond TEXTOUT_MAX_STOPS. */
+int job_add_stop(struct job *j, const char *s, size_t len);
+
+typedef int (*port_open_fn)(struct model_port *p, const struct port_options *opt, char *err, size_t errlen);
+
+struct sched_options {
+    int parallel;      /* slots = concurrently running sequences */
+    int max_queue;     /* pending jobs beyond the running ones */
+    int max_seq;       /* session capacity (prompt + completion); clamped to the model's */
+    int prefill_chunk; /* prompt tokens fed per step, over all sequences */
+    port_open_fn open;
+    struct port_options port;
+};
+
+enum sched_state { SCHED_LOADING = 0, SCHED_READY, SCHED_FAILED, SCHED_STOPPED };
+
+struct sched;
+
+/* Starts the scheduler thread; it loads the model in the background. */
+int sched_start(struct sched **out, const struct sched_options *opt, char *err, size_t errlen);
+enum sched_state sched_state(struct sched *s, char *err, size_t errlen);
+/* Blocks until the state is no longer LOADING. */
+enum sched_state sched_wait_loaded(struct sched *s, char *err, size_t errlen);
+/* The loaded port (NULL while loading). Text functions are safe from any thread. */
+const struct model_port *sched_port(struct sched *s);
+int sched_max_seq(struct sched *s);
+/* Queues a job (takes a reference). ST_RANGE: queue full; ST_UNSUPPORTED: not ready / stopping. */
+int sched_submit(struct sched *s, struct job *j);
+/* Stops the thread: cancels queued and running jobs (their connections see
+ * FIN_CANCELLED), then refuses new work. The model stays open, so connection
+ * threads may still call the port's text functions until sched_free. */
+void sched_shutdown(struct sched *s);
+/* Shuts down if needed, closes sessions and the model, frees. Only after
+ * every connection thread is gone. */
+void sched_free(struct sched *s);
+
+#endif

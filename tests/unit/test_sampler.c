@@ -1,0 +1,175 @@
+/* tests/unit/test_sampler.c — sampler semantics: greedy tie/NaN rules, seeded
+ * reproducibility, top_k / top_p / min_p support sets, penalties, logprobs. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "model/sampler.h"
+
+#define V 1000
+
+static float base[V], buf[V];
+
+static void fill(void) {
+    for (int i = 0; i < V; i++) base[i] = (float)((i * 7919) % 1000) / 100.0f; /* 0 .. 9.99, distinct */
+}
+
+static int32_t draw(sampler *s, struct sample_result *r) {
+    memcpy(buf, base, sizeof buf);
+    return sampler_sample(s, buf, r);
+}
+
+int main(void) {
+    char err[256];
+    fill();
+    int32_t best = sampler_argmax(base, V);
+    CHECK(base[best] == 9.99f, "argmax value %f", base[best]);
+
+    /* greedy: first max wins, NaN never wins */
+    float t[4] = {NAN, 1.0f, 3.0f, 3.0f};
+    CHECK(sampler_argmax(t, 4) == 2, "tie -> first");
+    float all_nan[2] = {NAN, NAN};
+    CHECK(sampler_argmax(all_nan, 2) == -1, "all NaN");
+
+    struct sampler_params p = sampler_params_default();
+    sampler *s;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(draw(s, NULL) == best, "greedy");
+    sampler_free(s);
+
+    /* invalid params */
+    struct sampler_params bad = p;
+    bad.temperature = NAN;
+    CHECK(sampler_new(&s, V, &bad, err, sizeof err) != 0 && strstr(err, "temperature"), "nan temperature");
+    bad = p;
+    bad.top_p = 0.0f;
+    CHECK(sampler_new(&s, V, &bad, err, sizeof err) != 0 && strstr(err, "top_p"), "top_p 0");
+    bad = p;
+    bad.top_logprobs = 21;
+    CHECK(sampler_new(&s, V, &bad, err, sizeof err) != 0, "top_logprobs 21");
+    bad = p;
+    bad.repetition_penalty = 0.0f;
+    CHECK(sampler_new(&s, V, &bad, err, sizeof err) != 0, "repetition 0");
+
+    /* seeded reproducibility and variety */
+    p.temperature = 5.0f;
+    p.has_seed = true;
+    p.seed = 42;
+    int32_t seq1[50], seq2[50];
+    sampler *a, *b;
+    CHECK(sampler_new(&a, V, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(sampler_new(&b, V, &p, err, sizeof err) == 0, "%s", err);
+    int distinct = 0;
+    for (int i = 0; i < 50; i++) {
+        seq1[i] = draw(a, NULL);
+        seq2[i] = draw(b, NULL);
+        if (i && seq1[i] != seq1[i - 1]) distinct++;
+    }
+    CHECK(memcmp(seq1, seq2, sizeof seq1) == 0, "same seed same draws");
+    CHECK(distinct > 10, "temperature gives variety (%d)", distinct);
+    sampler_free(a);
+    sampler_free(b);
+
+    /* top_k: only the k best can appear */
+    p.top_k = 3;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    int ok = 1;
+    for (int i = 0; i < 300; i++) {
+        int32_t x = draw(s, NULL);
+        if (base[x] < 9.97f) ok = 0;
+    }
+    CHECK(ok, "top_k support");
+    sampler_free(s);
+
+    /* top_p: small p with sharp distribution -> argmax only */
+    p.top_k = 0;
+    p.temperature = 0.001f;
+    p.top_p = 0.5f;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    ok = 1;
+    for (int i = 0; i < 100; i++)
+        if (draw(s, NULL) != best) ok = 0;
+    CHECK(ok, "top_p support (sharp)");
+    sampler_free(s);
+
+    /* top_p with a flat-ish distribution: kept set is a top prefix with mass >= p */
+    p.temperature = 1.0f;
+    p.top_p = 0.9f;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    float minseen = 100.0f;
+    for (int i = 0; i < 2000; i++) {
+        int32_t x = draw(s, NULL);
+        if (base[x] < minseen) minseen = base[x];
+    }
+    /* mass of tokens >= threshold; compute the exact cutoff */
+    {
+        double z = 0, acc = 0;
+        for (int i = 0; i < V; i++) z += exp(base[i] - 9.99);
+        float cut = 0;
+        for (int v = 999; v >= 0; v--) { /* values are v/100 */
+            acc += exp(v / 100.0 - 9.99);
+            if (acc >= 0.9 * z) { cut = v / 100.0f; break; }
+        }
+        CHECK(minseen >= cut - 1e-4f, "top_p cutoff: min seen %f cut %f", minseen, cut);
+        CHECK(minseen < cut + 1.0f, "top_p keeps the tail near the cut: %f vs %f", minseen, cut);
+    }
+    sampler_free(s);
+
+    /* min_p */
+    p.top_p = 1.0f;
+    p.min_p = 0.5f; /* keep tokens with p >= 0.5 * pmax: logit >= max - ln 2 */
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    ok = 1;
+    for (int i = 0; i < 500; i++)
+        if (base[draw(s, NULL)] < 9.99f - 0.6932f) ok = 0;
+    CHECK(ok, "min_p support");
+    sampler_free(s);
+
+    /* penalties: frequency penalty pushes greedy off a repeated token */
+    p = sampler_params_default();
+    p.frequency_penalty = 1.0f;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    int32_t x0 = draw(s, NULL);
+    sampler_accept(s, &x0, 1, false);
+    int32_t x1 = draw(s, NULL);
+    CHECK(x0 == best && x1 != best, "frequency penalty %d %d", x0, x1);
+    sampler_free(s);
+    /* presence penalty does not apply to prompt tokens, repetition does */
+    p = sampler_params_default();
+    p.presence_penalty = 2.0f;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    sampler_accept(s, &best, 1, true);
+    CHECK(draw(s, NULL) == best, "presence ignores prompt");
+    sampler_free(s);
+    p = sampler_params_default();
+    p.repetition_penalty = 2.0f;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    sampler_accept(s, &best, 1, true);
+    CHECK(draw(s, NULL) != best, "repetition applies to prompt");
+    sampler_free(s);
+
+    /* logprobs: raw log-softmax, top list sorted, chosen included */
+    p = sampler_params_default();
+    p.logprobs = true;
+    p.top_logprobs = 5;
+    p.repetition_penalty = 1.5f;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    struct sample_result r;
+    draw(s, &r);
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp(base[i] - 9.99);
+    CHECK(r.n_top == 5, "n_top %d", r.n_top);
+    CHECK(r.top_ids[0] == best, "top[0]");
+    CHECK_CLOSE(r.top_logprobs[0], -log(z), 1e-4, 0, "top logprob");
+    CHECK_CLOSE(r.logprob, -log(z), 1e-4, 0, "chosen logprob");
+    for (int i = 1; i < 5; i++) CHECK(r.top_logprobs[i] <= r.top_logprobs[i - 1], "sorted");
+    /* after penalising the best, the chosen logprob is still the raw one */
+    sampler_accept(s, &best, 1, true);
+    draw(s, &r);
+    CHECK(r.token != best, "penalised");
+    CHECK_CLOSE(r.logprob, base[r.token] - 9.99 - log(z), 1e-4, 0, "raw logprob after penalty");
+    sampler_free(s);
+
+    return check_summary();
+}

@@ -1,0 +1,205 @@
+/* tests/unit/test_server_api.c — request validation and the scheduler, with
+ * the scripted mock model (no HTTP): field errors name their param, sampling
+ * fields land in the sampler params, prompts are rendered/encoded and checked
+ * against the context; then jobs run through a live scheduler thread
+ * (script output, stop strings, max_tokens, cancellation, prefix cache,
+ * queue-full), which also puts the scheduler under ASan/UBSan in `make asan`. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "runtime/status.h"
+#include "server/api.h"
+#include "server/metrics.h"
+#include "server/sched.h"
+
+#define MODEL "Qwen3.6-35B-A3B"
+
+static int parse(enum api_kind k, const char *body, struct api_request *r, struct api_error *e) {
+    return api_parse(k, body, strlen(body), MODEL, 264, -1, r, e);
+}
+
+static void expect_bad(const char *body, int status, const char *param) {
+    struct api_request r;
+    struct api_error e;
+    int rc = parse(API_CHAT, body, &r, &e);
+    CHECK(rc == status, "%s: status %d want %d (%s)", body, rc, status, e.message);
+    if (param) CHECK(strcmp(e.param, param) == 0, "%s: param '%s' want '%s'", body, e.param, param);
+    api_request_free(&r);
+}
+
+/* Waits for a job to finish; returns its final text (static buffer). */
+static const char *run_job(struct job *j) {
+    static char out[4096];
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) pthread_cond_wait(&j->cv, &j->mu);
+    size_t n = j->tx.released < sizeof out - 1 ? j->tx.released : sizeof out - 1;
+    memcpy(out, j->tx.buf ? j->tx.buf : "", n);
+    out[n] = 0;
+    pthread_mutex_unlock(&j->mu);
+    return out;
+}
+
+static struct job *make_job(const struct model_port *p, const char *text, int max_tokens) {
+    int32_t *ids;
+    size_t n;
+    char err[128];
+    if (p->encode(p->ctx, text, strlen(text), &ids, &n, err, sizeof err)) return NULL;
+    struct job *j = job_new(ids, (int)n);
+    j->max_tokens = max_tokens;
+    return j;
+}
+
+int main(void) {
+    struct api_request r;
+    struct api_error e;
+
+    /* ---- parsing ---- */
+    int rc = parse(API_CHAT,
+                   "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                   "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,\"min_p\":0.1,\"seed\":42,"
+                   "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.2,"
+                   "\"stop\":[\"a\",\"\",\"bc\"],\"max_completion_tokens\":7,\"stream\":true,"
+                   "\"stream_options\":{\"include_usage\":true},\"logprobs\":true,\"top_logprobs\":3,"
+                   "\"reasoning_effort\":\"none\",\"user\":\"u\",\"some_future_field\":{\"x\":1}}",
+                   &r, &e);
+    CHECK(rc == 0, "valid request: %s", e.message);
+    CHECK(r.sp.temperature == 0.5f && r.sp.top_p == 0.9f && r.sp.top_k == 40 && r.sp.min_p == 0.1f, "sampling");
+    CHECK(r.sp.has_seed && r.sp.seed == 42, "seed");
+    CHECK(r.sp.presence_penalty == 0.5f && r.sp.frequency_penalty == -0.5f && r.sp.repetition_penalty == 1.2f,
+          "penalties");
+    CHECK(r.n_stops == 2 && !strcmp(r.stops[1], "bc"), "stops (empty dropped)");
+    CHECK(r.max_tokens == 7 && r.stream && r.include_usage, "max/stream");
+    CHECK(r.sp.logprobs && r.sp.top_logprobs == 3, "logprobs");
+    CHECK(r.enable_thinking == 0, "reasoning_effort none");
+    api_request_free(&r);
+
+    expect_bad("{", 400, "");
+    expect_bad("{\"model\":\"" MODEL "\"} x", 400, "");
+    expect_bad("{\"model\":\"other\",\"messages\":[]}", 404, "model");
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[]}", 400, "messages");
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":1}]}", 400,
+               "messages[0].content");
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}",
+               400, "temperature");
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}", 400, "n");
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400,
+               "max_tokens");
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+               "\"tool_choice\":\"required\"}",
+               400, "tool_choice");
+
+    struct api_error ee;
+    api_error_set(&ee, 400, NULL, "temperature", NULL, "bad \"quote\"");
+    char *js = api_error_json(&ee);
+    CHECK(js && !strcmp(js, "{\"error\":{\"message\":\"bad \\\"quote\\\"\",\"type\":\"invalid_request_error\","
+                            "\"param\":\"temperature\",\"code\":null}}"),
+          "error json: %s", js);
+    free(js);
+
+    /* ---- scheduler with the mock model ---- */
+    metrics_init();
+    setenv("ORCHID_MOCK_STEP_MS", "1", 1); /* read once, at load */
+    struct sched_options so = {0};
+    so.parallel = 2;
+    so.max_queue = 2;
+    so.max_seq = 256;
+    so.prefill_chunk = 16;
+    so.open = port_open_mock;
+    struct sched *S;
+    char err[256];
+    CHECK(sched_start(&S, &so, err, sizeof err) == 0, "%s", err);
+    CHECK(sched_wait_loaded(S, err, sizeof err) == SCHED_READY, "load: %s", err);
+    const struct model_port *p = sched_port(S);
+
+    /* prompt preparation + context check */
+    rc = parse(API_CHAT, "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"SCRIPT:hi\"}],"
+                         "\"max_tokens\":500}", &r, &e);
+    int32_t *ids;
+    int n_ids;
+    char *forced;
+    bool reasoning;
+    rc = api_prepare_prompt(&r, p, 256, &ids, &n_ids, &forced, &reasoning, &e);
+    CHECK(rc == 400 && !strcmp(e.code, "context_length_exceeded") && strstr(e.message, "256") &&
+              strstr(e.message, "500"),
+          "context: %s", e.message);
+    api_request_free(&r);
+    rc = parse(API_CHAT, "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"SCRIPT:hi\"}]}", &r,
+               &e);
+    rc = api_prepare_prompt(&r, p, 256, &ids, &n_ids, &forced, &reasoning, &e);
+    CHECK(rc == 0 && reasoning && r.max_tokens == 256 - n_ids, "default max_tokens fills the context");
+    free(ids);
+    free(forced);
+    api_request_free(&r);
+
+    /* script, long prompt (several prefill chunks) */
+    struct job *j = make_job(p, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxSCRIPT:hello there<|im_end|>", 50);
+    CHECK(sched_submit(S, j) == 0, "submit");
+    CHECK(!strcmp(run_job(j), "hello there") && j->finish == FIN_STOP && j->n_gen == 12, "script: '%s' %d",
+          run_job(j), j->n_gen);
+    job_release(j);
+
+    /* stop string + max_tokens */
+    j = make_job(p, "SCRIPT:one two three<|im_end|>", 50);
+    job_add_stop(j, "two", 3);
+    sched_submit(S, j);
+    CHECK(!strcmp(run_job(j), "one ") && j->finish == FIN_STOP, "stop string");
+    job_release(j);
+    j = make_job(p, "SCRIPT:abcdef<|im_end|>", 3);
+    sched_submit(S, j);
+    CHECK(!strcmp(run_job(j), "abc") && j->finish == FIN_LENGTH, "max_tokens");
+    job_release(j);
+
+    /* prefix cache: the session holding exactly this prompt is reused */
+    j = make_job(p, "SCRIPT:q<|im_end|>", 1);
+    sched_submit(S, j);
+    run_job(j);
+    int n1 = j->n_prompt;
+    job_release(j);
+    j = make_job(p, "SCRIPT:q<|im_end|>more", 2);
+    sched_submit(S, j);
+    run_job(j);
+    CHECK(j->cached == n1, "cached %d want %d", j->cached, n1);
+    job_release(j);
+
+    /* cancellation of running jobs; queue full */
+    struct job *run[4];
+    for (int i = 0; i < 4; i++) run[i] = make_job(p, "noise", 200);
+    for (int i = 0; i < 2; i++) CHECK(sched_submit(S, run[i]) == 0, "submit %d", i);
+    for (int i = 0; i < 2; i++) { /* wait until both run */
+        for (int k = 0; k < 2000; k++) {
+            pthread_mutex_lock(&run[i]->mu);
+            int g = run[i]->n_gen;
+            pthread_mutex_unlock(&run[i]->mu);
+            if (g > 0) break;
+            struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    for (int i = 2; i < 4; i++) CHECK(sched_submit(S, run[i]) == 0, "queue %d", i);
+    struct job *extra = make_job(p, "noise", 5);
+    CHECK(sched_submit(S, extra) == ST_RANGE, "queue full");
+    job_release(extra);
+    for (int i = 0; i < 4; i++) atomic_store(&run[i]->cancel, 1);
+    for (int i = 0; i < 4; i++) {
+        run_job(run[i]);
+        CHECK(run[i]->finish == FIN_CANCELLED, "cancelled %d: %d", i, run[i]->finish);
+        CHECK(i >= 2 || run[i]->n_gen < 200, "stopped early %d", i);
+        job_release(run[i]);
+    }
+    CHECK(metrics_get("cancelled") == 4, "cancel counted: %ld", metrics_get("cancelled"));
+
+    /* shutdown with a job in flight */
+    j = make_job(p, "noise", 200);
+    sched_submit(S, j);
+    sched_shutdown(S);
+    run_job(j);
+    CHECK(j->done, "done after shutdown");
+    job_release(j);
+    j = make_job(p, "x", 1);
+    CHECK(sched_submit(S, j) == ST_UNSUPPORTED, "refused after shutdown");
+    job_release(j);
+    sched_free(S);
+    return check_summary();
+}
