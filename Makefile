@@ -57,11 +57,15 @@ all: $(BUILD)/orchid $(TEST_BIN)
 cpu:
 	$(MAKE) CUDA=0 all
 
-$(BUILD)/%.o: %.c
+# The flags a tree was built with: switching CUDA=0/1 (or CC, ARCHFLAGS) rebuilds it.
+FLAGS_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD); echo '$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS)' > $(FLAGS_STAMP))
+
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP) $(wildcard src/cuda/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -69,7 +73,7 @@ $(BUILD)/liborchid.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/orchid: $(APP_OBJ) $(BUILD)/liborchid.a
+$(BUILD)/orchid: $(APP_OBJ) $(BUILD)/liborchid.a $(FLAGS_STAMP)
 	$(CC) $(CFLAGS) -o $@ $(APP_OBJ) $(BUILD)/liborchid.a $(LIBS) $(CUDA_LIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/liborchid.a tests/unit/check.h
@@ -167,3 +171,22 @@ fuzz-smoke: setup fuzz-build
 	@FUZZ_SECONDS=3 scripts/fuzz.sh $(FUZZ_BIN)
 
 -include $(FUZZ_LIB_OBJ:.o=.d)
+
+# --- GPU tests (cuda helper) ---
+# tests/gpu/*.c: the CUDA backend against the CPU reference (test_cuda_ops) and the
+# benchmark harness (bench_cuda). They link only what they use (no HTTP/text libs), so
+# the binaries run on a GPU machine that has just the CUDA driver and libcjson.
+ifeq ($(CUDA),1)
+GPU_SRC := $(sort $(wildcard tests/gpu/*.c))
+GPU_BIN := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
+GPU_LIBS := -lcjson -lm -lpthread $(CUDA_LIBS)
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_common.h tests/unit/check.h $(BUILD)/liborchid.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -Itests/gpu -o $@ $< $(BUILD)/liborchid.a $(GPU_LIBS)
+
+.PHONY: gpu-tests
+gpu-tests: $(GPU_BIN)
+test-gpu: gpu-tests
+bench-gpu: gpu-tests
+endif

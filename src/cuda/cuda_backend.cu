@@ -1,0 +1,748 @@
+// cuda/cuda_backend.cu — the CUDA implementation of struct backend (backend.h):
+// weight upload (once, one device arena, load time and GB/s reported), sessions
+// (bf16 KV cache, fp32 GDN state, fp32 conv state on the GPU), the forward pass over
+// any batch (small batches take the GEMV/pair kernels, larger ones the tensor-core
+// GEMMs and the grouped MoE), and decode_greedy: one decode step captured as a CUDA
+// graph per session that reads its token and position from device memory, writes
+// the argmax into the next step's input slot and advances the position, replayed
+// with two steps in flight and no host synchronisation inside a step.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/cuda_internal.h"
+
+extern "C" {
+#include "backend.h"
+}
+
+#define CUDA_MAX_BATCH 4096
+#define SMALL_T 16     /* batches up to this many tokens use the GEMV / pair kernels */
+#define LOGIT_ROWS 64  /* lm_head rows per pass */
+#define MAX_SPLIT 64
+#define PROF_MAX 2048
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+struct dlayer {
+    int kind, ord;
+    float *in_norm, *post_norm;
+    cuda_qmat q, k, v, o;
+    float *q_norm, *k_norm;
+    cuda_qmat qkv, z, b, a, out;
+    float *conv, *A_log, *dt_bias, *norm;
+    cuda_qmat router, gate, up, down, sh_gate, sh_up, sh_down, sh_eg;
+};
+
+/* Device pointers of one batch's metadata. */
+struct dmeta {
+    int T, n_seqs, n_tiles, n_split;
+    const int32_t *tok, *pos, *tok_seq;
+    const cuda_seq *seqs;
+    const cuda_attn_tile *tiles;
+};
+
+struct cuda_backend;
+
+struct backend_session {
+    struct cuda_backend *cb;
+    int max_seq;
+    uint16_t *kv;
+    float *conv, *state;
+    /* decode loop */
+    int32_t *d_dec;      /* tok, pos, step, tok_seq(=0) */
+    cuda_seq *d_dec_seq; /* [1] */
+    cuda_attn_tile *d_dec_tile;
+    int32_t *d_out_ids;  /* [max_seq] */
+    int32_t *h_ids;      /* pinned [max_seq] */
+    cudaGraphExec_t graph;
+    int n_split;
+    int graph_prof_n; /* event marks captured in the graph (profiling) */
+};
+
+struct cuda_backend {
+    struct backend base;
+    const struct model_config *cfg;
+    int H, V, E, K, I, Is, C, vd, kd, qd, kvd, Hv, Hk, Dk, Dv, D, nh, kvh;
+    int n_attn, n_lin;
+    char *warena;
+    size_t wbytes, wused;
+    double load_s;
+    char device[160]; /* cuda_device_name of the device the weights live on */
+    dlayer L[MAX_LAYERS];
+    cuda_qmat embed, lm_head;
+    float *final_norm;
+    cudaStream_t stream;
+    cudaEvent_t ev[2];
+    /* metadata */
+    char *h_meta, *d_meta;
+    size_t meta_cap;
+    /* scratch */
+    float *x, *xn32, *proj, *zb, *kb, *vb, *gab, *conv_out, *y, *rlog, *seg, *mw, *ed, *sd, *part, *logits;
+    uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
+    int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
+    int *counters; /* [4] zeroed: last-block counters of the fused decode launches */
+    cuda_moe_route route;
+    /* optional per-op GPU timing of forward (ORCHID_CUDA_PROFILE=1; never inside a capture) */
+    int prof_on, prof_n;
+    const char *prof_name[PROF_MAX];
+    cudaEvent_t prof_ev[PROF_MAX + 1];
+    const char *prof_keys[64];
+    double prof_ms[64];
+    long prof_calls[64];
+    int prof_nkeys;
+};
+
+/* ---- weights ---- */
+
+static int up_qmat(struct cuda_backend *cb, const struct qmat *m, cuda_qmat *d, const char *name, char *err, size_t errlen) {
+    if (m->group != QGROUP || (m->bits != 4 && m->bits != 8) || m->cols % QGROUP)
+        return errorf(err, errlen, ST_UNSUPPORTED, "cuda: %s has %d-bit codes in groups of %d (needs 4 or 8 bits, group 64)",
+                      name, m->bits, m->group);
+    const size_t rows = (size_t)m->rows * m->n_mats;
+    const size_t cb_ = rows * m->cols * m->bits / 8, sb = rows * (m->cols / QGROUP) * 2;
+    char *p = cb->warena + cb->wused;
+    CUDA_TRY(cudaMemcpy(p, m->codes, cb_, cudaMemcpyHostToDevice), err, errlen, name);
+    CUDA_TRY(cudaMemcpy(p + cb_, m->scales, sb, cudaMemcpyHostToDevice), err, errlen, name);
+    CUDA_TRY(cudaMemcpy(p + cb_ + sb, m->biases, sb, cudaMemcpyHostToDevice), err, errlen, name);
+    d->codes = (const uint32_t *)p;
+    d->scales = (const uint16_t *)(p + cb_);
+    d->biases = (const uint16_t *)(p + cb_ + sb);
+    d->rows = m->rows;
+    d->cols = m->cols;
+    d->n_mats = m->n_mats;
+    d->bits = m->bits;
+    cb->wused += (cb_ + 2 * sb + 255) & ~(size_t)255;
+    return 0;
+}
+
+static size_t qmat_dev_bytes(const struct qmat *m) {
+    const size_t rows = (size_t)m->rows * m->n_mats;
+    return (rows * m->cols * m->bits / 8 + 2 * rows * (m->cols / 64) * 2 + 255) & ~(size_t)255;
+}
+
+static int up_f32(struct cuda_backend *cb, const float *h, size_t n, float **d, const char *name, char *err, size_t errlen) {
+    char *p = cb->warena + cb->wused;
+    CUDA_TRY(cudaMemcpy(p, h, n * 4, cudaMemcpyHostToDevice), err, errlen, name);
+    *d = (float *)p;
+    cb->wused += (n * 4 + 255) & ~(size_t)255;
+    return 0;
+}
+
+#define VEC_BYTES(n) ((((size_t)(n)) * 4 + 255) & ~(size_t)255)
+
+static size_t weights_dev_bytes(const struct model_config *c, const struct model_weights *w) {
+    size_t b = qmat_dev_bytes(&w->embed) + qmat_dev_bytes(&w->lm_head) + VEC_BYTES(c->hidden);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer_weights *L = &w->layers[l];
+        b += 2 * VEC_BYTES(c->hidden);
+        if (L->kind == LAYER_ATTENTION) {
+            b += qmat_dev_bytes(&L->attn.q) + qmat_dev_bytes(&L->attn.k) + qmat_dev_bytes(&L->attn.v) + qmat_dev_bytes(&L->attn.o);
+            b += 2 * VEC_BYTES(c->head_dim);
+        } else {
+            b += qmat_dev_bytes(&L->gdn.qkv) + qmat_dev_bytes(&L->gdn.z) + qmat_dev_bytes(&L->gdn.b) + qmat_dev_bytes(&L->gdn.a) +
+                 qmat_dev_bytes(&L->gdn.out);
+            b += VEC_BYTES((size_t)cfg_conv_dim(c) * c->conv_kernel) + 2 * VEC_BYTES(c->lin_v_heads) + VEC_BYTES(c->lin_v_dim);
+        }
+        const struct moe_weights *m = &L->moe;
+        b += qmat_dev_bytes(&m->router) + qmat_dev_bytes(&m->gate) + qmat_dev_bytes(&m->up) + qmat_dev_bytes(&m->down) +
+             qmat_dev_bytes(&m->sh_gate) + qmat_dev_bytes(&m->sh_up) + qmat_dev_bytes(&m->sh_down) +
+             qmat_dev_bytes(&m->sh_expert_gate);
+    }
+    return b;
+}
+
+static int upload_weights(struct cuda_backend *cb, const struct model_weights *w, char *err, size_t errlen) {
+    const struct model_config *c = cb->cfg;
+    int rc;
+    char name[96];
+#define UQ(m, d, nm) do { if ((rc = up_qmat(cb, (m), (d), (nm), err, errlen))) return rc; } while (0)
+#define UF(h, n, d, nm) do { if ((rc = up_f32(cb, (h), (n), (d), (nm), err, errlen))) return rc; } while (0)
+    UQ(&w->embed, &cb->embed, "embed_tokens");
+    UQ(&w->lm_head, &cb->lm_head, "lm_head");
+    UF(w->final_norm, c->hidden, &cb->final_norm, "norm");
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer_weights *L = &w->layers[l];
+        dlayer *d = &cb->L[l];
+        snprintf(name, sizeof name, "layer %d", l);
+        d->kind = L->kind;
+        UF(L->in_norm, c->hidden, &d->in_norm, name);
+        UF(L->post_norm, c->hidden, &d->post_norm, name);
+        if (L->kind == LAYER_ATTENTION) {
+            UQ(&L->attn.q, &d->q, name); UQ(&L->attn.k, &d->k, name); UQ(&L->attn.v, &d->v, name); UQ(&L->attn.o, &d->o, name);
+            UF(L->attn.q_norm, c->head_dim, &d->q_norm, name);
+            UF(L->attn.k_norm, c->head_dim, &d->k_norm, name);
+        } else {
+            UQ(&L->gdn.qkv, &d->qkv, name); UQ(&L->gdn.z, &d->z, name); UQ(&L->gdn.b, &d->b, name);
+            UQ(&L->gdn.a, &d->a, name); UQ(&L->gdn.out, &d->out, name);
+            UF(L->gdn.conv, (size_t)cfg_conv_dim(c) * c->conv_kernel, &d->conv, name);
+            UF(L->gdn.A_log, c->lin_v_heads, &d->A_log, name);
+            UF(L->gdn.dt_bias, c->lin_v_heads, &d->dt_bias, name);
+            UF(L->gdn.norm, c->lin_v_dim, &d->norm, name);
+        }
+        const struct moe_weights *m = &L->moe;
+        UQ(&m->router, &d->router, name); UQ(&m->gate, &d->gate, name); UQ(&m->up, &d->up, name);
+        UQ(&m->down, &d->down, name); UQ(&m->sh_gate, &d->sh_gate, name); UQ(&m->sh_up, &d->sh_up, name);
+        UQ(&m->sh_down, &d->sh_down, name); UQ(&m->sh_expert_gate, &d->sh_eg, name);
+    }
+#undef UQ
+#undef UF
+    return 0;
+}
+
+/* ---- per-op profile ---- */
+
+static void prof_mark(struct cuda_backend *cb, const char *name) {
+    if (!cb->prof_on || cb->prof_n >= PROF_MAX) return;
+    if (cb->prof_n == 0) cudaEventRecord(cb->prof_ev[PROF_MAX], cb->stream);
+    cb->prof_name[cb->prof_n] = name;
+    cudaEventRecord(cb->prof_ev[cb->prof_n++], cb->stream);
+}
+
+/* After a synchronised forward: op i ran between event i-1 (or the start) and event i. */
+static void prof_collect(struct cuda_backend *cb) {
+    for (int i = 0; i < cb->prof_n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, i ? cb->prof_ev[i - 1] : cb->prof_ev[PROF_MAX], cb->prof_ev[i]);
+        int k = 0;
+        while (k < cb->prof_nkeys && strcmp(cb->prof_keys[k], cb->prof_name[i])) k++;
+        if (k == cb->prof_nkeys) {
+            if (k == 64) continue;
+            cb->prof_keys[cb->prof_nkeys++] = cb->prof_name[i];
+            cb->prof_ms[k] = 0;
+            cb->prof_calls[k] = 0;
+        }
+        cb->prof_ms[k] += ms;
+        cb->prof_calls[k]++;
+    }
+    cb->prof_n = 0;
+}
+
+/* Prints and clears the accumulated per-op times (ORCHID_CUDA_PROFILE=1). */
+extern "C" void cuda_backend_profile_dump(struct backend *b, FILE *f) {
+    struct cuda_backend *cb = (struct cuda_backend *)b;
+    double tot = 0;
+    for (int k = 0; k < cb->prof_nkeys; k++) tot += cb->prof_ms[k];
+    for (int k = 0; k < cb->prof_nkeys; k++)
+        fprintf(f, "  %-22s %8ld calls %10.3f ms %5.1f%%\n", cb->prof_keys[k], cb->prof_calls[k], cb->prof_ms[k],
+                tot > 0 ? 100.0 * cb->prof_ms[k] / tot : 0.0);
+    fprintf(f, "  %-22s %25.3f ms\n", "total", tot);
+    cb->prof_nkeys = 0;
+}
+
+/* Turns per-op timing on or off (creates the events on first use). */
+extern "C" int cuda_backend_set_profile(struct backend *b, int on, char *err, size_t errlen) {
+    struct cuda_backend *cb = (struct cuda_backend *)b;
+    if (on && !cb->prof_ev[0])
+        for (int i = 0; i <= PROF_MAX; i++)
+            CUDA_TRY(cudaEventCreate(&cb->prof_ev[i]), err, errlen, "cuda profile");
+    cb->prof_on = on;
+    cb->prof_n = 0;
+    return 0;
+}
+
+#define P(name, call) do { if ((rc = (call))) return rc; prof_mark(cb, name); } while (0)
+
+/* ---- one layer over a batch ---- */
+
+/* Small batches (decode) fuse the norms into the launch before them: the residual-adding
+ * projection's last block computes the post-attention norm, the MoE down projection's
+ * last block the next layer's input norm, and the router's last block the top-k. */
+static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c) {
+    const struct model_config *cf = cb->cfg;
+    const dlayer *d = &cb->L[l];
+    const int T = m.T, H = cb->H;
+    const bool small = T <= SMALL_T;
+    int rc;
+    if (!small || l == 0) P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
+    const cuda_tail_norm post = {cb->counters, d->post_norm, cf->rms_eps, cb->xn, cb->xn32};
+    if (d->kind == LAYER_LINEAR) {
+        const int Hv = cb->Hv;
+        if (small) {
+            cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
+                                  {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
+            P("gdn_in_gemv", cuda_gemv_multi(c, s, 4, cb->xn, T, H));
+        } else {
+            P("gdn_in_gemm", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
+            P("gdn_in_gemm", cuda_gemm_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
+            P("gdn_in_gemm", cuda_gemm_dense(c, &d->a, 0, cb->xn, T, H, cb->gab, 2 * Hv, 0));
+            P("gdn_in_gemm", cuda_gemm_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
+        }
+        P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
+        P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
+                                cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
+        P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
+        if (small) P("gdn_out_proj+norm", cuda_gemv_acc_norm(c, &d->out, cb->ybf, T, cb->vd, cb->x, H, &post));
+        else P("gdn_out_proj", cuda_qmatmul(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
+    } else {
+        const int qw = 2 * cb->qd;
+        if (small) {
+            cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
+            P("attn_qkv_gemv", cuda_gemv_multi(c, s, 3, cb->xn, T, H));
+        } else {
+            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
+            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
+            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
+        }
+        P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
+                                 cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
+        P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
+                                 cb->D, cb->part, cb->ybf));
+        if (small) P("attn_o_proj+norm", cuda_gemv_acc_norm(c, &d->o, cb->ybf, T, cb->qd, cb->x, H, &post));
+        else P("attn_o_proj", cuda_qmatmul(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
+    }
+    /* MoE */
+    const int E = cb->E, K = cb->K;
+    if (small) {
+        P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
+                                              cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 1));
+        P("moe_gateup_pairs", cuda_moe_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, H, T, K, cb->act));
+        const bool last = l + 1 == cf->n_layers;
+        const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
+        P("moe_down_pairs+norm", cuda_moe_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, 1, cb->act, T, K,
+                                                     cb->x, last ? NULL : &next));
+        return 0;
+    }
+    P("post_rmsnorm", cuda_rmsnorm_split(c, cb->x, d->post_norm, T, H, cf->rms_eps, cb->xn, cb->xlo));
+    P("router", cuda_gemm_precise(c, &d->router, cb->xn, cb->xlo, T, H, cb->rlog, E, 0));
+    P("router", cuda_gemm_precise(c, &d->sh_eg, cb->xn, cb->xlo, T, H, cb->seg, 1, 0));
+    P("moe_topk", cuda_moe_topk(c, cb->rlog, E, T, E, K, cf->norm_topk_prob, cb->ids, cb->mw));
+    P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, &cb->route));
+    P("moe_grouped_swiglu", cuda_moe_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
+    P("moe_grouped_down", cuda_moe_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
+    P("shared_swiglu", cuda_gemm_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
+    P("shared_down", cuda_gemm_dense(c, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0));
+    P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
+    return 0;
+}
+
+static int run_layers(struct cuda_backend *cb, const dmeta &m, const cuda_ctx *c) {
+    int rc;
+    prof_mark(cb, "metadata");
+    if ((rc = cuda_embed(c, &cb->embed, m.tok, m.T, cb->x))) return rc;
+    prof_mark(cb, "embed");
+    for (int l = 0; l < cb->cfg->n_layers; l++)
+        if ((rc = run_layer(cb, l, m, c))) {
+            error_prefix(c->err, c->errlen, "layer %d", l);
+            return rc;
+        }
+    return 0;
+}
+
+static int split_for(int kv_len) {
+    int s = (kv_len + 255) / 256;
+    return s < 1 ? 1 : s > MAX_SPLIT ? MAX_SPLIT : s;
+}
+
+/* ---- forward ---- */
+
+static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *err, size_t errlen) {
+    struct cuda_backend *cb = (struct cuda_backend *)base;
+    const int T = b->n_tokens;
+    if (T <= 0 || T > CUDA_MAX_BATCH)
+        return errorf(err, errlen, ST_INTERNAL, "cuda forward: batch of %d tokens (1..%d)", T, CUDA_MAX_BATCH);
+    int max_len = 0;
+    for (int t = 0; t < T; t++) {
+        const struct backend_session *s = b->sessions[b->seq[t]];
+        if (b->pos[t] < 0 || b->pos[t] >= s->max_seq)
+            return errorf(err, errlen, ST_RANGE, "cuda forward: position %d outside the session (capacity %d)", b->pos[t], s->max_seq);
+        if (b->pos[t] + 1 > max_len) max_len = b->pos[t] + 1;
+    }
+    /* host metadata blob: tok | pos | tok_seq | out_rows | seqs | tiles */
+    size_t o_tok = 0, o_pos = al16(T * 4), o_ts = o_pos + al16(T * 4), o_or = o_ts + al16(T * 4);
+    size_t o_seq = o_or + al16((size_t)(b->n_out > 0 ? b->n_out : 1) * 4);
+    size_t o_tile = o_seq + al16((size_t)b->n_seqs * sizeof(cuda_seq));
+    char *h = cb->h_meta;
+    memcpy(h + o_tok, b->tokens, T * 4);
+    memcpy(h + o_pos, b->pos, T * 4);
+    memcpy(h + o_ts, b->seq, T * 4);
+    if (b->n_out) memcpy(h + o_or, b->out_rows, (size_t)b->n_out * 4);
+    cuda_seq *hs = (cuda_seq *)(h + o_seq);
+    for (int i = 0; i < b->n_seqs; i++) {
+        const struct backend_session *s = b->sessions[i];
+        hs[i].kv = s->kv;
+        hs[i].conv = s->conv;
+        hs[i].state = s->state;
+        hs[i].max_seq = s->max_seq;
+        hs[i].t0 = T;
+        hs[i].t1 = 0;
+    }
+    for (int t = 0; t < T; t++) {
+        cuda_seq *s = &hs[b->seq[t]];
+        if (t < s->t0) s->t0 = t;
+        if (t + 1 > s->t1) s->t1 = t + 1;
+    }
+    cuda_attn_tile *ht = (cuda_attn_tile *)(h + o_tile);
+    int n_tiles = 0;
+    for (int t = 0; t < T;) {
+        int n = 1;
+        while (t + n < T && n < CUDA_ATTN_QT && b->seq[t + n] == b->seq[t]) n++;
+        ht[n_tiles].seq = b->seq[t];
+        ht[n_tiles].t0 = t;
+        ht[n_tiles].n = n;
+        ht[n_tiles].pad = 0;
+        n_tiles++;
+        t += n;
+    }
+    const size_t bytes = o_tile + (size_t)n_tiles * sizeof(cuda_attn_tile);
+    if (bytes > cb->meta_cap) return errorf(err, errlen, ST_INTERNAL, "cuda forward: metadata of %zu bytes", bytes);
+    cuda_ctx c = {(cuda_stream_t)cb->stream, err, errlen};
+    CUDA_TRY(cudaMemcpyAsync(cb->d_meta, h, bytes, cudaMemcpyHostToDevice, cb->stream), err, errlen, "cuda forward: metadata upload");
+    dmeta m;
+    m.T = T;
+    m.n_seqs = b->n_seqs;
+    m.n_tiles = n_tiles;
+    m.n_split = T <= SMALL_T ? split_for(max_len) : 1;
+    m.tok = (const int32_t *)(cb->d_meta + o_tok);
+    m.pos = (const int32_t *)(cb->d_meta + o_pos);
+    m.tok_seq = (const int32_t *)(cb->d_meta + o_ts);
+    m.seqs = (const cuda_seq *)(cb->d_meta + o_seq);
+    m.tiles = (const cuda_attn_tile *)(cb->d_meta + o_tile);
+    int rc = run_layers(cb, m, &c);
+    if (rc) return rc;
+    const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
+    for (int i0 = 0; i0 < b->n_out; i0 += LOGIT_ROWS) {
+        const int n = b->n_out - i0 < LOGIT_ROWS ? b->n_out - i0 : LOGIT_ROWS;
+        if ((rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo))) return rc;
+        if ((rc = cuda_qmatmul(&c, &cb->lm_head, 0, cb->xo, n, cb->H, cb->logits, cb->V, 0))) return rc;
+        prof_mark(cb, "lm_head");
+        for (int i = 0; i < n; i++)
+            CUDA_TRY(cudaMemcpyAsync(b->out_logits[i0 + i], cb->logits + (size_t)i * cb->V, (size_t)cb->V * 4,
+                                     cudaMemcpyDeviceToHost, cb->stream), err, errlen, "cuda forward: logits download");
+    }
+    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, "cuda forward");
+    if (cb->prof_on) prof_collect(cb);
+    return 0;
+}
+
+/* ---- greedy decode loop ---- */
+
+static int capture_decode(struct cuda_backend *cb, struct backend_session *s, char *err, size_t errlen) {
+    cuda_ctx c = {(cuda_stream_t)cb->stream, err, errlen};
+    dmeta m;
+    m.T = 1;
+    m.n_seqs = 1;
+    m.n_tiles = 1;
+    m.n_split = s->n_split;
+    m.tok = s->d_dec;
+    m.pos = s->d_dec + 1;
+    m.tok_seq = s->d_dec + 3;
+    m.seqs = s->d_dec_seq;
+    m.tiles = s->d_dec_tile;
+    /* with profiling on, the per-op event records become nodes of the graph */
+    cb->prof_n = 0;
+    CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), err, errlen, "decode graph");
+    int rc = run_layers(cb, m, &c);
+    if (!rc) rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, 1, cb->H, cb->cfg->rms_eps, NULL, cb->xo);
+    if (!rc) rc = cuda_qmatmul(&c, &cb->lm_head, 0, cb->xo, 1, cb->H, cb->logits, cb->V, 0);
+    if (!rc) rc = cuda_argmax(&c, cb->logits, 1, cb->V, s->d_dec, cb->amax_scratch);
+    if (!rc) rc = cuda_decode_advance(&c, s->d_dec + 1, s->d_dec + 2, s->d_dec, s->d_out_ids);
+    prof_mark(cb, "lm_head+argmax");
+    s->graph_prof_n = cb->prof_n;
+    cb->prof_n = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(cb->stream, &g);
+    if (rc) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        return rc;
+    }
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "decode graph: capture failed: %s", cudaGetErrorString(e));
+    e = cudaGraphInstantiate(&s->graph, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        s->graph = NULL;
+        return errorf(err, errlen, ST_DEVICE, "decode graph: instantiate failed: %s", cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+static int cuda_decode_greedy(struct backend *base, struct backend_session *s, int pos, int32_t first, int n_steps,
+                              int32_t *out_ids, double *step_end, char *err, size_t errlen) {
+    struct cuda_backend *cb = (struct cuda_backend *)base;
+    if (n_steps <= 0) return 0;
+    if (pos < 0 || pos + n_steps > s->max_seq)
+        return errorf(err, errlen, ST_RANGE, "cuda decode: positions %d..%d outside the session (capacity %d)", pos,
+                      pos + n_steps - 1, s->max_seq);
+    const double t0 = now_s();
+    int32_t *h = s->h_ids; /* pinned; first 4 words stage the loop state */
+    h[0] = first;
+    h[1] = pos;
+    h[2] = 0;
+    h[3] = 0;
+    CUDA_TRY(cudaMemcpyAsync(s->d_dec, h, 16, cudaMemcpyHostToDevice, cb->stream), err, errlen, "cuda decode: state upload");
+    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, "cuda decode: state upload");
+    if (s->graph && (cb->prof_on || s->graph_prof_n)) { /* (re)capture with or without the profile marks */
+        cudaGraphExecDestroy(s->graph);
+        s->graph = NULL;
+    }
+    if (!s->graph) {
+        int rc = capture_decode(cb, s, err, errlen);
+        if (rc) return rc;
+    }
+    for (int i = 0; i < n_steps; i++) {
+        CUDA_TRY(cudaGraphLaunch(s->graph, cb->stream), err, errlen, "cuda decode: graph launch");
+        CUDA_TRY(cudaMemcpyAsync(h + 4 + i, s->d_out_ids + i, 4, cudaMemcpyDeviceToHost, cb->stream), err, errlen,
+                 "cuda decode: id download");
+        CUDA_TRY(cudaEventRecord(cb->ev[i & 1], cb->stream), err, errlen, "cuda decode: event");
+        if (i > 0) { /* two steps in flight: step i is queued before waiting for step i-1 */
+            CUDA_TRY(cudaEventSynchronize(cb->ev[(i - 1) & 1]), err, errlen, "cuda decode: step");
+            if (step_end) step_end[i - 1] = now_s() - t0;
+        }
+    }
+    CUDA_TRY(cudaEventSynchronize(cb->ev[(n_steps - 1) & 1]), err, errlen, "cuda decode: step");
+    if (step_end) step_end[n_steps - 1] = now_s() - t0;
+    memcpy(out_ids, h + 4, (size_t)n_steps * 4);
+    if (cb->prof_on && s->graph_prof_n) { /* the last replayed step's per-op times */
+        cb->prof_n = s->graph_prof_n;
+        prof_collect(cb);
+    }
+    return 0;
+}
+
+/* ---- sessions ---- */
+
+static void cuda_session_destroy(struct backend *base, struct backend_session *s) {
+    (void)base;
+    if (!s) return;
+    if (s->graph) cudaGraphExecDestroy(s->graph);
+    cudaFree(s->kv);
+    cudaFree(s->conv);
+    cudaFree(s->state);
+    cudaFree(s->d_dec);
+    cudaFree(s->d_out_ids);
+    if (s->h_ids) cudaFreeHost(s->h_ids);
+    free(s);
+}
+
+static int cuda_session_create(struct backend *base, int max_seq, struct backend_session **out, char *err, size_t errlen) {
+    struct cuda_backend *cb = (struct cuda_backend *)base;
+    const struct model_config *c = cb->cfg;
+    *out = NULL;
+    struct backend_session *s = (struct backend_session *)calloc(1, sizeof *s);
+    if (!s) return errorf(err, errlen, ST_NOMEM, "out of memory for a session");
+    s->cb = cb;
+    s->max_seq = max_seq;
+    const size_t kv = (size_t)cb->n_attn * 2 * cb->kvh * (size_t)max_seq * cb->D * 2;
+    const size_t conv = (size_t)cb->n_lin * (c->conv_kernel - 1) * cb->C * 4;
+    const size_t st = (size_t)cb->n_lin * cb->Hv * cb->Dv * cb->Dk * 4;
+    int rc;
+    if ((rc = cuda_malloc((void **)&s->kv, kv, "the KV cache", err, errlen)) ||
+        (rc = cuda_malloc((void **)&s->conv, conv, "the conv state", err, errlen)) ||
+        (rc = cuda_malloc((void **)&s->state, st, "the GDN state", err, errlen)) ||
+        (rc = cuda_malloc((void **)&s->d_dec, 64 + sizeof(cuda_seq) + sizeof(cuda_attn_tile), "decode state", err, errlen)) ||
+        (rc = cuda_malloc((void **)&s->d_out_ids, (size_t)max_seq * 4, "decode ids", err, errlen))) {
+        cuda_session_destroy(base, s);
+        return rc;
+    }
+    if (cudaMallocHost((void **)&s->h_ids, ((size_t)max_seq + 4) * 4) != cudaSuccess) {
+        cudaGetLastError();
+        s->h_ids = NULL;
+        cuda_session_destroy(base, s);
+        return errorf(err, errlen, ST_NOMEM, "cudaMallocHost of decode ids failed");
+    }
+    s->d_dec_seq = (cuda_seq *)((char *)s->d_dec + 16);
+    s->d_dec_tile = (cuda_attn_tile *)((char *)s->d_dec + 16 + sizeof(cuda_seq));
+    cuda_seq hs = {s->kv, s->conv, s->state, max_seq, 0, 1, 0};
+    cuda_attn_tile ht = {0, 0, 1, 0};
+    int32_t z[4] = {0, 0, 0, 0};
+    CUDA_TRY(cudaMemcpy(s->d_dec, z, 16, cudaMemcpyHostToDevice), err, errlen, "session create");
+    CUDA_TRY(cudaMemcpy(s->d_dec_seq, &hs, sizeof hs, cudaMemcpyHostToDevice), err, errlen, "session create");
+    CUDA_TRY(cudaMemcpy(s->d_dec_tile, &ht, sizeof ht, cudaMemcpyHostToDevice), err, errlen, "session create");
+    CUDA_TRY(cudaMemset(s->kv, 0, kv), err, errlen, "session create");
+    CUDA_TRY(cudaMemset(s->conv, 0, conv), err, errlen, "session create");
+    CUDA_TRY(cudaMemset(s->state, 0, st), err, errlen, "session create");
+    s->n_split = split_for(max_seq);
+    if (s->n_split < 16) s->n_split = max_seq >= 256 ? 16 : s->n_split;
+    *out = s;
+    return 0;
+}
+
+static void cuda_session_reset(struct backend *base, struct backend_session *s) {
+    struct cuda_backend *cb = (struct cuda_backend *)base;
+    cudaStreamSynchronize(cb->stream);
+    cudaMemset(s->conv, 0, (size_t)cb->n_lin * (cb->cfg->conv_kernel - 1) * cb->C * 4);
+    cudaMemset(s->state, 0, (size_t)cb->n_lin * cb->Hv * cb->Dv * cb->Dk * 4);
+    cudaDeviceSynchronize();
+}
+
+/* ---- lifetime ---- */
+
+static void cuda_destroy(struct backend *base) {
+    struct cuda_backend *cb = (struct cuda_backend *)base;
+    if (!cb) return;
+    if (cb->stream) cudaStreamSynchronize(cb->stream);
+    void *bufs[] = {cb->warena, cb->d_meta, cb->x, cb->xn32, cb->xlo, cb->proj, cb->zb, cb->kb, cb->vb, cb->gab, cb->conv_out, cb->y,
+                    cb->rlog, cb->seg, cb->mw, cb->ed, cb->sd, cb->part, cb->logits, cb->xn, cb->ybf, cb->act, cb->sact,
+                    cb->xo, cb->ids, cb->amax_scratch, cb->route.counts, cb->counters};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+    if (cb->h_meta) cudaFreeHost(cb->h_meta);
+    for (int i = 0; i <= PROF_MAX; i++)
+        if (cb->prof_ev[i]) cudaEventDestroy(cb->prof_ev[i]);
+    for (int i = 0; i < 2; i++)
+        if (cb->ev[i]) cudaEventDestroy(cb->ev[i]);
+    if (cb->stream) cudaStreamDestroy(cb->stream);
+    free(cb);
+}
+
+static const char *cuda_device_desc(struct backend *base) { return ((struct cuda_backend *)base)->device; }
+
+/* Device copy bandwidth: (read + write bytes) / time of a device-to-device cudaMemcpy of
+ * `bytes`, best of 10 after one warm-up, timed with events. Buffers are filled first so
+ * the copy moves real data. */
+static int cuda_copy_gbs(struct backend *base, size_t bytes, double *gbs, char *err, size_t errlen) {
+    struct cuda_backend *cb = (struct cuda_backend *)base;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    int rc = 0;
+    float best = 1e30f;
+    if ((rc = cuda_malloc(&a, bytes, "copy benchmark", err, errlen)) || (rc = cuda_malloc(&b, bytes, "copy benchmark", err, errlen)))
+        goto out;
+#define COPY_TRY(x, what) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { rc = errorf(err, errlen, ST_DEVICE, "copy benchmark: %s: %s", what, cudaGetErrorString(e_)); goto out; } } while (0)
+    COPY_TRY(cudaMemsetAsync(a, 0x5a, bytes, cb->stream), "memset");
+    COPY_TRY(cudaEventCreate(&t0), "event");
+    COPY_TRY(cudaEventCreate(&t1), "event");
+    for (int i = 0; i < 11; i++) {
+        COPY_TRY(cudaEventRecord(t0, cb->stream), "event record");
+        COPY_TRY(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, cb->stream), "memcpy");
+        COPY_TRY(cudaEventRecord(t1, cb->stream), "event record");
+        COPY_TRY(cudaEventSynchronize(t1), "synchronize");
+        float ms = 0;
+        COPY_TRY(cudaEventElapsedTime(&ms, t0, t1), "elapsed time");
+        if (i > 0 && ms < best) best = ms;
+    }
+#undef COPY_TRY
+    *gbs = 2.0 * (double)bytes / (best * 1e-3) / 1e9;
+out:
+    if (t0) cudaEventDestroy(t0);
+    if (t1) cudaEventDestroy(t1);
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    return rc;
+}
+
+extern "C" int cuda_backend_load_stats(const struct backend *b, double *seconds, double *bytes) {
+    const struct cuda_backend *cb = (const struct cuda_backend *)b;
+    if (seconds) *seconds = cb->load_s;
+    if (bytes) *bytes = (double)cb->wused;
+    return 0;
+}
+
+extern "C" int cuda_backend_create(struct backend **out, const struct model_config *c, const struct model_weights *w,
+                                   char *err, size_t errlen) {
+    *out = NULL;
+    int dev_count = 0;
+    cudaError_t e = cudaGetDeviceCount(&dev_count);
+    if (e != cudaSuccess || dev_count == 0) {
+        cudaGetLastError();
+        return errorf(err, errlen, ST_DEVICE, "cuda backend: no CUDA device (%s)",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    }
+    struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof *cb);
+    if (!cb) return errorf(err, errlen, ST_NOMEM, "out of memory");
+    cb->base.name = "cuda";
+    cb->base.max_batch_tokens = CUDA_MAX_BATCH;
+    cb->base.session_create = cuda_session_create;
+    cb->base.session_destroy = cuda_session_destroy;
+    cb->base.session_reset = cuda_session_reset;
+    cb->base.forward = cuda_forward;
+    cb->base.decode_greedy = cuda_decode_greedy;
+    cb->base.device_name = cuda_device_desc;
+    cb->base.copy_gbs = cuda_copy_gbs;
+    cb->base.destroy = cuda_destroy;
+    cb->cfg = c;
+    cb->H = c->hidden; cb->V = c->vocab; cb->E = c->n_experts; cb->K = c->n_experts_per_tok;
+    cb->I = c->moe_inter; cb->Is = c->shared_inter; cb->C = cfg_conv_dim(c); cb->vd = cfg_lin_value_dim(c);
+    cb->kd = cfg_lin_key_dim(c); cb->qd = cfg_q_dim(c); cb->kvd = cfg_kv_dim(c);
+    cb->Hv = c->lin_v_heads; cb->Hk = c->lin_k_heads; cb->Dk = c->lin_k_dim; cb->Dv = c->lin_v_dim;
+    cb->D = c->head_dim; cb->nh = c->n_heads; cb->kvh = c->n_kv_heads;
+    for (int l = 0; l < c->n_layers; l++) cb->L[l].ord = c->layer_kind[l] == LAYER_ATTENTION ? cb->n_attn++ : cb->n_lin++;
+    int rc;
+#define FAIL(x) do { rc = (x); if (rc) { cuda_destroy(&cb->base); return rc; } } while (0)
+    if (c->hidden % 64 || c->n_experts > 256 || c->n_experts_per_tok > 32)
+        FAIL(errorf(err, errlen, ST_UNSUPPORTED, "cuda backend: hidden %d, %d experts top-%d", c->hidden, c->n_experts,
+                    c->n_experts_per_tok));
+    e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: cudaStreamCreate failed: %s", cudaGetErrorString(e)));
+    for (int i = 0; i < 2; i++)
+        if ((e = cudaEventCreateWithFlags(&cb->ev[i], cudaEventDisableTiming)) != cudaSuccess)
+            FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: cudaEventCreate failed: %s", cudaGetErrorString(e)));
+    FAIL(cuda_gemm_init(err, errlen));
+    const char *pe = getenv("ORCHID_CUDA_PROFILE");
+    if (pe && atoi(pe)) FAIL(cuda_backend_set_profile(&cb->base, 1, err, errlen));
+    FAIL(cuda_attn_init(c->n_heads, c->n_kv_heads, c->head_dim, err, errlen));
+
+    /* weights */
+    const double t0 = now_s();
+    cb->wbytes = weights_dev_bytes(c, w);
+    FAIL(cuda_malloc((void **)&cb->warena, cb->wbytes, "the weights", err, errlen));
+    FAIL(upload_weights(cb, w, err, errlen));
+    CUDA_TRY(cudaDeviceSynchronize(), err, errlen, "cuda backend: weight upload");
+    cb->load_s = now_s() - t0;
+    cuda_device_name(cb->device, sizeof cb->device);
+    fprintf(stderr, "cuda: %.2f GB of weights uploaded in %.2f s (%.1f GB/s) to %s\n", cb->wused / 1e9, cb->load_s,
+            cb->wused / 1e9 / (cb->load_s > 0 ? cb->load_s : 1e-9), cb->device);
+
+    /* scratch */
+    const size_t T = CUDA_MAX_BATCH, H = cb->H, K = cb->K;
+    const size_t P = (size_t)cb->C > 2 * (size_t)cb->qd ? (size_t)cb->C : 2 * (size_t)cb->qd;
+    const size_t Imax = cb->I > cb->Is ? cb->I : cb->Is;
+    const size_t ybw = cb->vd > cb->qd ? cb->vd : cb->qd;
+    const size_t parts = (T * cb->nh > (size_t)SMALL_T * cb->nh * MAX_SPLIT ? T * cb->nh : (size_t)SMALL_T * cb->nh * MAX_SPLIT) * (cb->D + 2);
+    const size_t pair_act = (SMALL_T * (K + 1) > T * K ? SMALL_T * (K + 1) : T * K) * Imax;
+    FAIL(cuda_malloc((void **)&cb->x, T * H * 4, "x", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->xn, T * H * 2, "xn", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->xn32, T * H * 4, "xn32", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->xlo, T * H * 2, "xlo", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->proj, T * P * 4, "projections", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->zb, T * cb->vd * 4, "z", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->kb, T * cb->kvd * 4, "k", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->vb, T * cb->kvd * 4, "v", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->gab, T * 2 * cb->Hv * 4, "gdn gates", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->conv_out, T * cb->C * 4, "conv out", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->y, T * cb->vd * 4, "gdn out", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->ybf, T * ybw * 2, "mixer out", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->rlog, T * cb->E * 4, "router logits", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->seg, T * 4, "shared gate", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->mw, T * K * 4, "expert weights", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->ids, T * K * 4, "expert ids", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->act, pair_act * 2, "expert activations", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->ed, T * K * H * 4, "expert outputs", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->sact, T * cb->Is * 2, "shared activations", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->sd, T * H * 4, "shared output", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->part, parts * 4, "attention partials", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->logits, (size_t)LOGIT_ROWS * cb->V * 4, "logits", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->xo, (size_t)LOGIT_ROWS * H * 2, "final norm", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->amax_scratch, 128 * 2 * 4 * 4, "argmax", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->counters, 64, "counters", err, errlen));
+    if ((e = cudaMemset(cb->counters, 0, 64)) != cudaSuccess)
+        FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: counters: %s", cudaGetErrorString(e)));
+    const int max_tiles = (int)((T * K + 63) / 64) + cb->E;
+    const size_t rwords = (size_t)(cb->E + 1) * 2 + cb->E + 2 * T * K + (size_t)max_tiles * 3 + 1;
+    int32_t *rb;
+    FAIL(cuda_malloc((void **)&rb, rwords * 4, "moe routing", err, errlen));
+    cb->route.counts = rb;
+    cb->route.offsets = rb + cb->E + 1;
+    cb->route.cursor = rb + 2 * (cb->E + 1);
+    cb->route.row_of_slot = cb->route.cursor + cb->E;
+    cb->route.slot_of_pair = cb->route.row_of_slot + T * K;
+    cb->route.tiles = cb->route.slot_of_pair + T * K;
+    cb->route.max_tiles = max_tiles;
+    cb->meta_cap = 8 * T * 4 + T * sizeof(cuda_seq) + T * sizeof(cuda_attn_tile) + 256;
+    FAIL(cuda_malloc((void **)&cb->d_meta, cb->meta_cap, "batch metadata", err, errlen));
+    if (cudaMallocHost((void **)&cb->h_meta, cb->meta_cap) != cudaSuccess) {
+        cudaGetLastError();
+        cb->h_meta = NULL;
+        FAIL(errorf(err, errlen, ST_NOMEM, "cuda backend: cudaMallocHost of the batch metadata failed"));
+    }
+#undef FAIL
+    *out = &cb->base;
+    return 0;
+}

@@ -1,0 +1,224 @@
+// cuda/cuda_flash.cu — tensor-core causal attention (flash style) with GQA row packing.
+// One block = one KV head × one query tile (≤ 8 tokens of one sequence); its 64 rows
+// are the (token, q head) pairs of that KV head's group, so every K/V tile staged in
+// shared memory serves all the heads of the group. 4 warps × 16 rows; K/V tiles of
+// 32 keys double-buffered with cp.async; S = Q·Kᵀ and O += P·V with mma.sync
+// m16n8k16 bf16 → fp32; online softmax in fp32 (exp2 domain). The key range may be
+// split (decode): each split writes (m, l, O) partials that cuda_attn.cu combines.
+#include <math.h>
+
+#include "cuda/cuda_internal.h"
+
+#define FQ 64   /* query rows per block */
+#define FK 32   /* keys per tile */
+
+__device__ __forceinline__ void f_cp16(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void f_ldsm4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void f_ldsm4t(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void f_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ const uint16_t *f_kv(const cuda_seq &s, int layer_ord, int which, int kvh, int g, int D) {
+    return s.kv + ((((size_t)layer_ord * 2 + which) * kvh + g) * (size_t)s.max_seq) * D;
+}
+
+template <int D>
+static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs,
+                                                           const cuda_attn_tile *tiles, int layer_ord, int nh, int kvh,
+                                                           int n_split, float *part) {
+    constexpr int DS = D + 8, NT = D / 8, KS = D / 16;
+    extern __shared__ __align__(16) uint16_t fsm[];
+    uint16_t *Qs = fsm;                 /* [FQ][DS] */
+    uint16_t *Ks = Qs + FQ * DS;        /* [2][FK][DS] */
+    uint16_t *Vs = Ks + 2 * FK * DS;    /* [2][FK][DS] */
+    const int group = nh / kvh;
+    const int tile_i = blockIdx.x / kvh, g = blockIdx.x % kvh, split = blockIdx.y;
+    const cuda_attn_tile tl = tiles[tile_i];
+    const cuda_seq s = seqs[tl.seq];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int nrows = tl.n * group;
+    const float qscale = rsqrtf((float)D) * 1.4426950408889634f; /* fold log2(e): softmax in exp2 */
+
+    for (int i = tid; i < FQ * (D / 2); i += 128) {
+        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+        float a = 0.0f, b = 0.0f;
+        if (r < nrows) {
+            const float *q = qg + (size_t)(tl.t0 + r / group) * 2 * nh * D + (size_t)(g * group + r % group) * 2 * D + d;
+            a = q[0] * qscale;
+            b = q[1] * qscale;
+        }
+        *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = pack_bf2(a, b);
+    }
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
+    const int p0 = r0 < nrows ? pos[tl.t0 + r0 / group] : -1;
+    const int p1 = r1 < nrows ? pos[tl.t0 + r1 / group] : -1;
+    const int kv_len = pos[tl.t0 + tl.n - 1] + 1;
+    const int per = (kv_len + n_split - 1) / n_split;
+    const int k_lo = split * per, k_hi = min(kv_len, k_lo + per);
+    const uint16_t *kb_ = f_kv(s, layer_ord, 0, kvh, g, D), *vb_ = f_kv(s, layer_ord, 1, kvh, g, D);
+
+    float O[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    auto load_tile = [&](int kb, int buf) {
+        for (int i = tid; i < FK * (D / 8); i += 128) {
+            const int j = i / (D / 8), c = (i % (D / 8)) * 8;
+            const bool ok = kb + j < k_hi;
+            const size_t off = (size_t)(ok ? kb + j : 0) * D + c;
+            f_cp16(Ks + (buf * FK + j) * DS + c, kb_ + off, ok);
+            f_cp16(Vs + (buf * FK + j) * DS + c, vb_ + off, ok);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+
+    if (k_lo < k_hi) load_tile(k_lo, 0);
+    int it = 0;
+    for (int kb = k_lo; kb < k_hi; kb += FK, it++) {
+        const int buf = it & 1;
+        if (kb + FK < k_hi) {
+            load_tile(kb + FK, buf ^ 1);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+        }
+        __syncthreads();
+        const uint16_t *Kc = Ks + buf * FK * DS, *Vc = Vs + buf * FK * DS;
+        float S[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t a0, a1, a2, a3;
+            f_ldsm4(Qs + (warp * 16 + (lane & 15)) * DS + ks * 16 + (lane >> 4) * 8, a0, a1, a2, a3);
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                uint32_t b0, b1, b2, b3;
+                f_ldsm4(Kc + (p * 16 + (lane & 7) + (lane >> 4) * 8) * DS + ks * 16 + ((lane >> 3) & 1) * 8, b0, b1, b2, b3);
+                f_mma(S[2 * p], a0, a1, a2, a3, b0, b1);
+                f_mma(S[2 * p + 1], a0, a1, a2, a3, b2, b3);
+            }
+        }
+        /* mask, online softmax (rows r0: S[j][0..1], r1: S[j][2..3]) */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = kb + 8 * j + 2 * (lane & 3) + e;
+                const bool in = key < k_hi;
+                if (!in || key > p0) S[j][e] = -INFINITY;
+                if (!in || key > p1) S[j][2 + e] = -INFINITY;
+                mx0 = fmaxf(mx0, S[j][e]);
+                mx1 = fmaxf(mx1, S[j][2 + e]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float c0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);
+        const float c1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                S[j][e] = S[j][e] == -INFINITY ? 0.0f : exp2f(S[j][e] - mn0);
+                S[j][2 + e] = S[j][2 + e] == -INFINITY ? 0.0f : exp2f(S[j][2 + e] - mn1);
+                ps0 += S[j][e];
+                ps1 += S[j][2 + e];
+            }
+        l0 = l0 * c0 + ps0;
+        l1 = l1 * c1 + ps1;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            O[j][0] *= c0; O[j][1] *= c0;
+            O[j][2] *= c1; O[j][3] *= c1;
+        }
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const uint32_t a0 = pack_bf2(S[2 * c][0], S[2 * c][1]), a1 = pack_bf2(S[2 * c][2], S[2 * c][3]);
+            const uint32_t a2 = pack_bf2(S[2 * c + 1][0], S[2 * c + 1][1]), a3 = pack_bf2(S[2 * c + 1][2], S[2 * c + 1][3]);
+#pragma unroll
+            for (int n2 = 0; n2 < D / 16; n2++) {
+                uint32_t b0, b1, b2, b3;
+                f_ldsm4t(Vc + (c * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DS + n2 * 16 + (lane >> 4) * 8, b0, b1, b2, b3);
+                f_mma(O[2 * n2], a0, a1, a2, a3, b0, b1);
+                f_mma(O[2 * n2 + 1], a0, a1, a2, a3, b2, b3);
+            }
+        }
+        __syncthreads();
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float LN2 = 0.6931471805599453f;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        const int r = h2 ? r1 : r0;
+        if (r >= nrows) continue;
+        const int t = tl.t0 + r / group, h = g * group + r % group;
+        float *o = part + (((size_t)t * nh + h) * n_split + split) * (D + 2);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int d = 8 * j + 2 * (lane & 3);
+            o[2 + d] = O[j][2 * h2];
+            o[2 + d + 1] = O[j][2 * h2 + 1];
+        }
+        if ((lane & 3) == 0) {
+            const float m = h2 ? m1 : m0;
+            o[0] = m == -INFINITY ? -INFINITY : m * LN2;
+            o[1] = h2 ? l1 : l0;
+        }
+    }
+}
+
+static size_t flash_smem(int D) { return (size_t)(FQ + 4 * FK) * (D + 8) * 2; }
+
+extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
+    const int smem = (int)flash_smem(D);
+    cudaError_t e;
+    if (D == 256) e = cudaFuncSetAttribute(flash_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    else if (D == 128) e = cudaFuncSetAttribute(flash_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    else if (D == 64) e = cudaFuncSetAttribute(flash_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    else return 0; /* other head dims use the scalar kernel */
+    if (e != cudaSuccess)
+        return errorf(err, errlen, ST_DEVICE, "flash attention: cudaFuncSetAttribute(%d B) failed: %s", smem, cudaGetErrorString(e));
+    return 0;
+}
+
+/* Returns 1 when the tensor-core kernel handles this shape (then it was launched), 0 to fall back. */
+extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos,
+                                    const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
+                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part, int *launched) {
+    *launched = 0;
+    const int group = n_heads / kv_heads;
+    if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
+    const dim3 grid(n_tiles * kv_heads, n_split);
+    const size_t smem = flash_smem(D);
+    if (D == 256) flash_kernel<256><<<grid, 128, smem, cstream(c)>>>(qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, part);
+    else if (D == 128) flash_kernel<128><<<grid, 128, smem, cstream(c)>>>(qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, part);
+    else flash_kernel<64><<<grid, 128, smem, cstream(c)>>>(qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, part);
+    *launched = 1;
+    LAUNCH_CHECK(c, "flash_attention");
+}

@@ -1,0 +1,215 @@
+/* cuda/cuda_internal.h — helpers shared by the .cu files (CUDA C++ only):
+ * launch checking in the status.h convention, bf16 conversion, warp
+ * reductions, and the MLX affine dequantization of packed codes. */
+#ifndef ORCHID_CUDA_INTERNAL_H
+#define ORCHID_CUDA_INTERNAL_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/cuda_ops.h"
+
+extern "C" {
+#include "runtime/status.h"
+}
+
+#define QGROUP 64
+
+/* Checks the launch just made; returns from the calling launcher on failure. */
+#define LAUNCH_CHECK(c, what)                                                                          \
+    do {                                                                                               \
+        cudaError_t e_ = cudaGetLastError();                                                           \
+        if (e_ != cudaSuccess)                                                                         \
+            return errorf((c)->err, (c)->errlen, ST_DEVICE, "CUDA launch of %s failed: %s", (what),    \
+                          cudaGetErrorString(e_));                                                     \
+        return 0;                                                                                      \
+    } while (0)
+
+#define CUDA_TRY(call, err, errlen, what)                                                              \
+    do {                                                                                               \
+        cudaError_t e_ = (call);                                                                       \
+        if (e_ != cudaSuccess)                                                                         \
+            return errorf((err), (errlen), ST_DEVICE, "%s: %s failed: %s", (what), #call,              \
+                          cudaGetErrorString(e_));                                                     \
+    } while (0)
+
+static inline cudaStream_t cstream(const struct cuda_ctx *c) { return (cudaStream_t)c->stream; }
+
+__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ uint16_t f2bf(float f) {
+    __nv_bfloat16 b = __float2bfloat16_rn(f);
+    return *reinterpret_cast<uint16_t *>(&b);
+}
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum for blockDim.x a multiple of 32 (<= 1024); every thread gets the result. */
+__device__ __forceinline__ float block_sum(float v, float *sh32) {
+    v = warp_sum(v);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (l == 0) sh32[w] = v;
+    __syncthreads();
+    float t = l < nw ? sh32[l] : 0.0f;
+    return warp_sum(t);
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+/* Pointers of row r (absolute, i.e. mat*rows + row) of a qmat. */
+__device__ __forceinline__ const uint32_t *qrow_codes(const cuda_qmat &m, size_t r) {
+    return m.codes + r * (size_t)(m.cols * m.bits / 32);
+}
+__device__ __forceinline__ size_t qrow_group0(const cuda_qmat &m, size_t r) { return r * (size_t)(m.cols / QGROUP); }
+
+/* True in exactly one block of the launch: the last to get here (all blocks must call it,
+ * with every thread). That block sees every other block's global writes; it resets the
+ * counter for the next launch. */
+__device__ __forceinline__ bool last_block_done(int *counter) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int total = gridDim.x * gridDim.y * gridDim.z;
+        last = atomicAdd(counter, 1) == total - 1;
+    }
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        if (threadIdx.x == 0) *counter = 0;
+    }
+    return last;
+}
+
+/* RMSNorm of T rows of x (L2 reads: other blocks wrote them) by one block. */
+__device__ __forceinline__ void tail_rmsnorm(const float *x, int ldx, int T, int n, const cuda_tail_norm &tn) {
+    __shared__ float sh[32];
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * ldx;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = __ldcg(xr + i);
+            ss += v * v;
+        }
+        ss = block_sum(ss, sh);
+        const float inv = rsqrtf(ss / (float)n + tn.eps);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = __ldcg(xr + i) * inv * tn.gain[i];
+            tn.xn[(size_t)t * n + i] = f2bf(v);
+            if (tn.xn32) tn.xn32[(size_t)t * n + i] = v;
+        }
+    }
+}
+
+/* Exact small-integer to float: q < 2^23. */
+__device__ __forceinline__ float u2f(uint32_t q) { return __uint_as_float(0x4B000000u | q) - 8388608.0f; }
+
+/* Σ q_i x_i and Σ x_i over one 16-byte chunk of codes (32 4-bit or 16 8-bit) against
+ * the matching bf16 inputs xp (4 or 2 uint4). */
+template <int BITS>
+__device__ __forceinline__ void qdot_chunk(const uint4 w, const uint16_t *xq, float &qx, float &sx) {
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    const uint4 *xp = reinterpret_cast<const uint4 *>(xq);
+    if (BITS == 4) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint4 xv = xp[j];
+            const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
+            const uint32_t word = ws[j];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float x0 = bf_lo(xs[k]), x1 = bf_hi(xs[k]);
+                qx = fmaf(u2f((word >> (8 * k)) & 15u), x0, qx);
+                qx = fmaf(u2f((word >> (8 * k + 4)) & 15u), x1, qx);
+                sx += x0 + x1;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint4 xv = xp[j];
+            const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint32_t word = ws[(8 * j + 2 * k) / 4];
+                const int sh = ((2 * k) % 4) * 8;
+                const float x0 = bf_lo(xs[k]), x1 = bf_hi(xs[k]);
+                qx = fmaf(u2f((word >> sh) & 255u), x0, qx);
+                qx = fmaf(u2f((word >> (sh + 8)) & 255u), x1, qx);
+                sx += x0 + x1;
+            }
+        }
+    }
+}
+
+/* Unpacks the bf16 inputs of one chunk (32 for 4-bit, 16 for 8-bit codes) to fp32; returns their sum. */
+template <int BITS>
+__device__ __forceinline__ float unpack_x(const uint16_t *xq, float *xf) {
+    const uint4 *xp = reinterpret_cast<const uint4 *>(xq);
+    float sx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (BITS == 4 ? 4 : 2); j++) {
+        const uint4 xv = xp[j];
+        const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            xf[8 * j + 2 * k] = bf_lo(xs[k]);
+            xf[8 * j + 2 * k + 1] = bf_hi(xs[k]);
+            sx += xf[8 * j + 2 * k] + xf[8 * j + 2 * k + 1];
+        }
+    }
+    return sx;
+}
+
+/* Σ q_i xf_i over one 16-byte chunk of codes. */
+template <int BITS>
+__device__ __forceinline__ float qdot_f(const uint4 w, const float *xf) {
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    float a = 0.0f, b = 0.0f;
+    if (BITS == 4) {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int k = 0; k < 8; k += 2) {
+                a = fmaf(u2f((ws[j] >> (4 * k)) & 15u), xf[8 * j + k], a);
+                b = fmaf(u2f((ws[j] >> (4 * k + 4)) & 15u), xf[8 * j + k + 1], b);
+            }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k += 2) {
+                a = fmaf(u2f((ws[j] >> (8 * k)) & 255u), xf[4 * j + k], a);
+                b = fmaf(u2f((ws[j] >> (8 * k + 8)) & 255u), xf[4 * j + k + 1], b);
+            }
+    }
+    return a + b;
+}
+
+/* Streaming 16-byte load of weights (read once: skip L1). */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+#endif

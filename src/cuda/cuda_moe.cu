@@ -1,0 +1,495 @@
+// cuda/cuda_moe.cu — mixture of experts on the GPU, no host round trip:
+// router softmax/top-k (one warp per token), the small-batch path (gate/up GEMV with
+// SwiGLU over (token, expert) pairs with the shared expert as pair K, and the down
+// GEMV that sums the weighted pairs straight into the residual stream), and the
+// large-batch path's routing (histogram, scan, scatter, tile list for the grouped
+// tensor-core GEMM of cuda_gemm.cu) and combine.
+#include <math.h>
+
+#include "cuda/cuda_internal.h"
+
+#define MOE_BM 64 /* must equal BM of cuda_gemm.cu */
+
+/* ---- router top-k ---- */
+
+/* Top-k of one token's logits by one warp (CG: read through L2, for data other blocks wrote). */
+template <bool CG>
+__device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
+    float v[8];
+    unsigned taken = 0;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < E ? (CG ? __ldcg(l + e) : l[e]) : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < E) sum += expf(v[i] - mx);
+    sum = warp_sum(sum);
+    float tot = 0.0f, mine = 0.0f;
+    int my_id = 0;
+    for (int s = 0; s < K; s++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = lane + 32 * i;
+            if (e < E && !(taken & (1u << i)) && (v[i] > bv || bi == 0x7fffffff)) {
+                bv = v[i];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (v2 > bv || (v2 == bv && i2 < bi)) {
+                bv = v2;
+                bi = i2;
+            }
+        }
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        const float p = expf(bv - mx) / sum;
+        tot += p;
+        if (lane == s) {
+            mine = p;
+            my_id = bi;
+        }
+    }
+    if (lane < K) {
+        ids[lane] = my_id;
+        w[lane] = renorm ? mine / tot : mine;
+    }
+}
+
+__device__ __forceinline__ void topk_token(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
+    topk_token_t<false>(l, E, K, renorm, ids, w, lane);
+}
+__device__ __forceinline__ void topk_token_cg(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
+    topk_token_t<true>(l, E, K, renorm, ids, w, lane);
+}
+
+static __global__ void topk_kernel(const float *logits, int ld, int T, int E, int K, int renorm, int32_t *ids, float *w) {
+    const int t = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;
+    topk_token(logits + (size_t)t * ld, E, K, renorm, ids + (size_t)t * K, w + (size_t)t * K, lane);
+}
+
+extern "C" int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int ld, int T, int E, int K, int renorm,
+                             int32_t *ids, float *w) {
+    if (T <= 0) return 0;
+    if (E > 256 || K > 32 || K > E) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_topk: %d experts, top-%d", E, K);
+    topk_kernel<<<(T + 3) / 4, 128, 0, cstream(c)>>>(logits, ld, T, E, K, renorm, ids, w);
+    LAUNCH_CHECK(c, "moe_topk");
+}
+
+/* ---- router logits from the fp32 normalised input ----
+ * logits[t, e] = Σ_c x[t, c] W_router[e, c] and seg[t] = x[t] · w_shared_gate, with the
+ * weights dequantized exactly in fp32 and x in fp32 (not rounded to bf16), because a
+ * near-tie between the 8th and 9th expert flips on bf16-sized errors and a flipped
+ * expert moves the output far more than rounding does. One warp per (row, 8 tokens). */
+
+#define RT_TOK 8
+
+template <int BITS>
+__device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt,
+                                           float *acc, int lane) {
+    constexpr int per = BITS == 4 ? 32 : 16, RU = 4;
+    const int nch = m.cols / per;
+    const uint4 *cr = reinterpret_cast<const uint4 *>(qrow_codes(m, row));
+    const size_t g0 = qrow_group0(m, row);
+    for (int base = lane; base < nch; base += 32 * RU) {
+        uint4 w[RU];
+        float sc[RU], bi[RU];
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            const int ch = base + 32 * u;
+            if (ch < nch) {
+                w[u] = ld_stream(cr + ch);
+                sc[u] = bf(m.scales[g0 + ch * per / QGROUP]);
+                bi[u] = bf(m.biases[g0 + ch * per / QGROUP]);
+            } else {
+                w[u] = make_uint4(0, 0, 0, 0);
+                sc[u] = bi[u] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            const int ch = base + 32 * u;
+            if (ch >= nch) continue;
+            const uint32_t ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+            float wf[per];
+#pragma unroll
+            for (int e = 0; e < per; e++) {
+                const uint32_t q = BITS == 4 ? (ws[e / 8] >> (4 * (e % 8))) & 15u : (ws[e / 4] >> (8 * (e % 4))) & 255u;
+                wf[e] = fmaf(sc[u], u2f(q), bi[u]);
+            }
+#pragma unroll
+            for (int t = 0; t < RT_TOK; t++) {
+                if (t < nt) {
+                    const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)(t0 + t) * ldx + ch * per);
+                    float a = acc[t];
+#pragma unroll
+                    for (int v = 0; v < per / 4; v++) {
+                        const float4 x4 = xp[v];
+                        a = fmaf(wf[4 * v], x4.x, a);
+                        a = fmaf(wf[4 * v + 1], x4.y, a);
+                        a = fmaf(wf[4 * v + 2], x4.z, a);
+                        a = fmaf(wf[4 * v + 3], x4.w, a);
+                    }
+                    acc[t] = a;
+                }
+            }
+        }
+    }
+}
+
+struct topk_tail {
+    int *counter; /* NULL: no top-k */
+    int K, renorm;
+    int32_t *ids;
+    float *w;
+};
+
+static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T,
+                                                            float *logits, int ld, float *seg, topk_tail tk) {
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int E = router.rows;
+    if (row <= E) {
+        const int t0 = blockIdx.y * RT_TOK, nt = min(RT_TOK, T - t0);
+        const bool is_r = row < E;
+        cuda_qmat m; /* by value (see gateup_pairs_kernel) */
+        m.codes = is_r ? router.codes : sg.codes; m.scales = is_r ? router.scales : sg.scales;
+        m.biases = is_r ? router.biases : sg.biases; m.rows = is_r ? router.rows : sg.rows;
+        m.cols = is_r ? router.cols : sg.cols; m.bits = is_r ? router.bits : sg.bits; m.n_mats = 1;
+        const int r = is_r ? row : 0;
+        float acc[RT_TOK];
+#pragma unroll
+        for (int t = 0; t < RT_TOK; t++) acc[t] = 0.0f;
+        if (m.bits == 4) router_row<4>(m, r, x, ldx, t0, nt, acc, lane);
+        else router_row<8>(m, r, x, ldx, t0, nt, acc, lane);
+#pragma unroll
+        for (int t = 0; t < RT_TOK; t++) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0 && t < nt) {
+                if (row < E) logits[(size_t)(t0 + t) * ld + row] = v;
+                else seg[t0 + t] = v;
+            }
+        }
+    }
+    if (tk.counter && last_block_done(tk.counter)) {
+        for (int t = threadIdx.x >> 5; t < T; t += blockDim.x >> 5) {
+            const float *lr = logits + (size_t)t * ld; /* written by other blocks: read through L2 */
+            topk_token_cg(lr, E, tk.K, tk.renorm, tk.ids + (size_t)t * tk.K, tk.w + (size_t)t * tk.K, lane);
+        }
+    }
+}
+
+extern "C" int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
+                               const float *x, int ldx, int T, float *logits, int ld, float *seg) {
+    if (T <= 0) return 0;
+    if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
+    topk_tail tk = {NULL, 0, 0, NULL, NULL};
+    router_kernel<<<dim3((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK), 256, 0, cstream(c)>>>(
+        *router, *sh_gate, x, ldx, T, logits, ld, seg, tk);
+    LAUNCH_CHECK(c, "moe_router");
+}
+
+extern "C" int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
+                                    const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
+                                    int32_t *ids, float *w, int *counter) {
+    if (T <= 0) return 0;
+    if (T > 16 || router->rows > 256 || K > 32)
+        return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk: %d tokens, %d experts, top-%d", T, router->rows, K);
+    if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
+    topk_tail tk = {counter, K, renorm, ids, w};
+    router_kernel<<<dim3((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK), 256, 0, cstream(c)>>>(
+        *router, *sh_gate, x, ldx, T, logits, ld, seg, tk);
+    LAUNCH_CHECK(c, "moe_router_topk");
+}
+
+/* ---- small-batch pairs path ---- */
+
+template <int BITS>
+__device__ __forceinline__ float row_dot(const cuda_qmat &m, size_t row, const uint16_t *x, int lane) {
+    const int per = BITS == 4 ? 32 : 16;
+    const int nch = m.cols / per;
+    const uint4 *cr = reinterpret_cast<const uint4 *>(qrow_codes(m, row));
+    const size_t g0 = qrow_group0(m, row);
+    float acc = 0.0f;
+    for (int ch = lane; ch < nch; ch += 32) {
+        const uint4 w = ld_stream(cr + ch);
+        const int grp = ch * per / QGROUP;
+        float qx = 0.0f, sx = 0.0f;
+        qdot_chunk<BITS>(w, x + ch * per, qx, sx);
+        acc = fmaf(bf(m.scales[g0 + grp]), qx, fmaf(bf(m.biases[g0 + grp]), sx, acc));
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float row_dot_any(const cuda_qmat &m, size_t row, const uint16_t *x, int lane) {
+    return m.bits == 4 ? row_dot<4>(m, row, x, lane) : row_dot<8>(m, row, x, lane);
+}
+
+/* Gate and up row f of one (token, expert) pair: both rows share each unpacked input
+ * chunk; 2 chunks per lane per round trip (4 loads in flight). */
+template <int BITS>
+__device__ __forceinline__ void gateup_rows(const cuda_qmat &G, const cuda_qmat &U, size_t row, const uint16_t *x,
+                                            float &g, float &u, int lane) {
+    constexpr int per = BITS == 4 ? 32 : 16;
+    const int nch = G.cols / per;
+    const uint4 *cr[2] = {reinterpret_cast<const uint4 *>(qrow_codes(G, row)), reinterpret_cast<const uint4 *>(qrow_codes(U, row))};
+    const uint16_t *sc[2] = {G.scales + qrow_group0(G, row), U.scales + qrow_group0(U, row)};
+    const uint16_t *bi[2] = {G.biases + qrow_group0(G, row), U.biases + qrow_group0(U, row)};
+    float acc[2] = {0.0f, 0.0f};
+    for (int base = lane; base < nch; base += 64) {
+        uint4 w[2][2];
+        float s[2][2], bb[2][2];
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            const int ch = base + 32 * v;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (ch < nch) {
+                    w[v][r] = ld_stream(cr[r] + ch);
+                    s[v][r] = bf(sc[r][ch * per / QGROUP]);
+                    bb[v][r] = bf(bi[r][ch * per / QGROUP]);
+                } else {
+                    w[v][r] = make_uint4(0, 0, 0, 0);
+                    s[v][r] = bb[v][r] = 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            const int ch = base + 32 * v;
+            if (ch >= nch) continue;
+            float xf[per];
+            const float sx = unpack_x<BITS>(x + (size_t)ch * per, xf);
+#pragma unroll
+            for (int r = 0; r < 2; r++) acc[r] = fmaf(s[v][r], qdot_f<BITS>(w[v][r], xf), fmaf(bb[v][r], sx, acc[r]));
+        }
+    }
+    g = warp_sum(acc[0]);
+    u = warp_sum(acc[1]);
+}
+
+static __global__ void gateup_pairs_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sg, cuda_qmat su, const int32_t *ids,
+                                           const uint16_t *xn, int ldx, int K, int ld_act, uint16_t *act) {
+    const int p = blockIdx.y, t = p / (K + 1), k = p % (K + 1);
+    const int f = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const bool shared = k == K;
+    cuda_qmat G, U; /* by value: selecting a kernel parameter by reference would copy both to local memory */
+    G.codes = shared ? sg.codes : gate.codes; G.scales = shared ? sg.scales : gate.scales;
+    G.biases = shared ? sg.biases : gate.biases; G.rows = shared ? sg.rows : gate.rows;
+    G.cols = shared ? sg.cols : gate.cols; G.bits = shared ? sg.bits : gate.bits; G.n_mats = 1;
+    U.codes = shared ? su.codes : up.codes; U.scales = shared ? su.scales : up.scales;
+    U.biases = shared ? su.biases : up.biases; U.rows = shared ? su.rows : up.rows;
+    U.cols = shared ? su.cols : up.cols; U.bits = shared ? su.bits : up.bits; U.n_mats = 1;
+    if (f >= G.rows) return;
+    const size_t row = shared ? (size_t)f : (size_t)ids[t * K + k] * G.rows + f;
+    const uint16_t *x = xn + (size_t)t * ldx;
+    float g, u;
+    if (G.bits == 4 && U.bits == 4) gateup_rows<4>(G, U, row, x, g, u, lane);
+    else {
+        g = warp_sum(row_dot_any(G, row, x, lane));
+        u = warp_sum(row_dot_any(U, row, x, lane));
+    }
+    if (lane == 0) act[(size_t)p * ld_act + f] = f2bf(silu(g) * u);
+}
+
+extern "C" int cuda_moe_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                                     const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
+                                     const uint16_t *xn, int ldx, int T, int K, uint16_t *act) {
+    if (T <= 0) return 0;
+    const int I = gate->rows > sh_gate->rows ? gate->rows : sh_gate->rows;
+    gateup_pairs_kernel<<<dim3((I + 7) / 8, T * (K + 1)), 256, 0, cstream(c)>>>(*gate, *up, *sh_gate, *sh_up, ids, xn,
+                                                                                ldx, K, I, act);
+    LAUNCH_CHECK(c, "moe_gateup_pairs");
+}
+
+template <int BITS>
+__device__ __forceinline__ float chunk_dot(const cuda_qmat &m, size_t row, int ch, const uint16_t *x) {
+    const int per = BITS == 4 ? 32 : 16;
+    const uint4 w = ld_stream(reinterpret_cast<const uint4 *>(qrow_codes(m, row)) + ch);
+    const size_t g = qrow_group0(m, row) + ch * per / QGROUP;
+    float qx = 0.0f, sx = 0.0f;
+    qdot_chunk<BITS>(w, x + ch * per, qx, sx);
+    return fmaf(bf(m.scales[g]), qx, bf(m.biases[g]) * sx);
+}
+
+/* Output row r of token t: Σ over (pair, chunk) items, 4 items per lane per round trip;
+ * the expert ids and weights live in lanes 0..K-1 and are fetched by shuffle. */
+__device__ __forceinline__ void down_pairs_row(const cuda_qmat &down, const cuda_qmat &sd, const int32_t *ids,
+                                               const float *w, const float *seg, int ld_seg, const uint16_t *act, int K,
+                                               int ld_act, float *x, int H, int t, int r, int lane) {
+    constexpr int DU = 4;
+    const int perR = down.bits == 4 ? 32 : 16, perS = sd.bits == 4 ? 32 : 16;
+    const int nchR = down.cols / perR, nchS = sd.cols / perS;
+    const int items = K * nchR + nchS;
+    const int my_e = lane < K ? ids[t * K + lane] : 0;
+    const float my_w = lane < K ? w[t * K + lane] : 0.0f;
+    const float sgate = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
+    float acc = 0.0f;
+    for (int base0 = 0; base0 < items; base0 += 32 * DU) { /* uniform trip count: shuffles inside */
+        const int base = base0 + lane;
+        uint4 wq[DU];
+        float sc[DU], bi[DU], coef[DU];
+        const uint16_t *a[DU];
+        int kind[DU]; /* 0 none, 4 or 8: routed bits, 16 + bits: shared */
+#pragma unroll
+        for (int u = 0; u < DU; u++) {
+            const int i = base + 32 * u;
+            const int k = i < K * nchR ? i / nchR : K;
+            const int e = __shfl_sync(0xffffffffu, my_e, k < K ? k : 0);
+            const float we = __shfl_sync(0xffffffffu, my_w, k < K ? k : 0);
+            kind[u] = 0;
+            wq[u] = make_uint4(0, 0, 0, 0);
+            sc[u] = bi[u] = coef[u] = 0.0f;
+            a[u] = act;
+            if (i < items) {
+                const bool routed = k < K;
+                const int ch = routed ? i % nchR : i - K * nchR;
+                const int per = routed ? perR : perS;
+                const int bits = routed ? down.bits : sd.bits, cols = routed ? down.cols : sd.cols;
+                const uint32_t *codes = routed ? down.codes : sd.codes;
+                const uint16_t *scales = routed ? down.scales : sd.scales, *biases = routed ? down.biases : sd.biases;
+                const size_t row = routed ? (size_t)e * down.rows + r : (size_t)r;
+                wq[u] = ld_stream(reinterpret_cast<const uint4 *>(codes + row * (size_t)(cols * bits / 32)) + ch);
+                const size_t gi = row * (size_t)(cols / QGROUP) + ch * per / QGROUP;
+                sc[u] = bf(scales[gi]);
+                bi[u] = bf(biases[gi]);
+                coef[u] = routed ? we : sgate;
+                a[u] = act + ((size_t)t * (K + 1) + k) * ld_act + (size_t)ch * per;
+                kind[u] = bits;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DU; u++) {
+            if (kind[u] == 4) {
+                float xf[32];
+                const float sx = unpack_x<4>(a[u], xf);
+                acc = fmaf(coef[u], fmaf(sc[u], qdot_f<4>(wq[u], xf), bi[u] * sx), acc);
+            } else if (kind[u] == 8) {
+                float xf[16];
+                const float sx = unpack_x<8>(a[u], xf);
+                acc = fmaf(coef[u], fmaf(sc[u], qdot_f<8>(wq[u], xf), bi[u] * sx), acc);
+            }
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) x[(size_t)t * H + r] += acc;
+}
+
+static __global__ void down_pairs_kernel(cuda_qmat down, cuda_qmat sd, const int32_t *ids, const float *w,
+                                         const float *seg, int ld_seg, const uint16_t *act, int K, int ld_act, float *x,
+                                         int H, cuda_tail_norm tail) {
+    const int t = blockIdx.y;
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r < H) down_pairs_row(down, sd, ids, w, seg, ld_seg, act, K, ld_act, x, H, t, r, lane);
+    if (tail.counter && last_block_done(tail.counter)) tail_rmsnorm(x, H, gridDim.y, H, tail);
+}
+
+extern "C" int cuda_moe_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sh_down,
+                                   const int32_t *ids, const float *w, const float *seg, int ld_seg, const uint16_t *act,
+                                   int T, int K, float *x, const struct cuda_tail_norm *tail) {
+    if (T <= 0) return 0;
+    const int H = down->rows;
+    const int I = down->cols > sh_down->cols ? down->cols : sh_down->cols;
+    cuda_tail_norm tn;
+    if (tail) tn = *tail;
+    else tn.counter = NULL;
+    down_pairs_kernel<<<dim3((H + 7) / 8, T), 256, 0, cstream(c)>>>(*down, *sh_down, ids, w, seg, ld_seg, act, K, I, x, H, tn);
+    LAUNCH_CHECK(c, "moe_down_pairs");
+}
+
+/* ---- large-batch routing: one block does histogram, scan, tile list and scatter ---- */
+
+static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, int S, int E, int K,
+                                                            cuda_moe_route r) {
+    __shared__ int cnt[1024], off[1025], toff[1025], cur[1024];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < E; e += blockDim.x) {
+        cnt[e] = 0;
+        cur[e] = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < S; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int o = 0, to = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = o;
+            toff[e] = to;
+            o += cnt[e];
+            to += (cnt[e] + MOE_BM - 1) / MOE_BM;
+        }
+        off[E] = o;
+        toff[E] = to;
+        r.tiles[r.max_tiles * 3] = to;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) {
+        r.counts[e] = cnt[e];
+        r.offsets[e] = off[e];
+        for (int j = 0; j < toff[e + 1] - toff[e]; j++) {
+            const int ti = toff[e] + j;
+            r.tiles[ti * 3] = e;
+            r.tiles[ti * 3 + 1] = off[e] + j * MOE_BM;
+            r.tiles[ti * 3 + 2] = off[e] + cnt[e];
+        }
+    }
+    if (tid == 0) r.offsets[E] = off[E];
+    for (int i = tid; i < S; i += blockDim.x) {
+        const int e = ids[i];
+        const int slot = off[e] + atomicAdd(&cur[e], 1);
+        r.row_of_slot[slot] = i / K;
+        r.slot_of_pair[i] = slot;
+    }
+}
+
+extern "C" int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K,
+                                    struct cuda_moe_route *r) {
+    if (E > 1024) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_route: %d experts", E);
+    const int need = (T * K + MOE_BM - 1) / MOE_BM + E;
+    if (need > r->max_tiles) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_route: %d tiles > capacity %d", need, r->max_tiles);
+    route_kernel<<<1, 1024, 0, cstream(c)>>>(ids, T * K, E, K, *r);
+    LAUNCH_CHECK(c, "moe_route");
+}
+
+static __global__ void combine_kernel(const float *ed, const int32_t *slot_of_pair, const float *w, const float *sd,
+                                      const float *seg, int ld_seg, int K, int H, float *x) {
+    const int t = blockIdx.x;
+    const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
+    for (int d = threadIdx.x; d < H; d += blockDim.x) {
+        float acc = sg * sd[(size_t)t * H + d];
+        for (int k = 0; k < K; k++) acc = fmaf(w[t * K + k], ed[(size_t)slot_of_pair[t * K + k] * H + d], acc);
+        x[(size_t)t * H + d] += acc;
+    }
+}
+
+extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
+                                const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x) {
+    if (T <= 0) return 0;
+    combine_kernel<<<T, 256, 0, cstream(c)>>>(ed, slot_of_pair, w, sd, seg, ld_seg, K, H, x);
+    LAUNCH_CHECK(c, "moe_combine");
+}
+
+static __global__ void swiglu_kernel(const float *g, const float *u, size_t n, uint16_t *out) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = f2bf(silu(g[i]) * u[i]);
+}
+
+extern "C" int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const float *u, size_t n, uint16_t *out) {
+    if (!n) return 0;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 4096) blocks = 4096;
+    swiglu_kernel<<<(unsigned)blocks, 256, 0, cstream(c)>>>(g, u, n, out);
+    LAUNCH_CHECK(c, "swiglu");
+}

@@ -1,0 +1,143 @@
+// cuda/cuda_norm.cu — row-wise kernels: embedding gather + dequant, RMSNorm
+// (fp32 residual → bf16 GEMM input), and the two-stage argmax over logits.
+#include <math.h>
+
+#include "cuda/cuda_internal.h"
+
+static __global__ void embed_kernel(cuda_qmat m, const int32_t *tokens, float *x) {
+    const int t = blockIdx.x;
+    const size_t row = (size_t)tokens[t];
+    const int per = 32 / m.bits, words = m.cols / per;
+    const uint32_t *c = qrow_codes(m, row);
+    const size_t g0 = qrow_group0(m, row);
+    const uint32_t mask = (1u << m.bits) - 1u;
+    float *o = x + (size_t)t * m.cols;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) {
+        const uint32_t word = c[w];
+        const int e0 = w * per, g = e0 / QGROUP;
+        const float s = bf(m.scales[g0 + g]), b = bf(m.biases[g0 + g]);
+        for (int k = 0; k < per; k++) o[e0 + k] = fmaf(s, u2f((word >> (k * m.bits)) & mask), b);
+    }
+}
+
+extern "C" int cuda_embed(const struct cuda_ctx *c, const struct cuda_qmat *embed, const int32_t *tokens, int T, float *x) {
+    if (T <= 0) return 0;
+    embed_kernel<<<T, 256, 0, cstream(c)>>>(*embed, tokens, x);
+    LAUNCH_CHECK(c, "embed");
+}
+
+static __global__ void rmsnorm_kernel(const float *x, const float *gain, int n, float eps, const int32_t *rows,
+                                      uint16_t *xn, float *xn32, uint16_t *xlo) {
+    __shared__ float sh[32];
+    const int t = blockIdx.x;
+    const float *xr = x + (size_t)(rows ? rows[t] : t) * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    const float inv = rsqrtf(ss / (float)n + eps);
+    uint16_t *o = xn + (size_t)t * n;
+    float *o32 = xn32 ? xn32 + (size_t)t * n : NULL;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] * inv * gain[i];
+        const uint16_t h = f2bf(v);
+        o[i] = h;
+        if (o32) o32[i] = v;
+        if (xlo) xlo[(size_t)t * n + i] = f2bf(v - bf(h));
+    }
+}
+
+extern "C" int cuda_rmsnorm(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
+                            const int32_t *rows, uint16_t *xn) {
+    if (T <= 0) return 0;
+    rmsnorm_kernel<<<T, 256, 0, cstream(c)>>>(x, gain, n, eps, rows, xn, NULL, NULL);
+    LAUNCH_CHECK(c, "rmsnorm");
+}
+
+extern "C" int cuda_rmsnorm2(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
+                             const int32_t *rows, uint16_t *xn, float *xn32) {
+    if (T <= 0) return 0;
+    rmsnorm_kernel<<<T, 256, 0, cstream(c)>>>(x, gain, n, eps, rows, xn, xn32, NULL);
+    LAUNCH_CHECK(c, "rmsnorm");
+}
+
+extern "C" int cuda_rmsnorm_split(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
+                                  uint16_t *xn, uint16_t *xlo) {
+    if (T <= 0) return 0;
+    rmsnorm_kernel<<<T, 256, 0, cstream(c)>>>(x, gain, n, eps, NULL, xn, NULL, xlo);
+    LAUNCH_CHECK(c, "rmsnorm_split");
+}
+
+#define ARGMAX_PARTS 128
+
+/* (value, index) ordering: larger value wins, lower index on ties, NaN never wins. */
+__device__ __forceinline__ void amax_merge(float &v, int &i, float v2, int i2) {
+    if (isnan(v2)) return;
+    if (isnan(v) || v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
+}
+
+__device__ __forceinline__ void amax_block(float &v, int &i) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        amax_merge(v, i, v2, i2);
+    }
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (l == 0) {
+        sv[w] = v;
+        si[w] = i;
+    }
+    __syncthreads();
+    if (w == 0) {
+        v = l < nw ? sv[l] : -INFINITY;
+        i = l < nw ? si[l] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+            amax_merge(v, i, v2, i2);
+        }
+    }
+}
+
+static __global__ void argmax_part_kernel(const float *logits, int n, int32_t *scratch) {
+    const int row = blockIdx.y, part = blockIdx.x;
+    const int per = (n + ARGMAX_PARTS - 1) / ARGMAX_PARTS;
+    const int lo = part * per, hi = min(n, lo + per);
+    const float *l = logits + (size_t)row * n;
+    float v = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) amax_merge(v, idx, l[j], j);
+    amax_block(v, idx);
+    if (threadIdx.x == 0) {
+        scratch[((size_t)row * ARGMAX_PARTS + part) * 2] = __float_as_int(v);
+        scratch[((size_t)row * ARGMAX_PARTS + part) * 2 + 1] = idx;
+    }
+}
+
+static __global__ void argmax_final_kernel(const int32_t *scratch, int32_t *ids) {
+    const int row = blockIdx.x;
+    float v = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int p = threadIdx.x; p < ARGMAX_PARTS; p += blockDim.x)
+        amax_merge(v, idx, __int_as_float(scratch[((size_t)row * ARGMAX_PARTS + p) * 2]),
+                   scratch[((size_t)row * ARGMAX_PARTS + p) * 2 + 1]);
+    amax_block(v, idx);
+    if (threadIdx.x == 0) ids[row] = idx == 0x7fffffff ? 0 : idx;
+}
+
+/* scratch: [n_rows * ARGMAX_PARTS * 2] int32 */
+extern "C" int cuda_argmax(const struct cuda_ctx *c, const float *logits, int n_rows, int n, int32_t *ids,
+                           int32_t *scratch) {
+    if (n_rows <= 0) return 0;
+    argmax_part_kernel<<<dim3(ARGMAX_PARTS, n_rows), 256, 0, cstream(c)>>>(logits, n, scratch);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return errorf(c->err, c->errlen, ST_DEVICE, "CUDA launch of argmax_part failed: %s", cudaGetErrorString(e));
+    argmax_final_kernel<<<n_rows, 128, 0, cstream(c)>>>(scratch, ids);
+    LAUNCH_CHECK(c, "argmax_final");
+}

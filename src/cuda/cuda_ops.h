@@ -1,0 +1,201 @@
+/* cuda/cuda_ops.h — the C-visible surface of the CUDA kernels (the .cu files of src/cuda).
+ *
+ * Every kernel has one `extern "C" int cuda_<op>(const struct cuda_ctx *c, ...)`
+ * launcher that checks the launch and returns 0 or ST_DEVICE with a message
+ * naming the op (status.h convention, written into c->err). Pointers are device
+ * pointers unless a name says host. bf16 tensors are passed as uint16_t.
+ * Layouts (row-major, T = tokens of the batch):
+ *   x       float32 [T, H] residual stream          xn  bf16 [T, ldx] GEMM inputs
+ *   qmat    MLX affine codes/scales/biases as on disk, group 64, 4 or 8 bits
+ *   KV      bf16 per session [n_attn][2 (K,V)][kv_heads][max_seq][head_dim]
+ *   GDN     float32 state per session [n_lin][Hv][Dv][Dk], conv [n_lin][K-1][conv_dim]
+ * This header is C11 so tests/gpu can call the launchers directly.
+ */
+#ifndef ORCHID_CUDA_OPS_H
+#define ORCHID_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *cuda_stream_t; /* == cudaStream_t */
+
+struct cuda_ctx {
+    cuda_stream_t stream;
+    char *err;
+    size_t errlen;
+};
+
+/* One quantized matrix (or a stack of n_mats experts) in device memory. */
+struct cuda_qmat {
+    const uint32_t *codes;
+    const uint16_t *scales, *biases;
+    int rows, cols, n_mats, bits; /* group size is always 64 */
+};
+
+/* Per-sequence view of a batch (device array, [n_seqs]). */
+struct cuda_seq {
+    uint16_t *kv;   /* session KV cache base */
+    float *conv;    /* session conv state base */
+    float *state;   /* session GDN state base */
+    int max_seq;
+    int t0, t1;     /* its tokens in the batch */
+    int pad;
+};
+
+/* An attention query tile: up to CUDA_ATTN_QT consecutive tokens of one sequence. */
+#define CUDA_ATTN_QT 8
+struct cuda_attn_tile {
+    int seq, t0, n, pad;
+};
+
+/* Optional tail of a launch (decode fusion): the block that finishes last (atomic
+ * counter, reset by that block for the next launch) RMS-normalises the T rows the
+ * launch accumulated into, writing bf16 xn and, when xn32 != NULL, fp32 xn32. */
+struct cuda_tail_norm {
+    int *counter; /* zero-initialised device int; NULL = no tail */
+    const float *gain;
+    float eps;
+    uint16_t *xn;
+    float *xn32;
+};
+
+/* ---- memory helpers (for tests and the backend) ---- */
+int cuda_malloc(void **p, size_t bytes, const char *what, char *err, size_t errlen);
+void cuda_free(void *p);
+int cuda_h2d(void *dst, const void *src, size_t bytes, char *err, size_t errlen);
+int cuda_d2h(void *dst, const void *src, size_t bytes, char *err, size_t errlen);
+int cuda_memset0(void *dst, size_t bytes, char *err, size_t errlen);
+int cuda_sync(char *err, size_t errlen);
+int cuda_device_name(char *buf, size_t len);
+int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* Device-to-device copy bandwidth in GB/s, bytes read + written. */
+int cuda_copy_bandwidth(size_t bytes, int reps, double *gbps, char *err, size_t errlen);
+
+/* One-time kernel attribute set-up (shared-memory limits); call before any launch. */
+int cuda_gemm_init(char *err, size_t errlen);
+int cuda_attn_init(int n_heads, int kv_heads, int head_dim, char *err, size_t errlen);
+
+/* ---- dense / grouped quantized matrix products (cuda_gemv.cu, cuda_gemm.cu) ---- */
+/* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T; picks GEMV (T <= 16) or tensor-core GEMM. */
+int cuda_qmatmul(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
+                 float *y, int ldy, int accumulate);
+/* Up to 4 matrices sharing the input, one launch (decode fusion). T <= 16. */
+struct cuda_gemv_seg {
+    struct cuda_qmat m;
+    float *y;
+    int ldy, accumulate;
+};
+int cuda_gemv_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
+                    int ldx);
+/* One accumulating matrix (y += W x) whose last block then normalises y's T rows (tail). */
+int cuda_gemv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, int T, int ldx, float *y,
+                       int ldy, const struct cuda_tail_norm *tail);
+/* Forces the tensor-core GEMM (any T; for tests). */
+int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
+                    float *y, int ldy, int accumulate);
+/* ~fp32-accurate y (+)= x·Wᵀ from x = x_hi + x_lo (bf16 parts), three tensor-core passes. */
+int cuda_gemm_precise(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x_hi, const uint16_t *x_lo,
+                      int T, int ldx, float *y, int ldy, int accumulate);
+/* act[t, f] = bf16(silu(gate_mat[f]·x_t) * (up_mat[f]·x_t)) with the GEMM (any T). */
+int cuda_gemm_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                     const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act);
+
+/* ---- elementwise / norms (cuda_norm.cu) ---- */
+int cuda_embed(const struct cuda_ctx *c, const struct cuda_qmat *embed, const int32_t *tokens, int T, float *x);
+/* xn[t] = bf16(x[t] / rms(x[t]) * gain); rows optional (NULL = t); xn32 (optional) gets
+ * the same values unrounded, fp32. */
+int cuda_rmsnorm(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
+                 const int32_t *rows, uint16_t *xn);
+int cuda_rmsnorm2(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
+                  const int32_t *rows, uint16_t *xn, float *xn32);
+/* ... and xlo = bf16(value - xn): the low part for cuda_gemm_precise. */
+int cuda_rmsnorm_split(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
+                       uint16_t *xn, uint16_t *xlo);
+int cuda_f32_to_bf16(const struct cuda_ctx *c, const float *x, size_t n, uint16_t *y);
+/* Argmax over n floats per row (first index on ties); writes ids[row]; also dst2 if non-NULL. */
+int cuda_argmax(const struct cuda_ctx *c, const float *logits, int n_rows, int n, int32_t *ids, int32_t *scratch);
+
+/* ---- attention (cuda_attn.cu) ---- */
+/* q/k RMSNorm + NeoX RoPE in place on qg [T, n_heads, 2*D] (query half) and k [T, kvh*D]; writes K, V to the cache. */
+int cuda_attn_prep(const struct cuda_ctx *c, float *qg, const float *k, const float *v, const float *q_norm,
+                   const float *k_norm, const int32_t *pos, const int32_t *tok_seq, const struct cuda_seq *seqs,
+                   int layer_ord, int T, int n_heads, int kv_heads, int D, int rot, float theta, float eps);
+/* Causal attention for every tile (split over keys into n_split parts), then the combine
+ * with the sigmoid output gate: out[t, h*D + d] = bf16(attn * sigmoid(gate)). */
+int cuda_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
+                   const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int T, int n_heads,
+                   int kv_heads, int D, float *part, uint16_t *out);
+
+/* The tensor-core kernel behind cuda_attention (cuda_flash.cu); *launched = 0 when the
+ * shape needs the scalar kernel (more than 8 q heads per KV head, head_dim not 64/128/256). */
+void cuda_attn_force_scalar(int on);
+int cuda_flash_init(int head_dim, char *err, size_t errlen);
+int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
+                         const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
+                         int kv_heads, int D, float *part, int *launched);
+
+/* ---- Gated DeltaNet (cuda_gdn.cu) ---- */
+/* Causal depthwise conv + SiLU over the batch (reads/updates each session's conv state). */
+int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const float *w, const int32_t *tok_seq,
+                const struct cuda_seq *seqs, int n_seqs, int layer_ord, int T, int C, int K, float *out);
+/* The recurrence of every value head of every sequence, then y [T, Hv*Dv] fp32 (pre-norm). */
+int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
+                  const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
+                  int Hk, int Hv, int Dk, int Dv, float *y);
+/* out[t, h*Dv + d] = bf16(w[d] * y / rms(y over the head) * silu(z)) */
+int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const float *z, int ldz, const float *w, int T, int Hv,
+                    int Dv, float eps, uint16_t *out);
+
+/* ---- MoE (cuda_moe.cu) ---- */
+/* softmax over E logits per token, top-k (ties → lowest id), renormalise. */
+int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int ld, int T, int E, int K, int renorm, int32_t *ids,
+                  float *w);
+/* Router logits [T, ld] and shared-expert gate logit seg[T] from the fp32 normalised input
+ * (exact fp32 weights: a near-tie in the top-k must not flip on rounding). */
+int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
+                    const float *x, int ldx, int T, float *logits, int ld, float *seg);
+/* The same, then (T <= 16) the last block runs the top-k: counter is a zeroed device int. */
+int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
+                         const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
+                         int32_t *ids, float *w, int *counter);
+/* Small-batch MoE (T*(K+1) pairs): act[p, I] for routed pairs and the shared expert (pair K of each token). */
+int cuda_moe_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                          const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
+                          const uint16_t *xn, int ldx, int T, int K, uint16_t *act);
+/* x[t] += Σ_k w_k down_{e_k}(act) + sigmoid(seg[t]) sh_down(act_shared) */
+int cuda_moe_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sh_down,
+                        const int32_t *ids, const float *w, const float *seg, int ld_seg, const uint16_t *act, int T,
+                        int K, float *x, const struct cuda_tail_norm *tail);
+/* Grouped (sorted) route for large batches. */
+struct cuda_moe_route {
+    int32_t *counts;      /* [E+1] */
+    int32_t *offsets;     /* [E+1] */
+    int32_t *cursor;      /* [E] */
+    int32_t *row_of_slot; /* [T*K] token row of each sorted slot */
+    int32_t *slot_of_pair;/* [T*K] */
+    int32_t *tiles;       /* [max_tiles * 3] (expert, m0, m_end), then n_tiles at [max_tiles*3] */
+    int max_tiles;
+};
+int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, struct cuda_moe_route *r);
+int cuda_moe_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                            const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act);
+int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
+                          const struct cuda_moe_route *r, float *out);
+/* x[t] += Σ_k w ed[slot_of_pair[t*K+k]] + sigmoid(seg[t]) sd[t] */
+int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
+                     const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x);
+int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const float *u, size_t n, uint16_t *out);
+
+/* ---- decode-loop helpers ---- */
+/* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
+int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
