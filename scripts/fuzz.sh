@@ -3,7 +3,8 @@
 # corpus (build/fuzz/corpus/<target>, seeded from the project's real inputs by
 # tools/fuzz_seeds.py) and fails on any crash, leak, timeout (> 1 s per input) or OOM.
 # Findings are kept under build/fuzz/findings/<target>/ for a regression test.
-# Prints one "N passed, N failed" line (one per target).
+# Logs go to ${FUZZ_LOGS:-build/fuzz}/<target>.log (long runs set their own so a make test smoke
+# meanwhile does not overwrite them). Prints one "N passed, N failed" line (one per target).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 secs=${FUZZ_SECONDS:-60}
@@ -14,7 +15,7 @@ for bin in "$@"; do
   corpus=build/fuzz/corpus/$target; findings=build/fuzz/findings/$target
   mkdir -p "$corpus" "$findings"
   dict=""; [ -f "tests/fuzz/$target.dict" ] && dict="-dict=tests/fuzz/$target.dict"
-  log=build/fuzz/$target.log
+  log=${FUZZ_LOGS:-build/fuzz}/$target.log; mkdir -p "$(dirname "$log")"
   # shellcheck disable=SC2086
   if ASAN_OPTIONS=detect_leaks=1 "$bin" -max_total_time="$secs" -timeout=1 -rss_limit_mb=2048 -max_len=1048576 \
        -artifact_prefix="$findings/" -print_final_stats=1 $dict "$corpus" tests/fuzz/regressions/$target >"$log" 2>&1; then
