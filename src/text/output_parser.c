@@ -233,12 +233,13 @@ static cJSON *convert_value(const char *v, const cJSON *schema) {
     return cJSON_CreateString(v);
 }
 
-/* `\s*([^\s<>]+)>?` at s: returns the name length and sets *after. */
+/* `\s*([^\s<>]+)>?` at s: returns the name length and sets *after. A NUL ends the
+ * name too (names and keys are C strings: "f\0g" would become an empty or cut name). */
 static size_t scan_name(const char *s, size_t n, size_t *start, size_t *after) {
     size_t i = 0;
     while (i < n && isspace((unsigned char)s[i])) i++;
     size_t a = i;
-    while (i < n && !isspace((unsigned char)s[i]) && s[i] != '<' && s[i] != '>') i++;
+    while (i < n && s[i] && !isspace((unsigned char)s[i]) && s[i] != '<' && s[i] != '>') i++;
     *start = a;
     size_t len = i - a;
     if (i < n && s[i] == '>') i++;

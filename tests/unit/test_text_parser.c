@@ -201,6 +201,16 @@ int main(int argc, char **argv) {
         CHECK(strcmp(r.content.data, t) == 0 && r.reasoning.len == 0, "all content: %s", r.content.data);
         result_free(&r);
     }
+    /* a NUL where the function name should be: not a call (was one with an empty name; fuzz) */
+    {
+        output_parser_options o = output_parser_options_default();
+        result r;
+        const char t[] = "<tool_call>\n<function=\0f>\n</function>\n</tool_call>";
+        run(&o, t, sizeof t - 1, NULL, 0, &r);
+        CHECK(cJSON_GetArraySize(r.calls) == 0 && r.content.len == sizeof t - 1 && !memcmp(r.content.data, t, sizeof t - 1),
+              "NUL name: %d calls", cJSON_GetArraySize(r.calls));
+        result_free(&r);
+    }
     /* non-streaming helper */
     {
         output_parser_options o = output_parser_options_default();
