@@ -118,6 +118,7 @@ size_t utf8_incomplete_tail(const unsigned char *s, size_t n) {
 }
 
 void buf_append_lossy(buf *b, const unsigned char *s, size_t n) {
+    if (!s) s = (const unsigned char *)""; /* n == 0: NULL + 0 is undefined */
     size_t i = 0, run = 0; /* run: start of the pending valid stretch */
     while (i < n) {
         if (s[i] < 0x80) { i++; continue; }

@@ -503,6 +503,12 @@ static void test_tiny(void) {
     CHECK(ok, "heap path agrees with scan path");
     free(i1);
     free(i2);
+    /* no ids: "" (was NULL + 0 in the lossy append, UBSan; fuzz_tokenizer) */
+    char *empty = NULL;
+    size_t el = 1;
+    rc = tokenizer_decode(tok, NULL, 0, 0, &empty, &el, err, sizeof err);
+    CHECK(rc == 0 && empty && el == 0 && empty[0] == 0, "decode of no ids");
+    free(empty);
     tokenizer_free(tok);
     unlink(path);
     rmdir(dir);
