@@ -36,8 +36,10 @@ if [ "$mode" != "--python-only" ]; then
 fi
 
 # A short smoke of every fuzz target (make fuzz runs them for FUZZ_SECONDS each).
-if [ "$mode" = all ] && ls build/fuzz/fuzz_* >/dev/null 2>&1; then
-  out=$(FUZZ_SECONDS=3 scripts/fuzz.sh build/fuzz/fuzz_* 2>&1)
+fuzz_bins=()
+for f in build/fuzz/fuzz_*; do [ -x "$f" ] && [ "${f%.d}" = "$f" ] && fuzz_bins+=("$f"); done
+if [ "$mode" = all ] && [ ${#fuzz_bins[@]} -gt 0 ]; then
+  out=$(FUZZ_SECONDS=3 scripts/fuzz.sh "${fuzz_bins[@]}" 2>&1)
   printf '%s\n' "$out" | grep -E '^fuzz:' 
   line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
   p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/'); f=$(echo "$line" | sed -E 's/.*, ([0-9]+) failed.*/\1/')

@@ -47,23 +47,26 @@ static int get_bool(const cJSON *obj, const char *key, bool *out, bool def, cons
     return 0;
 }
 
+/* One eos id: an integer inside the vocabulary (checked before any cast). */
+static int eos_one(struct model_config *c, const cJSON *x, const char *what, char *err, size_t errlen) {
+    if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble))
+        return errorf(err, errlen, ST_FORMAT, "%s: eos_token_id entries must be integers", what);
+    if (!(x->valuedouble >= 0 && x->valuedouble < (double)c->vocab))
+        return errorf(err, errlen, ST_FORMAT, "%s: eos_token_id %.0f is outside the vocabulary (%d)", what, x->valuedouble, c->vocab);
+    if (c->n_eos == MAX_EOS_IDS) return errorf(err, errlen, ST_FORMAT, "%s: more than %d eos_token_id entries", what, MAX_EOS_IDS);
+    c->eos_ids[c->n_eos++] = (int)x->valuedouble;
+    return 0;
+}
+
 /* eos_token_id: an integer or a list of integers. */
 static int read_eos(struct model_config *c, const cJSON *v, const char *what, char *err, size_t errlen) {
     c->n_eos = 0;
-    if (cJSON_IsNumber(v)) {
-        c->eos_ids[c->n_eos++] = (int)v->valuedouble;
-    } else if (cJSON_IsArray(v)) {
-        for (const cJSON *x = v->child; x; x = x->next) {
-            if (!cJSON_IsNumber(x)) return errorf(err, errlen, ST_FORMAT, "%s: eos_token_id entries must be integers", what);
-            if (c->n_eos == MAX_EOS_IDS) return errorf(err, errlen, ST_FORMAT, "%s: more than %d eos_token_id entries", what, MAX_EOS_IDS);
-            c->eos_ids[c->n_eos++] = (int)x->valuedouble;
-        }
-    } else {
-        return errorf(err, errlen, ST_FORMAT, "%s: eos_token_id must be an integer or a list", what);
+    if (cJSON_IsNumber(v)) return eos_one(c, v, what, err, errlen);
+    if (!cJSON_IsArray(v)) return errorf(err, errlen, ST_FORMAT, "%s: eos_token_id must be an integer or a list", what);
+    for (const cJSON *x = v->child; x; x = x->next) {
+        int rc = eos_one(c, x, what, err, errlen);
+        if (rc) return rc;
     }
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_ids[i] < 0 || c->eos_ids[i] >= c->vocab)
-            return errorf(err, errlen, ST_FORMAT, "%s: eos_token_id %d is outside the vocabulary (%d)", what, c->eos_ids[i], c->vocab);
     return 0;
 }
 

@@ -114,6 +114,10 @@ static void test_config(void) {
         {"", "\"hidden_size\":100,", "default", q, "multiple of the quantization group"},
         {"", "\"hidden_size\":\"big\",", "default", q, "hidden_size"},
         {"\"eos_token_id\":5000,", "", "default", q, "outside the vocabulary"},
+        {"\"eos_token_id\":1e300,", "", "default", q, "outside the vocabulary"}, /* found by fuzz_config: UB cast */
+        {"\"eos_token_id\":[1,-3e20],", "", "default", q, "outside the vocabulary"},
+        {"\"eos_token_id\":[2e90],", "", "default", q, "outside the vocabulary"}, /* was a UB cast (fuzz) */
+        {"\"eos_token_id\":1.5,", "", "default", q, "must be integers"},
         {"", "\"tie_word_embeddings\":true,", "default", q, "tie_word_embeddings"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
