@@ -23,9 +23,14 @@
  * Part 3 (ORCHID_GPU_FULL=1): the full 35B-A3B shape (synthetic, in memory), 256
  * teacher-forced positions; top-1 agreement against the perturbed CPU's own (the brief's
  * 99 % is printed: this random 40-layer model is not stable under 1e-3 noise).
+ * Part 4, state transfer: the prefix-checkpoint hooks (save after a prefix, restore into
+ * a fresh session, continue: logits equal to the uninterrupted session) and
+ * prefix_cache_save/restore through the engine on the CUDA backend.
  * Ends with "N passed, N failed". */
 #include "check.h"
 #include "gpu_common.h"
+#include "model/engine.h"
+#include "model/prefix_cache.h"
 
 #define SENS_EPS 4e-3f
 
@@ -703,6 +708,154 @@ out:
     tmodel_close(&m);
 }
 
+/* ---- session state transfer (prefix checkpoints) ---- */
+
+/* Largest |a - b| / max|b| over n floats; 0 when bitwise equal. */
+static double max_rel(const float *a, const float *b, size_t n) {
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = fabs((double)a[i] - b[i]);
+        if (x > d) d = x;
+        if (fabs(b[i]) > m) m = fabs(b[i]);
+    }
+    return m > 0 ? d / m : d;
+}
+
+/* Backend hooks: save after a prefix (KV in two segments, as the prefix cache stores a
+ * child's rows past its parent), restore into a fresh session, continue with the same
+ * batch shapes as the uninterrupted session: logits and greedy tokens must match
+ * (bitwise expected; <= 1e-6 relative accepted). Then prefix_cache_save/restore
+ * through the engine on the CUDA backend: resumed vs fed-from-scratch with the same
+ * chunks, a branch off the shared prefix, and a miss. */
+static void test_state_transfer(const char *shape) {
+    char err[512];
+    struct tmodel m;
+    if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
+    const int V = m.cfg.vocab, cap = 128, n1 = 37, n2 = 9, n_greedy = 8;
+    struct backend *gpu = NULL;
+    if (cuda_backend_create(&gpu, &m.cfg, &m.w, err, sizeof err)) { CHECK(0, "%s: backend: %s", shape, err); tmodel_close(&m); return; }
+    CHECK(gpu->state_bytes && gpu->state_save && gpu->state_load && gpu->kv_bytes_per_token && gpu->kv_save && gpu->kv_load,
+          "%s: cuda backend lacks state-transfer hooks", shape);
+    struct backend_session *sa = NULL, *sb = NULL;
+    int rc = gpu->session_create(gpu, cap, &sa, err, sizeof err);
+    if (!rc) rc = gpu->session_create(gpu, cap, &sb, err, sizeof err);
+    if (rc) { CHECK(0, "%s: session: %s", shape, err); goto out; }
+    {
+        int32_t p[64];
+        prompt_tokens(p, n1 + n2, V, 3);
+        const size_t sbytes = gpu->state_bytes(gpu), row = gpu->kv_bytes_per_token(gpu);
+        char *st = malloc(sbytes), *kv = malloc((size_t)n1 * row);
+        float *la = malloc((size_t)n2 * V * 4), *lb = malloc((size_t)n2 * V * 4);
+        int32_t ia[8], ib[8];
+        rc = feed(gpu, sa, p, n1, 0, n1, NULL, V, err, sizeof err);
+        const int cut = 20; /* segments [0, 20) and [20, n1) */
+        if (!rc) rc = gpu->state_save(gpu, sa, st, err, sizeof err);
+        if (!rc) rc = gpu->kv_save(gpu, sa, 0, cut, kv, err, sizeof err);
+        if (!rc) rc = gpu->kv_save(gpu, sa, cut, n1 - cut, kv + (size_t)cut * row, err, sizeof err);
+        CHECK(rc == 0, "%s: save: %s", shape, err);
+        rc = feed(gpu, sa, p + n1, n2, n1, 0, la, V, err, sizeof err);
+        if (!rc) rc = gpu->decode_greedy(gpu, sa, n1 + n2, argmax_row(la + (size_t)(n2 - 1) * V, V), n_greedy, ia, NULL, err, sizeof err);
+        CHECK(rc == 0, "%s: uninterrupted: %s", shape, err);
+        /* sb: dirty it first with another sequence, so the restore must overwrite real state */
+        int32_t q[30];
+        prompt_tokens(q, 30, V, 77);
+        rc = feed(gpu, sb, q, 30, 0, 30, NULL, V, err, sizeof err);
+        gpu->session_reset(gpu, sb);
+        if (!rc) rc = gpu->state_load(gpu, sb, st, err, sizeof err);
+        if (!rc) rc = gpu->kv_load(gpu, sb, 0, cut, kv, err, sizeof err);
+        if (!rc) rc = gpu->kv_load(gpu, sb, cut, n1 - cut, kv + (size_t)cut * row, err, sizeof err);
+        if (!rc) rc = feed(gpu, sb, p + n1, n2, n1, 0, lb, V, err, sizeof err);
+        if (!rc) rc = gpu->decode_greedy(gpu, sb, n1 + n2, argmax_row(lb + (size_t)(n2 - 1) * V, V), n_greedy, ib, NULL, err, sizeof err);
+        CHECK(rc == 0, "%s: restored: %s", shape, err);
+        const double e = max_rel(lb, la, (size_t)n2 * V);
+        const bool bitwise = memcmp(la, lb, (size_t)n2 * V * 4) == 0;
+        int same = 0;
+        for (int i = 0; i < n_greedy; i++) same += ia[i] == ib[i];
+        printf("  %s: state %zu B + KV %zu B/token; restored vs uninterrupted: %d continuation logits rows %s (max rel %.3g), "
+               "greedy %d/%d\n", shape, sbytes, row, n2, bitwise ? "bitwise equal" : "differ", e, same, n_greedy);
+        CHECK(e <= 1e-6, "%s: restored session logits max rel err %.3g", shape, e);
+        CHECK(same == n_greedy, "%s: restored session greedy %d/%d", shape, same, n_greedy);
+        free(st); free(kv); free(la); free(lb);
+    }
+out:
+    if (sa) gpu->session_destroy(gpu, sa);
+    if (sb) gpu->session_destroy(gpu, sb);
+    gpu->destroy(gpu);
+    tmodel_close(&m);
+
+    /* the engine + prefix cache on the CUDA backend */
+    struct synth_options so = {.shape = shape + 6, .seed = 1, .threads = 0, .quiet = true};
+    struct synth_result res;
+    safetensors *sts = NULL;
+    char *cj = NULL;
+    engine *e = NULL;
+    if (synth_build_memory(&so, &sts, &cj, &res, err, sizeof err)) { CHECK(0, "%s: synth: %s", shape, err); return; }
+    struct engine_options eo = {.model_dir = shape, .backend = "cuda", .quiet = true};
+    rc = engine_open_checkpoint(&e, &eo, cj, strlen(cj), sts, err, sizeof err);
+    free(cj);
+    if (rc) { CHECK(0, "%s: engine: %s", shape, err); return; }
+    prefix_cache *pc = NULL;
+    session *s = NULL, *r = NULL;
+    rc = prefix_cache_create(&pc, e, (size_t)1 << 30, err, sizeof err);
+    if (!rc) rc = session_open(e, &s, cap, err, sizeof err);
+    if (!rc) rc = session_open(e, &r, cap, err, sizeof err);
+    if (rc) { CHECK(0, "%s: prefix cache: %s", shape, err); goto done; }
+    {
+        int32_t t[60], br[60];
+        prompt_tokens(t, 60, V, 11);
+        memcpy(br, t, 40 * 4);
+        for (int i = 40; i < 60; i++) br[i] = (t[i] + 17) % V;
+        float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
+        /* chunks: 40 (checkpoint), 8 (checkpoint), then the rest */
+        struct batch_seq q = {.s = s, .tokens = t, .n_tokens = 40};
+        rc = engine_forward(e, &q, 1, err, sizeof err);
+        if (!rc) rc = prefix_cache_save(pc, s, err, sizeof err);
+        q.tokens = t + 40; q.n_tokens = 8;
+        if (!rc) rc = engine_forward(e, &q, 1, err, sizeof err);
+        if (!rc) rc = prefix_cache_save(pc, s, err, sizeof err);
+        CHECK(rc == 0, "%s: engine save: %s", shape, err);
+        const int32_t *seqs[2] = {t, br};
+        const int want[2] = {48, 40};
+        for (int k = 0; k < 2; k++) {
+            int matched = -1;
+            rc = prefix_cache_restore(pc, s, seqs[k], 60, &matched, err, sizeof err);
+            CHECK(rc == 0 && matched == want[k], "%s: restore %d: matched %d (want %d): %s", shape, k, matched, want[k], rc ? err : "");
+            struct batch_seq qa = {.s = s, .tokens = seqs[k] + matched, .n_tokens = 60 - matched, .logits = a};
+            if (!rc) rc = engine_forward(e, &qa, 1, err, sizeof err);
+            /* reference: a fresh session fed with the same chunk boundaries */
+            session_reset(r);
+            const int cuts[3] = {40, want[k], 60};
+            int at = 0;
+            for (int c = 0; c < 3 && !rc; c++) {
+                if (cuts[c] == at) continue;
+                struct batch_seq qr = {.s = r, .tokens = seqs[k] + at, .n_tokens = cuts[c] - at, .logits = c == 2 ? b : NULL};
+                rc = engine_forward(e, &qr, 1, err, sizeof err);
+                at = cuts[c];
+            }
+            CHECK(rc == 0, "%s: engine forward: %s", shape, err);
+            const double er = max_rel(a, b, (size_t)V);
+            printf("  %s: engine prefix cache %s: resumed at %d, logits vs uninterrupted max rel %.3g%s\n", shape,
+                   k ? "branch" : "extension", matched, er, memcmp(a, b, (size_t)V * 4) ? "" : " (bitwise)");
+            CHECK(er <= 1e-6, "%s: engine prefix cache %d: max rel %.3g", shape, k, er);
+        }
+        int32_t other[10];
+        prompt_tokens(other, 10, V, 500);
+        int matched = -1;
+        rc = prefix_cache_restore(pc, s, other, 10, &matched, err, sizeof err);
+        CHECK(rc == 0 && matched == 0 && session_length(s) == 0, "%s: miss: matched %d length %d", shape, matched, session_length(s));
+        struct prefix_cache_stats pst;
+        prefix_cache_get_stats(pc, &pst);
+        CHECK(pst.hits == 2 && pst.hit_tokens == 88 && pst.entries == 2, "%s: stats hits %llu tokens %llu entries %zu", shape,
+              (unsigned long long)pst.hits, (unsigned long long)pst.hit_tokens, pst.entries);
+        free(a); free(b);
+    }
+done:
+    if (s) session_close(s);
+    if (r) session_close(r);
+    prefix_cache_free(pc);
+    engine_close(e);
+}
+
 /* Full shape: 256 teacher-forced positions, top-1 agreement >= 99 %. */
 static void test_full(int n) {
     char err[512];
@@ -857,6 +1010,9 @@ int main(void) {
         test_e2e("synth:tiny", 40, 32);
     }
     test_e2e("synth:small", 40, 32);
+    printf("state transfer:\n");
+    test_state_transfer("synth:tiny");
+    test_state_transfer("synth:small");
     const char *full = getenv("ORCHID_GPU_FULL");
     if (full && atoi(full)) test_full(256);
     return check_summary();
