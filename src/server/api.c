@@ -155,6 +155,8 @@ static int parse_sampling(const cJSON *root, struct api_request *r, struct api_e
     }
 
     bool b;
+    if ((rc = get_bool(root, "ignore_eos", &b, e)) < 0) return -1;
+    if (rc) r->ignore_eos = b;
     if ((rc = get_bool(root, "stream", &b, e)) < 0) return -1;
     if (rc) r->stream = b;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");

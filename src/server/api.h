@@ -48,6 +48,7 @@ struct api_request {
     int enable_thinking; /* -1 template default, 0 off, 1 on */
     bool json_object;
     bool stream, include_usage;
+    bool ignore_eos;     /* vLLM extension: end-of-sequence ids do not stop generation */
     int max_tokens;      /* -1: not given */
     struct sampler_params sp;
     const char *stops[API_MAX_STOPS]; /* into root */

@@ -214,6 +214,7 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     make_id(g->id, sizeof g->id, kind == API_CHAT ? "chatcmpl-" : "cmpl-", j->id);
     j->sp = g->ar.sp;
     j->max_tokens = g->ar.max_tokens;
+    j->ignore_eos = g->ar.ignore_eos;
     for (int i = 0; i < g->ar.n_stops; i++) job_add_stop(j, g->ar.stops[i], g->ar.stop_lens[i]);
     if (forced) {
         /* the prompt already holds these bytes: the parser must see them first */

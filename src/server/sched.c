@@ -139,7 +139,7 @@ static bool take_token(struct sched *S, struct slot *sl, struct job *j, const st
     j->t_last_tok = now;
     int32_t t = r->token;
     sampler_accept(j->smp, &t, 1, false);
-    if (is_stop_id(&S->port, t)) {
+    if (!j->ignore_eos && is_stop_id(&S->port, t)) {
         pthread_mutex_lock(&j->mu);
         j->n_gen++;
         pthread_mutex_unlock(&j->mu);
@@ -376,7 +376,15 @@ static void *sched_main(void *arg) {
             struct slot *sl = &S->slots[S->batch_slot[k]];
             struct job *j = sl->job;
             struct batch_seq *b = &S->batch[k];
-            if (j->n_fed < j->n_prompt) j->n_fed += b->n_tokens;
+            if (j->n_fed < j->n_prompt) {
+                j->n_fed += b->n_tokens;
+                /* checkpoint the end of every prompt (not only the end of a turn): the next
+                 * turn of a conversation re-sends this prompt with a reply that need not be
+                 * token-identical to the one generated here */
+                if (j->n_fed == j->n_prompt && j->n_prompt > j->cached && S->port.cache_save &&
+                    S->port.cache_save(S->port.ctx, sl->s, err, sizeof err))
+                    fprintf(stderr, "prefix cache: save failed: %s\n", err);
+            }
             if (!b->logits) continue;
             struct sample_result r;
             sampler_sample(j->smp, sl->logits, &r);

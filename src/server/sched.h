@@ -51,6 +51,7 @@ struct job {
     int n_prompt;
     struct sampler_params sp;
     int max_tokens;
+    bool ignore_eos; /* stop ids are generated like any token (benchmarks) */
     char *stops[TEXTOUT_MAX_STOPS]; /* owned */
     int n_stops;
     double t_arrive;
