@@ -63,7 +63,7 @@
 
 static const char *USAGE =
     "usage: orchid bench (--model DIR | --synth 35b-a3b|small|tiny [--seed N]) --prompt-len N --json-out FILE\n"
-    "                    [--decode-steps 64] [--rounds 1] [--backend cpu|cuda] [--threads N] [--copy-mib 512]\n"
+    "                    [--decode-steps 64] [--rounds 1] [--backend auto|cpu|cuda] [--threads N] [--copy-mib 512]\n"
     "  stdout: one row  | prompt_len | backend | prefill tok/s | decode tok/s | achieved GB/s | copy GB/s | digest |";
 
 /* ------------------------------------------------------------------------- */
@@ -256,7 +256,7 @@ static int open_synth(engine **e, struct engine_options *opt, const char *shape,
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *synth = NULL, *json_out = NULL, *backend = "cpu";
+    const char *model = NULL, *synth = NULL, *json_out = NULL, *backend = "auto";
     long prompt_len = -1, steps = 64, rounds = 1, threads = 0, seed = 0, copy_mib = 512;
     bool seed_given = false;
     for (int i = 1; i < argc; i++) {
@@ -295,7 +295,8 @@ int cmd_bench(int argc, char **argv) {
     if (model && !cli_is_dir(model)) return cli_usage_error("bench", "%s: not a directory", model);
     if (prompt_len < 0) return cli_usage_error("bench", "--prompt-len N is required");
     if (!json_out) return cli_usage_error("bench", "--json-out FILE is required");
-    if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) return cli_usage_error("bench", "--backend must be cpu or cuda, got \"%s\"", backend);
+    if (strcmp(backend, "auto") && strcmp(backend, "cpu") && strcmp(backend, "cuda"))
+        return cli_usage_error("bench", "--backend must be auto, cpu or cuda, got \"%s\"", backend);
     FILE *jf = fopen(json_out, "w");
     if (!jf) return cli_usage_error("bench", "%s: cannot open for writing: %s", json_out, strerror(errno));
 
@@ -325,6 +326,7 @@ int cmd_bench(int argc, char **argv) {
         if (engine_open(&e, &opt, err, sizeof err)) { fprintf(stderr, "orchid bench: %s\n", err); goto out; }
         snprintf(model_name, sizeof model_name, "%s", model);
     }
+    backend = engine_backend_name(e); /* what "auto" resolved to */
     const double load_secs = now_seconds() - t_load0;
     const struct model_config *c = engine_config(e);
     if (c->max_position > 0 && (long)P + D + 1 > c->max_position) {
@@ -411,8 +413,7 @@ int cmd_bench(int argc, char **argv) {
     }
     char dev[256], sha[128], digest_hex[17], desc[1024];
     if (strcmp(backend, "cpu") != 0) snprintf(dev, sizeof dev, "%s", engine_device_name(e));
-    else if (strcmp(backend, "cpu") == 0) cpu_name(dev, sizeof dev);
-    else snprintf(dev, sizeof dev, "%s (device name not reported by this build)", backend);
+    else cpu_name(dev, sizeof dev);
     int dirty;
     git_info(sha, sizeof sha, &dirty);
     snprintf(digest_hex, sizeof digest_hex, "%016llx", (unsigned long long)digests[mr]);

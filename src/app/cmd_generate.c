@@ -18,7 +18,7 @@
 
 static const char *USAGE =
     "usage: orchid generate --model DIR --prompt-ids 1,2,3 [--max-tokens N] [--dump-logits FILE]\n"
-    "                       [--backend cpu|cuda] [--threads N] [--ignore-eos]";
+    "                       [--backend auto|cpu|cuda] [--threads N] [--ignore-eos]";
 
 static int write_records(FILE *f, int pos0, const int32_t *ids, int n, const float *logits, int vocab) {
     for (int i = 0; i < n; i++) {
@@ -30,7 +30,7 @@ static int write_records(FILE *f, int pos0, const int32_t *ids, int n, const flo
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *ids_arg = NULL, *dump = NULL, *backend = "cpu";
+    const char *model = NULL, *ids_arg = NULL, *dump = NULL, *backend = "auto";
     long max_tokens = 16, threads = 0;
     bool ignore_eos = false;
     for (int i = 1; i < argc; i++) {

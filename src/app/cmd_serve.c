@@ -20,7 +20,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: orchid serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--max-seq N]\n"
-            "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend cpu|cuda]\n"
+            "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend auto|cpu|cuda]\n"
             "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N] [--thinking on|off]\n"
             "                    [--quiet] [--mock]\n"
             "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"

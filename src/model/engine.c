@@ -83,8 +83,16 @@ static int engine_open_rest(engine **out, engine *e, const struct engine_options
     int rc;
     if ((rc = weights_bind(&e->w, &e->cfg, e->st, err, errlen))) goto fail;
 
-    const char *backend = opt->backend ? opt->backend : "cpu";
-    if (strcmp(backend, "cpu") == 0) {
+    const char *backend = opt->backend ? opt->backend : "auto";
+    if (strcmp(backend, "auto") == 0) {
+        /* the GPU when this build has CUDA and a device is present, else the CPU */
+        rc = ST_UNSUPPORTED;
+#ifdef ORCHID_CUDA
+        rc = cuda_backend_create(&e->be, &e->cfg, &e->w, err, errlen);
+        if (rc && rc != ST_UNSUPPORTED) goto fail; /* a GPU exists but failed: say so, do not hide it */
+#endif
+        if (rc) rc = cpu_backend_create(&e->be, &e->cfg, &e->w, opt->threads, err, errlen);
+    } else if (strcmp(backend, "cpu") == 0) {
         rc = cpu_backend_create(&e->be, &e->cfg, &e->w, opt->threads, err, errlen);
     } else if (strcmp(backend, "cuda") == 0) {
 #ifdef ORCHID_CUDA
@@ -93,7 +101,7 @@ static int engine_open_rest(engine **out, engine *e, const struct engine_options
         rc = errorf(err, errlen, ST_UNSUPPORTED, "this build of orchid has no CUDA backend (built without nvcc)");
 #endif
     } else {
-        rc = errorf(err, errlen, ST_INVALID, "unknown backend \"%s\" (cpu or cuda)", backend);
+        rc = errorf(err, errlen, ST_INVALID, "unknown backend \"%s\" (auto, cpu or cuda)", backend);
     }
     if (rc) goto fail;
 

@@ -29,7 +29,7 @@ typedef struct session session;
 
 struct engine_options {
     const char *model_dir; /* checkpoint directory (config.json + safetensors) */
-    const char *backend;   /* "cpu" (default) or "cuda" */
+    const char *backend;   /* "auto" (default: cuda when built with it and a GPU is present, else cpu), "cpu", "cuda" */
     int threads;           /* CPU worker threads; 0 = number of online cores */
     bool quiet;            /* no load-progress lines on stderr */
 };
