@@ -5,7 +5,8 @@
 // GEMMs and the grouped MoE), and decode_greedy: one decode step captured as a CUDA
 // graph per session that reads its token and position from device memory, writes
 // the argmax into the next step's input slot and advances the position, replayed
-// with two steps in flight and no host synchronisation inside a step.
+// with two steps in flight and no host synchronisation inside a step; and the
+// session state transfer of prefix checkpoints (conv + GDN state, KV rows).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -573,6 +574,79 @@ static void cuda_session_reset(struct backend *base, struct backend_session *s) 
     cudaDeviceSynchronize();
 }
 
+/* ---- state transfer (prefix checkpoints) ----
+ * Host formats, read back only by these functions:
+ *   state: conv [n_lin][conv_kernel-1][C] fp32, then GDN [n_lin][Hv][Dv][Dk] fp32 —
+ *          the session's two device buffers byte for byte.
+ *   KV rows [pos0, pos0+n): [n_attn][2 (K,V)][kv_heads][n][head_dim] bf16 — the session
+ *          layout (cuda_ops.h) with max_seq cut to n: one strided 2-D copy.
+ * Copies go on the backend stream (non-blocking: the legacy default stream does not
+ * order with it) and are synchronised before returning. */
+
+static size_t conv_bytes(const struct cuda_backend *cb) {
+    return (size_t)cb->n_lin * (cb->cfg->conv_kernel - 1) * cb->C * 4;
+}
+static size_t gdn_bytes(const struct cuda_backend *cb) { return (size_t)cb->n_lin * cb->Hv * cb->Dv * cb->Dk * 4; }
+
+static size_t cuda_state_bytes(struct backend *base) {
+    const struct cuda_backend *cb = (const struct cuda_backend *)base;
+    return conv_bytes(cb) + gdn_bytes(cb);
+}
+
+static int state_copy(struct cuda_backend *cb, struct backend_session *s, char *host, bool save, char *err, size_t errlen) {
+    const size_t cv = conv_bytes(cb), st = gdn_bytes(cb);
+    const char *what = save ? "cuda state save" : "cuda state load";
+    if (save) {
+        CUDA_TRY(cudaMemcpyAsync(host, s->conv, cv, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
+        CUDA_TRY(cudaMemcpyAsync(host + cv, s->state, st, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
+    } else {
+        CUDA_TRY(cudaMemcpyAsync(s->conv, host, cv, cudaMemcpyHostToDevice, cb->stream), err, errlen, what);
+        CUDA_TRY(cudaMemcpyAsync(s->state, host + cv, st, cudaMemcpyHostToDevice, cb->stream), err, errlen, what);
+    }
+    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, what);
+    return 0;
+}
+
+static int cuda_state_save(struct backend *base, struct backend_session *s, void *dst, char *err, size_t errlen) {
+    return state_copy((struct cuda_backend *)base, s, (char *)dst, true, err, errlen);
+}
+
+static int cuda_state_load(struct backend *base, struct backend_session *s, const void *src, char *err, size_t errlen) {
+    return state_copy((struct cuda_backend *)base, s, (char *)src, false, err, errlen);
+}
+
+static size_t cuda_kv_bytes_per_token(struct backend *base) {
+    const struct cuda_backend *cb = (const struct cuda_backend *)base;
+    return (size_t)cb->n_attn * 2 * cb->kvh * cb->D * 2;
+}
+
+static int kv_copy(struct cuda_backend *cb, struct backend_session *s, int pos0, int n, char *host, bool save, char *err,
+                   size_t errlen) {
+    if (pos0 < 0 || n < 0 || pos0 + n > s->max_seq)
+        return errorf(err, errlen, ST_RANGE, "cuda kv %s: rows %d..%d outside the session (capacity %d)", save ? "save" : "load",
+                      pos0, pos0 + n, s->max_seq);
+    if (n == 0 || cb->n_attn == 0) return 0;
+    const size_t row = (size_t)cb->D * 2, width = (size_t)n * row, pitch = (size_t)s->max_seq * row;
+    const size_t height = (size_t)cb->n_attn * 2 * cb->kvh;
+    char *dev = (char *)s->kv + (size_t)pos0 * row;
+    const char *what = save ? "cuda kv save" : "cuda kv load";
+    if (save)
+        CUDA_TRY(cudaMemcpy2DAsync(host, width, dev, pitch, width, height, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
+    else
+        CUDA_TRY(cudaMemcpy2DAsync(dev, pitch, host, width, width, height, cudaMemcpyHostToDevice, cb->stream), err, errlen, what);
+    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, what);
+    return 0;
+}
+
+static int cuda_kv_save(struct backend *base, struct backend_session *s, int pos0, int n, void *dst, char *err, size_t errlen) {
+    return kv_copy((struct cuda_backend *)base, s, pos0, n, (char *)dst, true, err, errlen);
+}
+
+static int cuda_kv_load(struct backend *base, struct backend_session *s, int pos0, int n, const void *src, char *err,
+                        size_t errlen) {
+    return kv_copy((struct cuda_backend *)base, s, pos0, n, (char *)src, false, err, errlen);
+}
+
 /* ---- lifetime ---- */
 
 static void cuda_destroy(struct backend *base) {
@@ -656,6 +730,12 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     cb->base.decode_greedy = cuda_decode_greedy;
     cb->base.device_name = cuda_device_desc;
     cb->base.copy_gbs = cuda_copy_gbs;
+    cb->base.state_bytes = cuda_state_bytes;
+    cb->base.state_save = cuda_state_save;
+    cb->base.state_load = cuda_state_load;
+    cb->base.kv_bytes_per_token = cuda_kv_bytes_per_token;
+    cb->base.kv_save = cuda_kv_save;
+    cb->base.kv_load = cuda_kv_load;
     cb->base.destroy = cuda_destroy;
     cb->cfg = c;
     cb->H = c->hidden; cb->V = c->vocab; cb->E = c->n_experts; cb->K = c->n_experts_per_tok;
