@@ -20,95 +20,47 @@
 #include "runtime/status.h"
 #include "runtime/timing.h"
 #include "text/output_parser.h"
-
-struct buf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-};
-
-static void b_reserve(struct buf *b, size_t extra) {
-    if (b->oom || b->len + extra + 1 <= b->cap) return;
-    size_t c = b->cap ? b->cap * 2 : 1024;
-    while (c < b->len + extra + 1) c *= 2;
-    char *q = realloc(b->p, c);
-    if (!q) {
-        b->oom = true;
-        return;
-    }
-    b->p = q;
-    b->cap = c;
-}
-
-static void b_put(struct buf *b, const char *s, size_t n) {
-    b_reserve(b, n);
-    if (b->oom) return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void b_puts(struct buf *b, const char *s) { b_put(b, s, strlen(s)); }
-
-static void b_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void b_printf(struct buf *b, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        b_put(b, tmp, (size_t)n);
-        return;
-    }
-    b_reserve(b, (size_t)n);
-    if (b->oom) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
+#include "text/utf8.h"
 
 /* JSON string literal of UTF-8 text; invalid bytes become U+FFFD. */
-static void b_json_str(struct buf *b, const char *s, size_t n) {
-    b_reserve(b, n + 2);
-    b_put(b, "\"", 1);
+static void b_json_str(buf *b, const char *s, size_t n) {
+    buf_reserve(b, n + 2);
+    buf_append(b, "\"", 1);
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
         size_t run = i;
         while (run < n && u[run] >= 0x20 && u[run] < 0x80 && u[run] != '"' && u[run] != '\\') run++;
         if (run > i) {
-            b_put(b, s + i, run - i);
+            buf_append(b, s + i, run - i);
             i = run;
             continue;
         }
         unsigned char c = u[i];
-        if (c == '"') b_put(b, "\\\"", 2);
-        else if (c == '\\') b_put(b, "\\\\", 2);
-        else if (c == '\n') b_put(b, "\\n", 2);
-        else if (c == '\r') b_put(b, "\\r", 2);
-        else if (c == '\t') b_put(b, "\\t", 2);
-        else if (c < 0x20) b_printf(b, "\\u%04x", c);
+        if (c == '"') buf_append(b, "\\\"", 2);
+        else if (c == '\\') buf_append(b, "\\\\", 2);
+        else if (c == '\n') buf_append(b, "\\n", 2);
+        else if (c == '\r') buf_append(b, "\\r", 2);
+        else if (c == '\t') buf_append(b, "\\t", 2);
+        else if (c < 0x20) buf_printf(b, "\\u%04x", c);
         else {
             size_t l = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
             if (l == 1 || l > n - i || utf8_invalid_at(s + i, l) != (size_t)-1) {
-                b_put(b, "\xEF\xBF\xBD", 3);
+                buf_append(b, "\xEF\xBF\xBD", 3);
             } else {
-                b_put(b, s + i, l);
+                buf_append(b, s + i, l);
                 i += l;
                 continue;
             }
         }
         i++;
     }
-    b_put(b, "\"", 1);
+    buf_append(b, "\"", 1);
 }
 
-static void b_json_float(struct buf *b, double v) {
+static void b_json_float(buf *b, double v) {
     if (!isfinite(v)) v = v < 0 ? -9999.0 : 0.0;
-    b_printf(b, "%.6g", v);
+    buf_printf(b, "%.6g", v);
 }
 
 struct gen {
@@ -126,24 +78,24 @@ struct gen {
 
     size_t cursor;    /* text bytes consumed from the job */
     int rec_cursor;   /* logprob records consumed */
-    struct buf in;    /* copy of new text */
+    buf in;    /* copy of new text */
     bool finished;    /* job done and everything processed */
     enum finish_reason fin;
     int n_gen, cached;
 
     /* non-streaming accumulators */
-    struct buf reasoning, content;
+    buf reasoning, content;
     cJSON *tool_calls;
-    struct buf lp; /* logprob entries, comma-joined JSON (chat) */
+    buf lp; /* logprob entries, comma-joined JSON (chat) */
     int n_lp;
     /* completions logprobs (legacy shape), comma-joined pieces */
-    struct buf lp_tokens, lp_vals, lp_tops, lp_offs;
+    buf lp_tokens, lp_vals, lp_tops, lp_offs;
 
     /* streaming */
-    struct buf out;
+    buf out;
     size_t out_off;
     bool stream_done;
-    struct buf pending_lp; /* logprob entries for the next chunk */
+    buf pending_lp; /* logprob entries for the next chunk */
     int n_pending_lp;
     bool chunk_emitted;    /* in this pump */
     int n_tool_calls;
@@ -230,7 +182,7 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     g->submitted = true;
     if (g->ar.stream && kind == API_CHAT) {
         chunk_begin(g);
-        b_puts(&g->out, "{\"role\":\"assistant\",\"content\":\"\"}");
+        buf_puts(&g->out, "{\"role\":\"assistant\",\"content\":\"\"}");
         chunk_end(g, NULL);
     }
     return 0;
@@ -240,12 +192,12 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
 
 static void chunk_begin(struct gen *g) {
     if (g->ar.kind == API_CHAT)
-        b_printf(&g->out,
+        buf_printf(&g->out,
                  "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%ld,\"model\":\"%s\","
                  "\"system_fingerprint\":\"orchid\",\"choices\":[{\"index\":0,\"delta\":",
                  g->id, g->created, g->model);
     else
-        b_printf(&g->out,
+        buf_printf(&g->out,
                  "data: {\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%ld,\"model\":\"%s\","
                  "\"system_fingerprint\":\"orchid\",\"choices\":[{\"index\":0,",
                  g->id, g->created, g->model);
@@ -253,37 +205,37 @@ static void chunk_begin(struct gen *g) {
 
 static void chunk_end(struct gen *g, const char *finish) {
     if (g->ar.kind == API_CHAT) {
-        b_puts(&g->out, ",\"logprobs\":");
+        buf_puts(&g->out, ",\"logprobs\":");
         if (g->n_pending_lp) {
-            b_puts(&g->out, "{\"content\":[");
-            b_put(&g->out, g->pending_lp.p, g->pending_lp.len);
-            b_puts(&g->out, "]}");
+            buf_puts(&g->out, "{\"content\":[");
+            buf_append(&g->out, g->pending_lp.data, g->pending_lp.len);
+            buf_puts(&g->out, "]}");
         } else {
-            b_puts(&g->out, "null");
+            buf_puts(&g->out, "null");
         }
     } else {
-        b_puts(&g->out, ",\"logprobs\":");
+        buf_puts(&g->out, ",\"logprobs\":");
         if (g->n_pending_lp) {
-            b_puts(&g->out, "{\"tokens\":[");
-            b_put(&g->out, g->lp_tokens.p, g->lp_tokens.len);
-            b_puts(&g->out, "],\"token_logprobs\":[");
-            b_put(&g->out, g->lp_vals.p, g->lp_vals.len);
-            b_puts(&g->out, "],\"top_logprobs\":[");
-            b_put(&g->out, g->lp_tops.p, g->lp_tops.len);
-            b_puts(&g->out, "],\"text_offset\":[");
-            b_put(&g->out, g->lp_offs.p, g->lp_offs.len);
-            b_puts(&g->out, "]}");
+            buf_puts(&g->out, "{\"tokens\":[");
+            buf_append(&g->out, g->lp_tokens.data, g->lp_tokens.len);
+            buf_puts(&g->out, "],\"token_logprobs\":[");
+            buf_append(&g->out, g->lp_vals.data, g->lp_vals.len);
+            buf_puts(&g->out, "],\"top_logprobs\":[");
+            buf_append(&g->out, g->lp_tops.data, g->lp_tops.len);
+            buf_puts(&g->out, "],\"text_offset\":[");
+            buf_append(&g->out, g->lp_offs.data, g->lp_offs.len);
+            buf_puts(&g->out, "]}");
             g->lp_tokens.len = g->lp_vals.len = g->lp_tops.len = g->lp_offs.len = 0;
         } else {
-            b_puts(&g->out, "null");
+            buf_puts(&g->out, "null");
         }
     }
     g->pending_lp.len = 0;
     g->n_pending_lp = 0;
-    if (finish) b_printf(&g->out, ",\"finish_reason\":\"%s\"}]", finish);
-    else b_puts(&g->out, ",\"finish_reason\":null}]");
-    if (g->ar.include_usage) b_puts(&g->out, ",\"usage\":null");
-    b_puts(&g->out, "}\n\n");
+    if (finish) buf_printf(&g->out, ",\"finish_reason\":\"%s\"}]", finish);
+    else buf_puts(&g->out, ",\"finish_reason\":null}]");
+    if (g->ar.include_usage) buf_puts(&g->out, ",\"usage\":null");
+    buf_puts(&g->out, "}\n\n");
     g->chunk_emitted = true;
 }
 
@@ -296,8 +248,8 @@ static void tool_call_id(const struct gen *g, int index, char *out, size_t n) {
 static int on_event(void *user, const output_event *ev) {
     struct gen *g = user;
     if (!g->ar.stream) {
-        if (ev->kind == OUT_REASONING) b_put(&g->reasoning, ev->text, ev->len);
-        else if (ev->kind == OUT_CONTENT) b_put(&g->content, ev->text, ev->len);
+        if (ev->kind == OUT_REASONING) buf_append(&g->reasoning, ev->text, ev->len);
+        else if (ev->kind == OUT_CONTENT) buf_append(&g->content, ev->text, ev->len);
         else if (ev->kind == OUT_TOOL_CALL) {
             char id[48];
             tool_call_id(g, ev->index, id, sizeof id);
@@ -315,22 +267,22 @@ static int on_event(void *user, const output_event *ev) {
     if ((ev->kind == OUT_REASONING || ev->kind == OUT_CONTENT) && ev->len == 0) return 0;
     chunk_begin(g);
     if (ev->kind == OUT_REASONING) {
-        b_puts(&g->out, "{\"reasoning_content\":");
+        buf_puts(&g->out, "{\"reasoning_content\":");
         b_json_str(&g->out, ev->text, ev->len);
-        b_puts(&g->out, "}");
+        buf_puts(&g->out, "}");
     } else if (ev->kind == OUT_CONTENT) {
-        b_puts(&g->out, "{\"content\":");
+        buf_puts(&g->out, "{\"content\":");
         b_json_str(&g->out, ev->text, ev->len);
-        b_puts(&g->out, "}");
+        buf_puts(&g->out, "}");
     } else {
         char id[48];
         tool_call_id(g, ev->index, id, sizeof id);
-        b_printf(&g->out, "{\"tool_calls\":[{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":",
+        buf_printf(&g->out, "{\"tool_calls\":[{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":",
                  ev->index, id);
         b_json_str(&g->out, ev->name, strlen(ev->name));
-        b_puts(&g->out, ",\"arguments\":");
+        buf_puts(&g->out, ",\"arguments\":");
         b_json_str(&g->out, ev->arguments, strlen(ev->arguments));
-        b_puts(&g->out, "}}]}");
+        buf_puts(&g->out, "}}]}");
         g->n_tool_calls++;
     }
     chunk_end(g, NULL);
@@ -338,60 +290,60 @@ static int on_event(void *user, const output_event *ev) {
 }
 
 /* Token text for logprob entries (raw bytes; invalid UTF-8 replaced by the escaper). */
-static void lp_token(struct gen *g, struct buf *b, int32_t id, bool with_bytes, const char *key) {
+static void lp_token(struct gen *g, buf *b, int32_t id, bool with_bytes, const char *key) {
     size_t n = 0;
     const char *s = g->port->token_bytes(g->port->ctx, id, &n);
     if (!s) n = 0;
-    b_printf(b, "\"%s\":", key);
+    buf_printf(b, "\"%s\":", key);
     b_json_str(b, s ? s : "", n);
     if (with_bytes) {
-        b_puts(b, ",\"bytes\":[");
-        for (size_t i = 0; i < n; i++) b_printf(b, i ? ",%u" : "%u", (unsigned char)s[i]);
-        b_puts(b, "]");
+        buf_puts(b, ",\"bytes\":[");
+        for (size_t i = 0; i < n; i++) buf_printf(b, i ? ",%u" : "%u", (unsigned char)s[i]);
+        buf_puts(b, "]");
     }
 }
 
 static void add_logprob(struct gen *g, const struct tok_rec *r) {
     if (g->ar.kind == API_CHAT) {
-        struct buf *b = g->ar.stream ? &g->pending_lp : &g->lp;
+        buf *b = g->ar.stream ? &g->pending_lp : &g->lp;
         int *n = g->ar.stream ? &g->n_pending_lp : &g->n_lp;
-        if (*n) b_puts(b, ",");
-        b_puts(b, "{");
+        if (*n) buf_puts(b, ",");
+        buf_puts(b, "{");
         lp_token(g, b, r->id, true, "token");
-        b_puts(b, ",\"logprob\":");
+        buf_puts(b, ",\"logprob\":");
         b_json_float(b, r->logprob);
-        b_puts(b, ",\"top_logprobs\":[");
+        buf_puts(b, ",\"top_logprobs\":[");
         for (int k = 0; k < r->n_top; k++) {
-            b_puts(b, k ? ",{" : "{");
+            buf_puts(b, k ? ",{" : "{");
             lp_token(g, b, r->top_ids[k], true, "token");
-            b_puts(b, ",\"logprob\":");
+            buf_puts(b, ",\"logprob\":");
             b_json_float(b, r->top_lps[k]);
-            b_puts(b, "}");
+            buf_puts(b, "}");
         }
-        b_puts(b, "]}");
+        buf_puts(b, "]}");
         (*n)++;
     } else {
         int *n = g->ar.stream ? &g->n_pending_lp : &g->n_lp;
         const char *sep = *n ? "," : "";
         size_t tn = 0;
         const char *ts = g->port->token_bytes(g->port->ctx, r->id, &tn);
-        b_puts(&g->lp_tokens, sep);
+        buf_puts(&g->lp_tokens, sep);
         b_json_str(&g->lp_tokens, ts ? ts : "", ts ? tn : 0);
-        b_puts(&g->lp_vals, sep);
+        buf_puts(&g->lp_vals, sep);
         b_json_float(&g->lp_vals, r->logprob);
-        b_puts(&g->lp_tops, sep);
-        b_puts(&g->lp_tops, "{");
+        buf_puts(&g->lp_tops, sep);
+        buf_puts(&g->lp_tops, "{");
         for (int k = 0; k < r->n_top; k++) {
-            if (k) b_puts(&g->lp_tops, ",");
+            if (k) buf_puts(&g->lp_tops, ",");
             size_t tn = 0;
             const char *ts = g->port->token_bytes(g->port->ctx, r->top_ids[k], &tn);
             b_json_str(&g->lp_tops, ts ? ts : "", ts ? tn : 0);
-            b_puts(&g->lp_tops, ":");
+            buf_puts(&g->lp_tops, ":");
             b_json_float(&g->lp_tops, r->top_lps[k]);
         }
-        b_puts(&g->lp_tops, "}");
-        b_puts(&g->lp_offs, sep);
-        b_printf(&g->lp_offs, "%zu", r->text_start);
+        buf_puts(&g->lp_tops, "}");
+        buf_puts(&g->lp_offs, sep);
+        buf_printf(&g->lp_offs, "%zu", r->text_start);
         (*n)++;
     }
 }
@@ -402,12 +354,12 @@ static void emit_content(struct gen *g, const char *s, size_t n) {
         return;
     }
     if (!g->ar.stream) {
-        b_put(&g->content, s, n);
+        buf_append(&g->content, s, n);
         return;
     }
     if (!n) return;
     chunk_begin(g);
-    b_puts(&g->out, "\"text\":");
+    buf_puts(&g->out, "\"text\":");
     b_json_str(&g->out, s, n);
     chunk_end(g, NULL);
 }
@@ -420,35 +372,35 @@ static const char *finish_name(const struct gen *g) {
 
 static void stream_finish(struct gen *g) {
     if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
-        b_puts(&g->out, g->fin == FIN_ERROR
+        buf_puts(&g->out, g->fin == FIN_ERROR
                             ? "data: {\"error\":{\"message\":\"internal server error\",\"type\":\"server_error\","
                               "\"param\":null,\"code\":null}}\n\n"
                             : "data: {\"error\":{\"message\":\"the request was cancelled (server shutting down)\","
                               "\"type\":\"server_error\",\"param\":null,\"code\":\"cancelled\"}}\n\n");
-        b_puts(&g->out, "data: [DONE]\n\n");
+        buf_puts(&g->out, "data: [DONE]\n\n");
         return;
     }
     chunk_begin(g);
-    if (g->ar.kind == API_CHAT) b_puts(&g->out, "{}");
-    else b_puts(&g->out, "\"text\":\"\"");
+    if (g->ar.kind == API_CHAT) buf_puts(&g->out, "{}");
+    else buf_puts(&g->out, "\"text\":\"\"");
     chunk_end(g, finish_name(g));
     if (g->ar.include_usage) {
         if (g->ar.kind == API_CHAT)
-            b_printf(&g->out,
+            buf_printf(&g->out,
                      "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%ld,\"model\":\"%s\","
                      "\"system_fingerprint\":\"orchid\",\"choices\":[],",
                      g->id, g->created, g->model);
         else
-            b_printf(&g->out,
+            buf_printf(&g->out,
                      "data: {\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%ld,\"model\":\"%s\","
                      "\"system_fingerprint\":\"orchid\",\"choices\":[],",
                      g->id, g->created, g->model);
-        b_printf(&g->out,
+        buf_printf(&g->out,
                  "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
                  "\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
                  g->n_prompt, g->n_gen, g->n_prompt + g->n_gen, g->cached);
     }
-    b_puts(&g->out, "data: [DONE]\n\n");
+    buf_puts(&g->out, "data: [DONE]\n\n");
 }
 
 bool gen_pump(struct gen *g, int timeout_ms) {
@@ -470,7 +422,7 @@ bool gen_pump(struct gen *g, int timeout_ms) {
     size_t rel = j->tx.released;
     bool done = j->done;
     g->in.len = 0;
-    if (rel > g->cursor) b_put(&g->in, j->tx.buf + g->cursor, rel - g->cursor);
+    if (rel > g->cursor) buf_append(&g->in, j->tx.buf + g->cursor, rel - g->cursor);
     /* logprob records whose text is released (all remaining ones at the end) */
     int n_recs = j->n_recs;
     int upto = g->rec_cursor;
@@ -489,12 +441,12 @@ bool gen_pump(struct gen *g, int timeout_ms) {
     pthread_mutex_unlock(&j->mu);
     g->cursor = rel;
     g->chunk_emitted = false;
-    if (g->in.len) emit_content(g, g->in.p, g->in.len);
+    if (g->in.len) emit_content(g, g->in.data, g->in.len);
     if (g->ar.stream && g->n_pending_lp && !g->chunk_emitted) {
         /* logprobs whose tokens produced no visible text (held by the parser) */
         chunk_begin(g);
-        if (g->ar.kind == API_CHAT) b_puts(&g->out, "{}");
-        else b_puts(&g->out, "\"text\":\"\"");
+        if (g->ar.kind == API_CHAT) buf_puts(&g->out, "{}");
+        else buf_puts(&g->out, "\"text\":\"\"");
         chunk_end(g, NULL);
     }
     if (done) {
@@ -532,40 +484,40 @@ char *gen_final_json(struct gen *g, int *status) {
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
         if (g->content.len == 0 && g->n_tool_calls > 0) cJSON_AddNullToObject(msg, "content");
-        else cJSON_AddStringToObject(msg, "content", g->content.p ? g->content.p : "");
-        if (g->reasoning.len) cJSON_AddStringToObject(msg, "reasoning_content", g->reasoning.p);
+        else cJSON_AddStringToObject(msg, "content", g->content.data ? g->content.data : "");
+        if (g->reasoning.len) cJSON_AddStringToObject(msg, "reasoning_content", g->reasoning.data);
         else cJSON_AddNullToObject(msg, "reasoning_content");
         if (g->n_tool_calls > 0) {
             cJSON_AddItemToObject(msg, "tool_calls", g->tool_calls);
             g->tool_calls = NULL;
         }
         if (g->ar.logprobs) {
-            struct buf t = {0};
-            b_puts(&t, "{\"content\":[");
-            b_put(&t, g->lp.p ? g->lp.p : "", g->lp.len);
-            b_puts(&t, "]}");
-            cJSON *lp = t.p ? cJSON_Parse(t.p) : NULL;
-            free(t.p);
+            buf t = {0};
+            buf_puts(&t, "{\"content\":[");
+            buf_append(&t, g->lp.data ? g->lp.data : "", g->lp.len);
+            buf_puts(&t, "]}");
+            cJSON *lp = t.data ? cJSON_Parse(t.data) : NULL;
+            free(t.data);
             if (lp) cJSON_AddItemToObject(ch, lp_key, lp);
             else cJSON_AddNullToObject(ch, lp_key);
         } else {
             cJSON_AddNullToObject(ch, lp_key);
         }
     } else {
-        cJSON_AddStringToObject(ch, "text", g->content.p ? g->content.p : "");
+        cJSON_AddStringToObject(ch, "text", g->content.data ? g->content.data : "");
         if (g->ar.logprobs) {
-                    struct buf t = {0};
-            b_puts(&t, "{\"tokens\":[");
-            b_put(&t, g->lp_tokens.p ? g->lp_tokens.p : "", g->lp_tokens.len);
-            b_puts(&t, "],\"token_logprobs\":[");
-            b_put(&t, g->lp_vals.p ? g->lp_vals.p : "", g->lp_vals.len);
-            b_puts(&t, "],\"top_logprobs\":[");
-            b_put(&t, g->lp_tops.p ? g->lp_tops.p : "", g->lp_tops.len);
-            b_puts(&t, "],\"text_offset\":[");
-            b_put(&t, g->lp_offs.p ? g->lp_offs.p : "", g->lp_offs.len);
-            b_puts(&t, "]}");
-            cJSON *lp = t.p ? cJSON_Parse(t.p) : NULL;
-            free(t.p);
+                    buf t = {0};
+            buf_puts(&t, "{\"tokens\":[");
+            buf_append(&t, g->lp_tokens.data ? g->lp_tokens.data : "", g->lp_tokens.len);
+            buf_puts(&t, "],\"token_logprobs\":[");
+            buf_append(&t, g->lp_vals.data ? g->lp_vals.data : "", g->lp_vals.len);
+            buf_puts(&t, "],\"top_logprobs\":[");
+            buf_append(&t, g->lp_tops.data ? g->lp_tops.data : "", g->lp_tops.len);
+            buf_puts(&t, "],\"text_offset\":[");
+            buf_append(&t, g->lp_offs.data ? g->lp_offs.data : "", g->lp_offs.len);
+            buf_puts(&t, "]}");
+            cJSON *lp = t.data ? cJSON_Parse(t.data) : NULL;
+            free(t.data);
             if (lp) cJSON_AddItemToObject(ch, lp_key, lp);
             else cJSON_AddNullToObject(ch, lp_key);
         } else {
@@ -597,7 +549,7 @@ long gen_stream_take(struct gen *g, char *buf, size_t max) {
         return g->finished ? -1 : 0;
     }
     size_t n = avail < max ? avail : max;
-    memcpy(buf, g->out.p + g->out_off, n);
+    memcpy(buf, g->out.data + g->out_off, n);
     g->out_off += n;
     if (g->out_off == g->out.len) g->out.len = g->out_off = 0;
     return (long)n;
@@ -637,15 +589,15 @@ void gen_free(struct gen *g) {
     output_parser_free(g->op);
     api_request_free(&g->ar);
     cJSON_Delete(g->tool_calls);
-    free(g->in.p);
-    free(g->reasoning.p);
-    free(g->content.p);
-    free(g->lp.p);
-    free(g->lp_tokens.p);
-    free(g->lp_vals.p);
-    free(g->lp_tops.p);
-    free(g->lp_offs.p);
-    free(g->out.p);
-    free(g->pending_lp.p);
+    free(g->in.data);
+    free(g->reasoning.data);
+    free(g->content.data);
+    free(g->lp.data);
+    free(g->lp_tokens.data);
+    free(g->lp_vals.data);
+    free(g->lp_tops.data);
+    free(g->lp_offs.data);
+    free(g->out.data);
+    free(g->pending_lp.data);
     free(g);
 }

@@ -30,6 +30,7 @@
 
 #include "runtime/status.h"
 #include "server/port.h"
+#include "text/utf8.h"
 
 enum { M_IM_END = 256, M_IM_START, M_EOT, M_THINK, M_ETHINK, M_TOOL, M_ETOOL, M_VOCAB = 264 };
 
@@ -97,39 +98,14 @@ static int mock_is_special(void *ctx, int32_t id) {
     return id == M_IM_END || id == M_IM_START || id == M_EOT;
 }
 
-struct sb {
-    char *p;
-    size_t len, cap;
-    bool oom;
-};
-
-static void sb_put(struct sb *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap * 2 : 256;
-        while (c < b->len + n + 1) c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-static void sb_puts(struct sb *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void put_content(struct sb *b, const cJSON *content) {
+static void put_content(buf *b, const cJSON *content) {
     if (cJSON_IsString(content)) {
-        sb_puts(b, content->valuestring);
+        buf_puts(b, content->valuestring);
     } else if (cJSON_IsArray(content)) {
         const cJSON *part;
         cJSON_ArrayForEach(part, content) {
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
-            if (cJSON_IsString(t)) sb_puts(b, t->valuestring);
+            if (cJSON_IsString(t)) buf_puts(b, t->valuestring);
         }
     }
 }
@@ -137,29 +113,29 @@ static void put_content(struct sb *b, const cJSON *content) {
 static int mock_render(void *ctx, const cJSON *messages, const cJSON *tools, int enable_thinking,
                        char **out, char *err, size_t errlen) {
     (void)ctx;
-    struct sb b = {0};
+    buf b = {0};
     const cJSON *m;
     int i = 0;
     bool tools_done = false;
     if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) {
         const cJSON *first = cJSON_GetArrayItem(messages, 0);
         const cJSON *r0 = cJSON_GetObjectItemCaseSensitive(first, "role");
-        sb_puts(&b, "<|im_start|>system\n# Tools\n<tools>");
+        buf_puts(&b, "<|im_start|>system\n# Tools\n<tools>");
         const cJSON *t;
         cJSON_ArrayForEach(t, tools) {
             char *j = cJSON_PrintUnformatted(t);
             if (j) {
-                sb_puts(&b, "\n");
-                sb_puts(&b, j);
+                buf_puts(&b, "\n");
+                buf_puts(&b, j);
                 free(j);
             }
         }
-        sb_puts(&b, "\n</tools>");
+        buf_puts(&b, "\n</tools>");
         if (cJSON_IsString(r0) && strcmp(r0->valuestring, "system") == 0) {
-            sb_puts(&b, "\n\n");
+            buf_puts(&b, "\n\n");
             put_content(&b, cJSON_GetObjectItemCaseSensitive(first, "content"));
         }
-        sb_puts(&b, "<|im_end|>\n");
+        buf_puts(&b, "<|im_end|>\n");
         tools_done = true;
     }
     cJSON_ArrayForEach(m, messages) {
@@ -167,59 +143,59 @@ static int mock_render(void *ctx, const cJSON *messages, const cJSON *tools, int
         const char *r = cJSON_IsString(role) ? role->valuestring : "";
         if (strcmp(r, "system") == 0) {
             if (i != 0) {
-                free(b.p);
+                free(b.data);
                 return errorf(err, errlen, ST_INVALID, "System message must be at the beginning.");
             }
             if (!tools_done) {
-                sb_puts(&b, "<|im_start|>system\n");
+                buf_puts(&b, "<|im_start|>system\n");
                 put_content(&b, cJSON_GetObjectItemCaseSensitive(m, "content"));
-                sb_puts(&b, "<|im_end|>\n");
+                buf_puts(&b, "<|im_end|>\n");
             }
         } else if (strcmp(r, "user") == 0) {
-            sb_puts(&b, "<|im_start|>user\n");
+            buf_puts(&b, "<|im_start|>user\n");
             put_content(&b, cJSON_GetObjectItemCaseSensitive(m, "content"));
-            sb_puts(&b, "<|im_end|>\n");
+            buf_puts(&b, "<|im_end|>\n");
         } else if (strcmp(r, "assistant") == 0) {
-            sb_puts(&b, "<|im_start|>assistant\n");
+            buf_puts(&b, "<|im_start|>assistant\n");
             /* every assistant turn carries a think block (empty when there was no
              * reasoning), so a re-rendered history extends the previous prompt */
             const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
-            sb_puts(&b, "<think>\n");
+            buf_puts(&b, "<think>\n");
             if (cJSON_IsString(rc) && rc->valuestring[0]) {
-                sb_puts(&b, rc->valuestring);
-                sb_puts(&b, "\n");
+                buf_puts(&b, rc->valuestring);
+                buf_puts(&b, "\n");
             }
-            sb_puts(&b, "\n</think>\n\n");
+            buf_puts(&b, "\n</think>\n\n");
             put_content(&b, cJSON_GetObjectItemCaseSensitive(m, "content"));
             const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), *tc;
             cJSON_ArrayForEach(tc, tcs) {
                 const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
                 const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
                 const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-                sb_puts(&b, "\n<tool_call>\n<function=");
-                sb_puts(&b, cJSON_IsString(name) ? name->valuestring : "");
-                sb_puts(&b, ">\n");
-                if (cJSON_IsString(args)) sb_puts(&b, args->valuestring);
-                sb_puts(&b, "\n</function>\n</tool_call>");
+                buf_puts(&b, "\n<tool_call>\n<function=");
+                buf_puts(&b, cJSON_IsString(name) ? name->valuestring : "");
+                buf_puts(&b, ">\n");
+                if (cJSON_IsString(args)) buf_puts(&b, args->valuestring);
+                buf_puts(&b, "\n</function>\n</tool_call>");
             }
-            sb_puts(&b, "<|im_end|>\n");
+            buf_puts(&b, "<|im_end|>\n");
         } else if (strcmp(r, "tool") == 0) {
-            sb_puts(&b, "<|im_start|>user\n<tool_response>\n");
+            buf_puts(&b, "<|im_start|>user\n<tool_response>\n");
             put_content(&b, cJSON_GetObjectItemCaseSensitive(m, "content"));
-            sb_puts(&b, "\n</tool_response><|im_end|>\n");
+            buf_puts(&b, "\n</tool_response><|im_end|>\n");
         } else {
-            free(b.p);
+            free(b.data);
             return errorf(err, errlen, ST_INVALID, "Unexpected message role.");
         }
         i++;
     }
-    sb_puts(&b, "<|im_start|>assistant\n");
-    sb_puts(&b, enable_thinking == 0 ? "<think>\n\n</think>\n\n" : "<think>\n");
+    buf_puts(&b, "<|im_start|>assistant\n");
+    buf_puts(&b, enable_thinking == 0 ? "<think>\n\n</think>\n\n" : "<think>\n");
     if (b.oom) {
-        free(b.p);
+        free(b.data);
         return errorf(err, errlen, ST_NOMEM, "render: out of memory");
     }
-    *out = b.p;
+    *out = b.data;
     return ST_OK;
 }
 
