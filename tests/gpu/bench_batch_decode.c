@@ -1,0 +1,103 @@
+/* tests/gpu/bench_batch_decode.c — where the time of one batched decode step goes on
+ * the CUDA backend (issue 6: the server's continuous batching runs one forward over all
+ * running sequences per step). Full-shape synthetic checkpoint in memory; B sessions,
+ * each prefilled with --ctx tokens; then for each batch size T in --batches: T
+ * sequences x one token, timed over --steps forwards (a) with every row's logits
+ * downloaded, as the server does, and (b) with no logits (n_out = 0); then one profiled
+ * forward (per-op GPU times, events between ops). Prints a table and the profiles.
+ *
+ *   bench_batch_decode [--shape 35b-a3b] [--ctx 512] [--batches 1,8,16,17,32,64] [--steps 8]
+ */
+#include <stdint.h>
+
+#include "gpu_common.h"
+
+void cuda_backend_profile_dump(struct backend *b, FILE *f);
+int cuda_backend_set_profile(struct backend *b, int on, char *err, size_t errlen);
+
+static int step(struct backend *be, struct backend_session **ss, int T, int pos, int32_t *tok, int32_t *posv, int32_t *seq,
+                int32_t *rows, float **dst, bool logits, char *err, size_t errlen) {
+    for (int i = 0; i < T; i++) {
+        posv[i] = pos;
+        seq[i] = i;
+        rows[i] = i;
+    }
+    struct fwd_batch b = {.n_tokens = T, .tokens = tok, .pos = posv, .seq = seq, .sessions = ss, .n_seqs = T,
+                          .n_out = logits ? T : 0, .out_rows = rows, .out_logits = dst};
+    return be->forward(be, &b, err, errlen);
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *shape = "35b-a3b", *batches = "1,8,16,17,32,64";
+    int ctx = 512, steps = 8;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--shape")) shape = argv[i + 1];
+        else if (!strcmp(argv[i], "--ctx")) ctx = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--batches")) batches = argv[i + 1];
+        else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+    }
+    int Ts[32], nT = 0, maxT = 1;
+    for (const char *p = batches; *p && nT < 32;) {
+        Ts[nT] = atoi(p);
+        if (Ts[nT] > maxT) maxT = Ts[nT];
+        nT++;
+        while (*p && *p != ',') p++;
+        if (*p) p++;
+    }
+    char err[512], where[64];
+    snprintf(where, sizeof where, "synth:%s", shape);
+    struct tmodel m;
+    double t0 = now_seconds();
+    if (tmodel_open(&m, where, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    printf("%s built in %.1f s\n", where, now_seconds() - t0);
+    struct backend *be;
+    if (cuda_backend_create(&be, &m.cfg, &m.w, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    const int V = m.cfg.vocab, cap = ctx + steps * nT * 2 + 16;
+    struct backend_session **ss = calloc((size_t)maxT, sizeof *ss);
+    for (int i = 0; i < maxT; i++)
+        if (be->session_create(be, cap, &ss[i], err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    /* prefill every session with its own ctx-token prompt, several sequences per call */
+    int32_t *tok = malloc(sizeof(int32_t) * 4096), *posv = malloc(sizeof(int32_t) * 4096), *seq = malloc(sizeof(int32_t) * 4096);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)maxT);
+    float **dst = malloc(sizeof(float *) * (size_t)maxT);
+    float *logits = malloc((size_t)maxT * V * sizeof(float));
+    for (int i = 0; i < maxT; i++) dst[i] = logits + (size_t)i * V;
+    t0 = now_seconds();
+    for (int s = 0; s < maxT; s++) {
+        int32_t *p = malloc(sizeof(int32_t) * (size_t)ctx);
+        for (int i = 0; i < ctx; i++) p[i] = (int32_t)((((uint64_t)(i + 131 * s) * 2654435761u) & 0xffffffffu) % (uint64_t)V);
+        if (feed(be, ss[s], p, ctx, 0, ctx, NULL, V, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        free(p);
+    }
+    printf("prefilled %d sessions x %d tokens in %.2f s\n", maxT, ctx, now_seconds() - t0);
+    for (int i = 0; i < maxT; i++) tok[i] = (int32_t)(1000 + 7 * i);
+    int pos = ctx;
+    printf("\n| T | ms/step with T logits rows | tok/s | ms/step without logits | logits share |\n|---:|---:|---:|---:|---:|\n");
+    double ms_l[32], ms_n[32];
+    for (int k = 0; k < nT; k++) {
+        const int T = Ts[k];
+        if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        t0 = now_seconds();
+        for (int i = 0; i < steps; i++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err);
+        ms_l[k] = (now_seconds() - t0) * 1e3 / steps;
+        t0 = now_seconds();
+        for (int i = 0; i < steps; i++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, false, err, sizeof err);
+        ms_n[k] = (now_seconds() - t0) * 1e3 / steps;
+        printf("| %d | %.2f | %.0f | %.2f | %.0f %% |\n", T, ms_l[k], T * 1e3 / ms_l[k], ms_n[k],
+               100.0 * (ms_l[k] - ms_n[k]) / ms_l[k]);
+    }
+    if (cuda_backend_set_profile(be, 1, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    for (int k = 0; k < nT; k++) {
+        const int T = Ts[k];
+        if (T != 1 && T != 16 && T != 17 && T != maxT) continue;
+        step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err);
+        printf("\nprofile: one forward of %d sequences x 1 token (GPU time per op)\n", T);
+        cuda_backend_profile_dump(be, stdout);
+    }
+    for (int i = 0; i < maxT; i++) be->session_destroy(be, ss[i]);
+    be->destroy(be);
+    tmodel_close(&m);
+    free(ss); free(tok); free(posv); free(seq); free(rows); free(dst); free(logits);
+    return 0;
+}
