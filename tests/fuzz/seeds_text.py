@@ -1,0 +1,213 @@
+"""tests/fuzz/seeds_text.py — seed corpora for the text and server fuzz targets
+(tokenizer, tokenizer_load, output_parser, chat, http), called by tools/fuzz_seeds.py
+as seed(out, model_dirs). Made from the project's real inputs: the tokenizer parity
+test's generated texts and the real tokenizer.json (.cache/tokenizer), the parser
+test's tool calls and schema, and the request shapes the server tests send.
+"""
+import json
+import random
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TOK_DIR = REPO / ".cache" / "tokenizer"
+MODEL = "Qwen3.6-35B-A3B"
+
+
+def put(d: Path, name: str, data: bytes):
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"seed-{name}"
+    if not p.exists():
+        p.write_bytes(data)
+
+
+def seed_tokenizer(out: Path):
+    d = out / "tokenizer"
+    import test_tokenizer  # tests/python: the parity test's generator (hard cases of every kind)
+    items = test_tokenizer.generate(seed=7)
+    rng = random.Random(7)
+    short = [t for t in items if len(t.encode()) <= 2000]
+    for i, t in enumerate(rng.sample(short, 120)):
+        put(d, f"text-{i:03d}", t.encode())
+    put(d, "long-word", ("a" * 20000).encode())
+    put(d, "long-spaces", (" " * 20000).encode())
+    put(d, "long-digits", ("1" * 20000).encode())
+    put(d, "added-tokens", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n".encode())
+    put(d, "invalid-utf8", b"ab\xc3(cd\xed\xa0\x80\xc0\xaf\xff")
+    put(d, "cut-utf8", "日本".encode()[:-1])
+
+
+_REAL = {}
+
+
+def small_tokenizer_json(n_vocab=600, n_merges=300):
+    """The real tokenizer.json cut down: its normalizer, pre-tokenizer, decoder and
+    added tokens, the byte vocabulary and the first merges (and their results)."""
+    if "t" not in _REAL:
+        _REAL["t"] = (TOK_DIR / "tokenizer.json").read_text()
+    t = json.loads(_REAL["t"])
+    vocab = {k: v for k, v in t["model"]["vocab"].items() if v < n_vocab}
+    merges = []
+    for m in t["model"]["merges"]:
+        a, b = m if isinstance(m, list) else m.split(" ", 1)
+        if a in vocab and b in vocab and a + b in vocab:
+            merges.append(m)
+        if len(merges) >= n_merges:
+            break
+    t["model"]["vocab"] = vocab
+    t["model"]["merges"] = merges
+    return t
+
+
+def seed_tokenizer_load(out: Path):
+    d = out / "tokenizer_load"
+    if not (TOK_DIR / "tokenizer.json").exists():
+        return
+    t = small_tokenizer_json()
+    put(d, "real-excerpt", json.dumps(t, ensure_ascii=False).encode())
+    put(d, "real-excerpt-compact", json.dumps(small_tokenizer_json(300, 60), separators=(",", ":")).encode())
+    # merges in the "a b" string form, an unsupported model type, a missing pre-tokenizer
+    t2 = small_tokenizer_json(300, 60)
+    t2["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in t2["model"]["merges"]]
+    put(d, "merges-as-strings", json.dumps(t2).encode())
+    t3 = small_tokenizer_json(300, 10)
+    t3["model"]["type"] = "WordPiece"
+    put(d, "wordpiece", json.dumps(t3).encode())
+    t4 = small_tokenizer_json(300, 10)
+    t4["pre_tokenizer"] = None
+    put(d, "no-pretokenizer", json.dumps(t4).encode())
+    raw = (TOK_DIR / "tokenizer.json").read_bytes()
+    put(d, "real-head", raw[:4096])
+
+
+def seed_output_parser(out: Path):
+    d = out / "output_parser"
+    import test_parsers  # tests/python: the parser test's tool calls
+    rng = random.Random(11)
+    samples = [
+        "\nLet me think.\n\n</think>\n\nThe answer is 4.",
+        "<think>\nr\n</think>\n\nc",
+        "x < y and <tool and <tool_cal>> and </tool_call> <",
+        "see <tool_call>oops</tool_call> end",
+        "before\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+        "<tool_call><function=f><parameter=a>1</parameter></tool_call>",
+        "a </thin b </think>",
+    ]
+    for _ in range(40):
+        parts = []
+        if rng.random() < 0.5:
+            parts.append(rng.choice(["", "<think>"]) + "\nplan the call\n</think>\n\n")
+        parts.append(rng.choice(["", "Let me check.\n\n", "Sure. "]))
+        for _ in range(rng.randint(0, 3)):
+            parts.append(test_parsers.make_call(rng) + "\n")
+        samples.append("".join(parts))
+    for i, s in enumerate(samples):
+        opts = rng.randrange(16) & ~0x8  # tools given
+        put(d, f"{i:03d}", bytes([opts, rng.randrange(256)]) + s.encode())
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                         "required": ["city"]}}}]
+
+
+def chat_requests():
+    user = {"role": "user", "content": "SCRIPT:Hello there"}
+    reqs = [
+        {"model": MODEL, "messages": [user]},
+        {"model": MODEL, "messages": [{"role": "system", "content": "Be brief."}, user], "max_tokens": 8,
+         "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 1, "stop": ["\n", "end"]},
+        {"model": MODEL, "messages": [user], "stream": True, "stream_options": {"include_usage": True}},
+        {"model": MODEL, "messages": [user], "logprobs": True, "top_logprobs": 3, "presence_penalty": 0.5,
+         "frequency_penalty": 0.2, "repetition_penalty": 1.1, "logit_bias": {"65": 2}},
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                    {"type": "text", "text": "b"}]}]},
+        {"model": MODEL, "messages": [user], "tools": TOOLS, "tool_choice": "auto"},
+        {"model": MODEL, "messages": [user], "tools": TOOLS, "tool_choice": "required"},
+        {"model": MODEL, "messages": [user], "tools": TOOLS,
+         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        {"model": MODEL, "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "reasoning_content": "need the tool",
+             "tool_calls": [{"id": "call_0", "type": "function",
+                             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+            {"role": "user", "content": "thanks"}], "tools": TOOLS},
+        {"model": MODEL, "messages": [user], "chat_template_kwargs": {"enable_thinking": False}},
+        {"model": MODEL, "messages": [user], "reasoning_effort": "high"},
+        {"model": MODEL, "messages": [user], "response_format": {"type": "json_object"}},
+        {"model": MODEL, "messages": [user], "n": 2},
+        {"model": MODEL, "messages": [{"role": "assistant", "content": "x"}]},
+        {"model": "other", "messages": [user]},
+        {"model": MODEL, "messages": [user], "max_completion_tokens": 100000},
+    ]
+    comps = [
+        {"model": MODEL, "prompt": "SCRIPT:abc<|im_end|>", "max_tokens": 4},
+        {"model": MODEL, "prompt": [1, 2, 3, 65, 66], "logprobs": 2, "stream": True},
+        {"model": MODEL, "prompt": ["a", "b"], "echo": True},
+        {"model": MODEL, "prompt": "x", "suffix": "y"},
+    ]
+    return reqs, comps
+
+
+def seed_chat(out: Path):
+    d = out / "chat"
+    reqs, comps = chat_requests()
+    for i, r in enumerate(reqs + comps):
+        put(d, f"req-{i:02d}", json.dumps(r, ensure_ascii=False).encode())
+    put(d, "messages-array", json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                         {"role": "assistant", "content": "<think>r</think>a"}]).encode())
+    put(d, "not-json", b"{\"model\": ")
+
+
+def http_request(method, path, body=None, key=True, chunked=False, extra=()):
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"]
+    if key:
+        lines.append("Authorization: Bearer fuzz-key")
+    lines += list(extra)
+    data = b""
+    if body is not None:
+        b = json.dumps(body).encode()
+        lines.append("Content-Type: application/json")
+        if chunked:
+            lines.append("Transfer-Encoding: chunked")
+            half = len(b) // 2
+            data = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (half, b[:half], len(b) - half, b[half:])
+        else:
+            lines.append(f"Content-Length: {len(b)}")
+            data = b
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
+
+
+def seed_http(out: Path):
+    d = out / "http"
+    reqs, comps = chat_requests()
+    for i, r in enumerate(reqs[:10]):
+        r = dict(r, max_tokens=16)
+        put(d, f"chat-{i:02d}", http_request("POST", "/v1/chat/completions", r, chunked=(i % 3 == 1)))
+    for i, r in enumerate(comps):
+        put(d, f"completion-{i}", http_request("POST", "/v1/completions", r))
+    put(d, "health", http_request("GET", "/health", key=False))
+    put(d, "models", http_request("GET", "/v1/models"))
+    put(d, "model", http_request("GET", "/v1/models/" + MODEL))
+    put(d, "metrics", http_request("HEAD", "/metrics"))
+    put(d, "no-key", http_request("POST", "/v1/chat/completions", reqs[0], key=False))
+    put(d, "wrong-method", http_request("GET", "/v1/chat/completions"))
+    put(d, "unknown", http_request("GET", "/nope"))
+    put(d, "too-large", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer fuzz-key\r\n"
+                        b"Content-Length: 999999999\r\n\r\n{")
+    put(d, "mock-fail", http_request("POST", "/v1/completions", {"model": MODEL, "prompt": "MOCK_FAIL", "max_tokens": 2}))
+    put(d, "keepalive-two", http_request("GET", "/health", key=False) + http_request("GET", "/v1/models"))
+    put(d, "http10", b"GET /health HTTP/1.0\r\n\r\n")
+    put(d, "bad-utf8", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer fuzz-key\r\n"
+                       b"Content-Length: 5\r\n\r\n{\"\xff\"}")
+
+
+def seed(out: Path, model_dirs):
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    makers = [("output_parser", seed_output_parser), ("chat", seed_chat), ("http", seed_http)]
+    if (TOK_DIR / "tokenizer.json").exists():
+        makers += [("tokenizer", seed_tokenizer), ("tokenizer_load", seed_tokenizer_load)]
+    for target, make in makers:
+        if not any((out / target).glob("seed-*")):  # seeded once; the corpus then grows by fuzzing
+            make(out)
