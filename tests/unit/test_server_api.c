@@ -73,7 +73,14 @@ int main(void) {
     CHECK(r.max_tokens == 7 && r.stream && r.include_usage, "max/stream");
     CHECK(r.sp.logprobs && r.sp.top_logprobs == 3, "logprobs");
     CHECK(r.enable_thinking == 0, "reasoning_effort none");
+    CHECK(!r.ignore_eos, "ignore_eos defaults to false");
     api_request_free(&r);
+    /* ignore_eos (vLLM's extension, used by bench/serve_load.py) */
+    rc = parse(API_COMPLETION, "{\"model\":\"" MODEL "\",\"prompt\":[1,2,3],\"ignore_eos\":true}", &r, &e);
+    CHECK(rc == 0 && r.ignore_eos, "ignore_eos: %s", e.message);
+    api_request_free(&r);
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"ignore_eos\":1}", 400,
+               "ignore_eos");
 
     expect_bad("{", 400, "");
     expect_bad("{\"model\":\"" MODEL "\"} x", 400, "");
