@@ -21,13 +21,14 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: orchid serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--max-seq N]\n"
             "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend auto|cpu|cuda]\n"
-            "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N] [--thinking on|off]\n"
+            "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N | --cache-mem GiB] [--thinking on|off]\n"
             "                    [--quiet] [--mock]\n"
             "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"
             "  --max-seq N     context per sequence, prompt + completion (default 8192)\n"
             "  --parallel N    sequences generated concurrently (default 4)\n"
             "  --max-queue N   requests waiting beyond those; more get 429 (default 256)\n"
             "  --prefix-cache-mb N  host memory for prefix checkpoints (default 2048; 0 = off)\n"
+            "  --cache-mem GiB      the same budget in GiB (e.g. 0.5)\n"
             "  --api-key KEY   require `Authorization: Bearer KEY` (also $ORCHID_API_KEY)\n"
             "  --thinking X    default when a request does not say (default: the template's, on)\n"
             "  --quiet         no per-request log lines\n"
@@ -77,6 +78,15 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) bad = parse_int(a, v, 0, 4096, &threads);
         else if (!strcmp(a, "--max-body")) bad = parse_int(a, v, 1024, 1L << 30, &max_body);
         else if (!strcmp(a, "--prefix-cache-mb")) bad = parse_int(a, v, 0, 1L << 24, &cache_mb);
+        else if (!strcmp(a, "--cache-mem")) { /* the same budget in GiB (fractions allowed) */
+            char *end;
+            double gib = strtod(v, &end);
+            if (*end || !(gib >= 0 && gib <= 16384)) {
+                fprintf(stderr, "orchid serve: --cache-mem must be a number of GiB in 0..16384, got \"%s\"\n", v);
+                return 2;
+            }
+            cache_mb = (long)(gib * 1024.0);
+        }
         else if (!strcmp(a, "--thinking")) {
             if (!strcmp(v, "on")) thinking = 1;
             else if (!strcmp(v, "off")) thinking = 0;
