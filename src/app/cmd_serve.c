@@ -21,7 +21,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: orchid serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--max-seq N]\n"
             "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend auto|cpu|cuda]\n"
-            "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N | --cache-mem GiB] [--thinking on|off]\n"
+            "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N | --cache-mem GiB] [--cache-interval N]\n"
+            "                    [--thinking on|off]\n"
             "                    [--quiet] [--mock]\n"
             "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"
             "  --max-seq N     context per sequence, prompt + completion (default 8192)\n"
@@ -29,6 +30,7 @@ static void usage(FILE *f) {
             "  --max-queue N   requests waiting beyond those; more get 429 (default 256)\n"
             "  --prefix-cache-mb N  host memory for prefix checkpoints (default 2048; 0 = off)\n"
             "  --cache-mem GiB      the same budget in GiB (e.g. 0.5)\n"
+            "  --cache-interval N   also checkpoint long prompts every N tokens (default 4096; 0 = never)\n"
             "  --api-key KEY   require `Authorization: Bearer KEY` (also $ORCHID_API_KEY)\n"
             "  --thinking X    default when a request does not say (default: the template's, on)\n"
             "  --quiet         no per-request log lines\n"
@@ -50,7 +52,7 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, long *ou
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("ORCHID_API_KEY"), *backend = NULL;
     long port = 8000, max_seq = 8192, max_queue = 256, parallel = 4, threads = 0, max_body = 8L << 20;
-    long cache_mb = 2048;
+    long cache_mb = 2048, cache_interval = 4096;
     int thinking = -1;
     bool mock = false, quiet = false;
     for (int i = 1; i < argc; i++) {
@@ -78,6 +80,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) bad = parse_int(a, v, 0, 4096, &threads);
         else if (!strcmp(a, "--max-body")) bad = parse_int(a, v, 1024, 1L << 30, &max_body);
         else if (!strcmp(a, "--prefix-cache-mb")) bad = parse_int(a, v, 0, 1L << 24, &cache_mb);
+        else if (!strcmp(a, "--cache-interval")) bad = parse_int(a, v, 0, 1L << 24, &cache_interval);
         else if (!strcmp(a, "--cache-mem")) { /* the same budget in GiB (fractions allowed) */
             char *end;
             double gib = strtod(v, &end);
@@ -118,6 +121,7 @@ int cmd_serve(int argc, char **argv) {
     so.max_queue = (int)max_queue;
     so.max_seq = (int)max_seq;
     so.prefill_chunk = 512;
+    so.cache_interval = (int)cache_interval;
     so.open = mock ? port_open_mock : port_open_engine;
     so.port.model_dir = model;
     so.port.backend = backend;

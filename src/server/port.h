@@ -31,6 +31,8 @@ struct model_port {
     int max_position;     /* model's context limit (0 = unknown) */
     int32_t stop_ids[PORT_MAX_STOP_IDS];
     int n_stop;
+    int32_t turn_start_id; /* the token that opens a chat turn (<|im_start|>); -1: none.
+                              The scheduler checkpoints prompts at turn starts. */
 
     /* ---- text side: any thread ---- */
     /* Renders a conversation (OpenAI messages / tools as cJSON) to prompt text.

@@ -345,6 +345,7 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     p->max_position = 0;
     p->stop_ids[0] = M_IM_END;
     p->stop_ids[1] = M_EOT;
+    p->turn_start_id = M_IM_START;
     p->n_stop = 2;
     p->render_chat = mock_render;
     p->encode = mock_encode;

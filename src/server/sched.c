@@ -210,11 +210,38 @@ static int admit(struct sched *S, struct job *j, int si) {
     }
     j->n_fed = L;
     j->cached = L;
+    /* Checkpoint boundaries: a conversation's next turn re-sends this prompt with the
+     * model's reply re-rendered (not token-identical to what was generated), so the
+     * useful reusable prefixes end where a turn starts: after the system prompt (two
+     * conversations that share it both reuse it) and before the generation prompt (the
+     * next turn of this conversation extends it). */
+    j->turn_first = j->turn_last = 0;
+    if (S->port.turn_start_id >= 0)
+        for (int p = 1; p < j->n_prompt; p++)
+            if (j->prompt[p] == S->port.turn_start_id) {
+                if (!j->turn_first) j->turn_first = p;
+                j->turn_last = p;
+            }
     sampler_accept(j->smp, j->prompt, j->n_prompt, true);
     sl->job = j;
     j->slot = si;
     atomic_fetch_add(&S->n_running, 1);
     return ST_OK;
+}
+
+/* The next position after n_fed (and before the prompt's end) where the prefill stops
+ * to save a checkpoint: a turn start, or a multiple of cache_interval; 0 if none. */
+static int next_checkpoint(const struct sched *S, const struct job *j) {
+    int best = 0;
+    const int iv = S->opt.cache_interval;
+    if (iv > 0) {
+        int k = (j->n_fed / iv + 1) * iv;
+        if (k < j->n_prompt) best = k;
+    }
+    const int turns[2] = {j->turn_first, j->turn_last};
+    for (int i = 0; i < 2; i++)
+        if (turns[i] > j->n_fed && turns[i] < j->n_prompt && (!best || turns[i] < best)) best = turns[i];
+    return best;
 }
 
 /* Picks the free slot for a prompt: longest strict-prefix session, else LRU. */
@@ -346,6 +373,8 @@ static void *sched_main(void *arg) {
             if (j->n_fed < j->n_prompt) {
                 int left = j->n_prompt - j->n_fed;
                 int take = left < budget ? left : budget;
+                const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
+                if (ck && j->n_fed + take > ck) take = ck - j->n_fed; /* stop there to save it */
                 if (take <= 0) continue;
                 budget -= take;
                 b->tokens = j->prompt + j->n_fed;
@@ -377,7 +406,10 @@ static void *sched_main(void *arg) {
             struct job *j = sl->job;
             struct batch_seq *b = &S->batch[k];
             if (j->n_fed < j->n_prompt) {
+                const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
                 j->n_fed += b->n_tokens;
+                if (ck && j->n_fed == ck && S->port.cache_save(S->port.ctx, sl->s, err, sizeof err))
+                    fprintf(stderr, "prefix cache: save failed: %s\n", err);
                 /* checkpoint the end of every prompt (not only the end of a turn): the next
                  * turn of a conversation re-sends this prompt with a reply that need not be
                  * token-identical to the one generated here */

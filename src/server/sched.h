@@ -71,6 +71,9 @@ struct job {
     int n_recs;
     int n_gen;          /* generated ids, stop id included */
     int cached;         /* prompt tokens reused from the prefix cache */
+    int turn_first, turn_last; /* prompt positions of the first turn start after the
+                                  system turn and of the last (the generation prompt);
+                                  checkpoints are saved there (0: none) */
     bool done;
     enum finish_reason finish;
     char errmsg[256];   /* FIN_ERROR: internal detail (logged, never sent) */
@@ -93,6 +96,7 @@ struct sched_options {
     int max_queue;     /* pending jobs beyond the running ones */
     int max_seq;       /* session capacity (prompt + completion); clamped to the model's */
     int prefill_chunk; /* prompt tokens fed per step, over all sequences */
+    int cache_interval; /* also checkpoint long prompts every this many tokens (0: never) */
     port_open_fn open;
     struct port_options port;
 };

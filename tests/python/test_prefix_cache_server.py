@@ -1,0 +1,110 @@
+"""Prefix cache through the real server (issue 6), on the tiny mlx-lm test model (CPU).
+
+A conversation's next turn re-sends the history with the model's reply re-rendered by the
+chat template, which is never token-identical to what was generated; the scheduler
+therefore checkpoints prompts where turns start: after the system prompt and before the
+generation prompt. These tests pin the consequences:
+- every turn after the first hits, and reuses exactly the previous prompt minus its
+  generation prompt (thinking on and off);
+- two conversations that branch from one system prompt both reuse it;
+- greedy outputs are identical with and without the cache;
+- a tiny cache budget (constant eviction) changes nothing but the hit counts.
+"""
+import subprocess
+
+import pytest
+
+from models import ORCHID, model_dir
+from serverproc import MODEL, Server
+
+# "<|im_start|>assistant\n<think>\n\n</think>\n\n" (thinking off) and "<|im_start|>assistant\n<think>\n" (on)
+GEN_PROMPT_TOKENS = {False: 7, True: 5}
+
+
+def system(tag):
+    return f"[{tag}] You are a careful assistant who answers briefly. " * 12
+
+
+def chat(client, messages, thinking, max_tokens=5):
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
+
+
+def reply_message(r):
+    m = r.choices[0].message
+    out = {"role": "assistant", "content": m.content or ""}
+    if getattr(m, "reasoning_content", None):
+        out["reasoning_content"] = m.reasoning_content
+    return out
+
+
+def conversation(client, sys_prompt, thinking, turns, tag):
+    """Runs `turns` turns; returns [(prompt_tokens, cached_tokens, text)] per turn."""
+    msgs = [{"role": "system", "content": sys_prompt}]
+    out = []
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"{tag} question {t}: what is {t} plus {t}?"})
+        r = chat(client, msgs, thinking)
+        out.append((r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens,
+                    (r.choices[0].message.content or "") + "|" + (getattr(r.choices[0].message, "reasoning_content", None) or "")))
+        msgs.append(reply_message(r))
+    return out
+
+
+def n_tokens(text):
+    r = subprocess.run([str(ORCHID), "tokenize", "--model", str(model_dir("tiny")), "--text", text],
+                       capture_output=True, text=True, check=True)
+    return len(r.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def cached_srv():
+    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
+        yield s
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_every_turn_after_the_first_hits(cached_srv, thinking):
+    turns = conversation(cached_srv.client(timeout=120), system(f"multi-{thinking}"), thinking, 5, "m")
+    assert turns[0][1] == 0, "a new system prompt cannot hit"
+    for k in range(1, len(turns)):
+        prev_prompt, (prompt, cached, _) = turns[k - 1][0], turns[k]
+        assert cached == prev_prompt - GEN_PROMPT_TOKENS[thinking], (k, turns)
+        assert cached < prompt
+
+
+def test_branches_share_the_system_prompt(cached_srv):
+    client = cached_srv.client(timeout=120)
+    sys_prompt = system("branch")
+    a = conversation(client, sys_prompt, False, 1, "first")
+    b = conversation(client, sys_prompt, False, 1, "second")
+    sys_turn = n_tokens("<|im_start|>system\n" + sys_prompt.strip() + "<|im_end|>\n")
+    assert a[0][1] == 0
+    assert b[0][1] == sys_turn, (b, sys_turn)
+
+
+def test_outputs_identical_without_cache_and_under_eviction(cached_srv):
+    """Three interleaved conversations: same greedy text with the cache, without it, and
+    with a budget of a few checkpoints (evicting all the time)."""
+    def run(client):
+        res = []
+        msgs = {i: [{"role": "system", "content": system(f"ident-{i % 2}")}] for i in range(3)}
+        for t in range(3):
+            for i in range(3):
+                msgs[i].append({"role": "user", "content": f"conversation {i} turn {t}"})
+                r = chat(client, msgs[i], False)
+                res.append((r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens))
+                msgs[i].append(reply_message(r))
+        return res
+
+    with_cache = run(cached_srv.client(timeout=120))
+    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--prefix-cache-mb", "0"]) as s:
+        without = run(s.client(timeout=120))
+    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--cache-mem", "0.0006"]) as s:
+        evicting = run(s.client(timeout=120))
+    assert [t for t, _ in with_cache] == [t for t, _ in without] == [t for t, _ in evicting]
+    assert all(c == 0 for _, c in without)
+    assert sum(c > 0 for _, c in with_cache) >= 6  # turns 2 and 3 of every conversation
+    # six checkpoints need more than the 0.6 MiB budget: some hits must have been evicted
+    assert sum(c for _, c in evicting) < sum(c for _, c in with_cache)
