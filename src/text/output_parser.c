@@ -38,6 +38,7 @@ struct output_parser {
     output_parser_options o;
     int state;
     buf pend;            /* undecided input */
+    size_t start_ws;     /* START: leading whitespace of pend already scanned (no rescans) */
     buf tool;            /* TOOL: body collected so far */
     size_t reason_nl;    /* REASON: trailing newlines held back */
     int reason_started;  /* REASON: some reasoning text emitted (leading newlines stripped) */
@@ -332,8 +333,9 @@ static int step(output_parser *p, int final, output_event_fn fn, void *user) {
         size_t n = b->len;
         switch (p->state) {
         case P_START: {
-            size_t k = 0;
+            size_t k = p->start_ws;
             while (k < n && is_ws(s[k])) k++;
+            p->start_ws = k;
             size_t rest = n - k;
             if (rest >= 7 && memcmp(s + k, THINK_OPEN, 7) == 0) {
                 consume(b, k + 7);

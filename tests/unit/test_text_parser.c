@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -210,6 +211,32 @@ int main(int argc, char **argv) {
         CHECK(cJSON_GetArraySize(r.calls) == 0 && r.content.len == sizeof t - 1 && !memcmp(r.content.data, t, sizeof t - 1),
               "NUL name: %d calls", cJSON_GetArraySize(r.calls));
         result_free(&r);
+    }
+    /* 256 KiB of leading whitespace fed in small pieces: linear, not rescanned per piece
+     * (was quadratic: minutes; fuzz timeout) */
+    {
+        output_parser_options o = output_parser_options_default();
+        size_t n = 256 << 10;
+        char *t = malloc(n + 1);
+        for (size_t i = 0; i < n; i++) t[i] = i % 2 ? ' ' : '\n';
+        t[n] = 'x';
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        output_parser *p;
+        char err[64];
+        result r;
+        memset(&r, 0, sizeof r);
+        r.calls = cJSON_CreateArray();
+        output_parser_new(&p, &o, err, sizeof err);
+        for (size_t i = 0; i <= n; i += 3) output_parser_feed(p, t + i, i + 3 <= n + 1 ? 3 : n + 1 - i, on_event, &r);
+        output_parser_finish(p, on_event, &r);
+        output_parser_free(p);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        CHECK(r.content.len == n + 1 && r.reasoning.len == 0, "leading whitespace kept as content (%zu)", r.content.len);
+        CHECK(s < 1.0, "leading whitespace took %.2f s", s);
+        result_free(&r);
+        free(t);
     }
     /* non-streaming helper */
     {
