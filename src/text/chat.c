@@ -369,6 +369,7 @@ static int render(rctx *c, const cJSON *messages, const cJSON *tools, buf *out) 
     const cJSON *first = messages->child;
     int nmsg = cJSON_GetArraySize(messages);
     buf tmp = {0}, tmp2 = {0};
+    const cJSON **msg = NULL;
     const char *s;
     size_t n;
 
@@ -395,10 +396,18 @@ static int render(rctx *c, const cJSON *messages, const cJSON *tools, buf *out) 
         buf_puts(out, "<|im_end|>\n");
     }
 
-    /* (3) last real user query, scanning backwards */
+    /* (3) last real user query, scanning backwards (through an index of the messages:
+     * cJSON_GetArrayItem walks the list, which made this quadratic) */
+    msg = malloc((size_t)nmsg * sizeof *msg);
+    if (!msg) {
+        rc = errorf(c->err, c->errlen, ST_NOMEM, "out of memory");
+        goto done;
+    }
+    int k = 0;
+    for (const cJSON *m = messages->child; m && k < nmsg; m = m->next) msg[k++] = m;
     int last_query = nmsg - 1, multi_step = 1;
     for (int i = nmsg - 1; i >= 0 && multi_step; i--) {
-        const cJSON *m = cJSON_GetArrayItem(messages, i);
+        const cJSON *m = msg[i];
         if (!role_is(m, "user")) continue;
         if ((rc = content_trimmed(c, get(m, "content"), 0, 0, &tmp, &s, &n))) goto done;
         static const char open[] = "<tool_response>", close[] = "</tool_response>";
@@ -488,6 +497,7 @@ static int render(rctx *c, const cJSON *messages, const cJSON *tools, buf *out) 
     }
     rc = 0;
 done:
+    free(msg);
     buf_free(&tmp);
     buf_free(&tmp2);
     return rc;

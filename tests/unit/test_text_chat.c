@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -143,5 +144,31 @@ int main(int argc, char **argv) {
         cJSON_Delete(t);
     }
     CHECK(!chat_template_supported(NULL) && !chat_template_supported("{{ messages }}"), "template check");
+    /* 50,000 tool results after the query: linear (finding the last user query walked the
+     * list per message: quadratic, seconds; fuzz timeout) */
+    {
+        cJSON *m = cJSON_CreateArray();
+        cJSON *u = cJSON_CreateObject();
+        cJSON_AddStringToObject(u, "role", "user");
+        cJSON_AddStringToObject(u, "content", "q");
+        cJSON_AddItemToArray(m, u);
+        for (int i = 0; i < 50000; i++) {
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddStringToObject(t, "role", "tool");
+            cJSON_AddStringToObject(t, "content", "r");
+            cJSON_AddItemToArray(m, t);
+        }
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        char *out = NULL, err[256];
+        int rc = chat_render(NULL, m, NULL, NULL, &out, err, sizeof err);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        CHECK(rc == 0 && out && !strncmp(out, "<|im_start|>user\nq<|im_end|>\n<|im_start|>user\n<tool_response>", 60),
+              "many tool results: %s", rc ? err : "wrong start");
+        CHECK(secs < 1.0, "many tool results took %.2f s", secs);
+        free(out);
+        cJSON_Delete(m);
+    }
     return check_summary();
 }
