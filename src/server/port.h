@@ -26,7 +26,7 @@
 struct model_port {
     void *ctx;
     char model_id[64];    /* the id /v1/models reports and requests must name */
-    char description[256];/* one line for the start-up banner */
+    char description[768];/* one line for the start-up banner */
     int vocab;            /* logits width */
     int max_position;     /* model's context limit (0 = unknown) */
     int32_t stop_ids[PORT_MAX_STOP_IDS];

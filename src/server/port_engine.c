@@ -124,7 +124,7 @@ int port_open_engine(struct model_port *mp, const struct port_options *opt, char
                         "template; rendering with the built-in one\n", opt->model_dir);
     mp->ctx = p;
     snprintf(mp->model_id, sizeof mp->model_id, "%s", opt->model_id ? opt->model_id : "Qwen3.6-35B-A3B");
-    char desc[200];
+    char desc[640];
     config_describe(c, desc, sizeof desc);
     snprintf(mp->description, sizeof mp->description, "%s on %s", desc, engine_backend_name(p->e));
     mp->vocab = c->vocab;
