@@ -304,16 +304,23 @@ static int dispatch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, d
     return errorf(c->err, c->errlen, ST_UNSUPPORTED, "%s: %d-bit weights", what, bits);
 }
 
-extern "C" int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T,
-                               int ldx, float *y, int ldy, int accumulate) {
-    if (T <= 0) return 0;
+
+/* The fields every launch sets: the activations x [M, ldx] and the weight b0 ([N, K]). */
+static gemm_args args_for(const uint16_t *x, int ldx, int M, const struct cuda_qmat *w) {
     gemm_args a = {};
     a.x = x;
     a.ldx = ldx;
-    a.M = T;
-    a.N = m->rows;
-    a.K = m->cols;
-    a.b0 = *m;
+    a.M = M;
+    a.N = w->rows;
+    a.K = w->cols;
+    a.b0 = *w;
+    return a;
+}
+
+extern "C" int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T,
+                               int ldx, float *y, int ldy, int accumulate) {
+    if (T <= 0) return 0;
+    gemm_args a = args_for(x, ldx, T, m);
     a.b1 = *m;
     /* select matrix `mat` through the expert offset of the kernel: emulate with a one-tile list? simpler: offset pointers */
     const size_t rows = (size_t)mat * m->rows;
@@ -334,13 +341,7 @@ extern "C" int cuda_gemm_precise(const struct cuda_ctx *c, const struct cuda_qma
     int rc = cuda_gemm_dense(c, m, 0, x_hi, T, ldx, y, ldy, accumulate);
     if (!rc) rc = cuda_gemm_dense(c, m, 0, x_lo, T, ldx, y, ldy, 1);
     if (rc || T <= 0) return rc;
-    gemm_args a = {};
-    a.x = x_hi;
-    a.ldx = ldx;
-    a.M = T;
-    a.N = m->rows;
-    a.K = m->cols;
-    a.b0 = *m;
+    gemm_args a = args_for(x_hi, ldx, T, m);
     a.b1 = *m;
     a.y = y;
     a.ldy = ldy;
@@ -352,13 +353,7 @@ extern "C" int cuda_gemm_precise(const struct cuda_ctx *c, const struct cuda_qma
 extern "C" int cuda_gemm_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                                 const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act) {
     if (T <= 0) return 0;
-    gemm_args a = {};
-    a.x = x;
-    a.ldx = ldx;
-    a.M = T;
-    a.N = gate->rows;
-    a.K = gate->cols;
-    a.b0 = *gate;
+    gemm_args a = args_for(x, ldx, T, gate);
     a.b1 = *up;
     a.act = act;
     a.ld_act = ld_act;
@@ -367,13 +362,8 @@ extern "C" int cuda_gemm_swiglu(const struct cuda_ctx *c, const struct cuda_qmat
 
 extern "C" int cuda_moe_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                                        const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act) {
-    gemm_args a = {};
-    a.x = xn;
-    a.ldx = ldx;
+    gemm_args a = args_for(xn, ldx, 0, gate);
     a.a_rows = r->row_of_slot;
-    a.N = gate->rows;
-    a.K = gate->cols;
-    a.b0 = *gate;
     a.b1 = *up;
     a.act = act;
     a.ld_act = gate->rows;
@@ -384,12 +374,7 @@ extern "C" int cuda_moe_grouped_swiglu(const struct cuda_ctx *c, const struct cu
 
 extern "C" int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
                                      const struct cuda_moe_route *r, float *out) {
-    gemm_args a = {};
-    a.x = act;
-    a.ldx = down->cols;
-    a.N = down->rows;
-    a.K = down->cols;
-    a.b0 = *down;
+    gemm_args a = args_for(act, down->cols, 0, down);
     a.b1 = *down;
     a.y = out;
     a.ldy = down->rows;
