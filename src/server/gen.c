@@ -190,17 +190,16 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
 
 /* ---- output events ---- */
 
+/* The fields every SSE chunk opens with, up to and including "choices": */
+static void chunk_head(struct gen *g) {
+    buf_printf(&g->out, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"%s\","
+                        "\"system_fingerprint\":\"orchid\",\"choices\":",
+               g->id, g->ar.kind == API_CHAT ? "chat.completion.chunk" : "text_completion", g->created, g->model);
+}
+
 static void chunk_begin(struct gen *g) {
-    if (g->ar.kind == API_CHAT)
-        buf_printf(&g->out,
-                 "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%ld,\"model\":\"%s\","
-                 "\"system_fingerprint\":\"orchid\",\"choices\":[{\"index\":0,\"delta\":",
-                 g->id, g->created, g->model);
-    else
-        buf_printf(&g->out,
-                 "data: {\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%ld,\"model\":\"%s\","
-                 "\"system_fingerprint\":\"orchid\",\"choices\":[{\"index\":0,",
-                 g->id, g->created, g->model);
+    chunk_head(g);
+    buf_puts(&g->out, g->ar.kind == API_CHAT ? "[{\"index\":0,\"delta\":" : "[{\"index\":0,");
 }
 
 static void chunk_end(struct gen *g, const char *finish) {
@@ -385,16 +384,8 @@ static void stream_finish(struct gen *g) {
     else buf_puts(&g->out, "\"text\":\"\"");
     chunk_end(g, finish_name(g));
     if (g->ar.include_usage) {
-        if (g->ar.kind == API_CHAT)
-            buf_printf(&g->out,
-                     "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"created\":%ld,\"model\":\"%s\","
-                     "\"system_fingerprint\":\"orchid\",\"choices\":[],",
-                     g->id, g->created, g->model);
-        else
-            buf_printf(&g->out,
-                     "data: {\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%ld,\"model\":\"%s\","
-                     "\"system_fingerprint\":\"orchid\",\"choices\":[],",
-                     g->id, g->created, g->model);
+        chunk_head(g);
+        buf_puts(&g->out, "[],");
         buf_printf(&g->out,
                  "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
                  "\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
