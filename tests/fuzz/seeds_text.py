@@ -1,8 +1,10 @@
 """tests/fuzz/seeds_text.py — seed corpora for the text and server fuzz targets
-(tokenizer, tokenizer_load, output_parser, chat, http), called by tools/fuzz_seeds.py
+(tokenizer, tokenizer_load, output_parser, chat, http) and for the checkpoint index
+(safetensors_index), called by tools/fuzz_seeds.py
 as seed(out, model_dirs). Made from the project's real inputs: the tokenizer parity
 test's generated texts and the real tokenizer.json (.cache/tokenizer), the parser
-test's tool calls and schema, and the request shapes the server tests send.
+test's tool calls and schema, the request shapes the server tests send, and the tiny
+test model's model.safetensors.index.json.
 """
 import json
 import random
@@ -203,9 +205,30 @@ def seed_http(out: Path):
                        b"Content-Length: 5\r\n\r\n{\"\xff\"}")
 
 
+def seed_safetensors_index(out: Path, model_dirs):
+    """fuzz_safetensors_index links the tiny model's shards: its real index, and variants."""
+    d = out / "safetensors_index"
+    tiny = [m for m in model_dirs if m.name.startswith("tiny")]
+    if not tiny or not (tiny[0] / "model.safetensors.index.json").exists():
+        return
+    raw = (tiny[0] / "model.safetensors.index.json").read_bytes()
+    put(d, "tiny", raw)
+    idx = json.loads(raw)
+    wm = idx["weight_map"]
+    keys = sorted(wm)
+    put(d, "few", json.dumps({"weight_map": {k: wm[k] for k in keys[:3]}}).encode())
+    put(d, "wrong-shard", json.dumps({"weight_map": {keys[0]: "model-00002-of-00004.safetensors"
+                                      if wm[keys[0]] != "model-00002-of-00004.safetensors"
+                                      else "model-00001-of-00004.safetensors"}}).encode())
+    put(d, "missing-shard", json.dumps({"weight_map": {keys[0]: "model-00009-of-00009.safetensors"}}).encode())
+    put(d, "unknown-tensor", json.dumps({"weight_map": {"no.such.tensor": wm[keys[0]]}}).encode())
+    put(d, "empty-map", b'{"weight_map": {}}')
+
+
 def seed(out: Path, model_dirs):
     sys.path.insert(0, str(REPO / "tests" / "python"))
-    makers = [("output_parser", seed_output_parser), ("chat", seed_chat), ("http", seed_http)]
+    makers = [("output_parser", seed_output_parser), ("chat", seed_chat), ("http", seed_http),
+              ("safetensors_index", lambda o: seed_safetensors_index(o, model_dirs))]
     if (TOK_DIR / "tokenizer.json").exists():
         makers += [("tokenizer", seed_tokenizer), ("tokenizer_load", seed_tokenizer_load)]
     for target, make in makers:
