@@ -59,6 +59,8 @@ struct backend {
     /* Optional: a device description, and the device's copy bandwidth (see engine.h). */
     const char *(*device_name)(struct backend *b);
     int (*copy_gbs)(struct backend *b, size_t bytes, double *gbs, char *err, size_t errlen);
+    /* Optional: device memory in use now (weights, scratch, sessions), bytes. */
+    size_t (*device_mem_used)(struct backend *b);
     void (*destroy)(struct backend *b);
 };
 

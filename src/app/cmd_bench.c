@@ -364,6 +364,7 @@ int cmd_bench(int argc, char **argv) {
         s = NULL;
     }
 
+    size_t mem_peak = 0;
     for (int r = 0; r < R; r++) {
         if (session_open(e, &s, P + D + 1, err, sizeof err)) { fprintf(stderr, "orchid bench: %s\n", err); goto out; }
         struct batch_seq q = {.s = s, .tokens = prompt, .n_tokens = P, .logits = logits};
@@ -384,6 +385,8 @@ int cmd_bench(int argc, char **argv) {
             round_ids[(size_t)r * D + i] = ids[i];
         }
         digests[r] = bench_digest(ids, D);
+        const size_t mem = engine_device_mem_used(e); /* weights + scratch + this session */
+        if (mem > mem_peak) mem_peak = mem;
         session_close(s);
         s = NULL;
     }
@@ -472,6 +475,10 @@ int cmd_bench(int argc, char **argv) {
     cJSON_AddNumberToObject(res, "achieved_gbs", achieved);
     cJSON_AddNumberToObject(res, "copy_gbs", copy_gbs);
     cJSON_AddStringToObject(res, "copy_kind", copy_kind);
+    if (mem_peak) {
+        cJSON_AddNumberToObject(res, "device_mem_used_bytes", (double)mem_peak);
+        fprintf(stderr, "orchid bench: device memory in use with the measured session: %.2f GiB\n", mem_peak / 1073741824.0);
+    }
     cJSON_AddNumberToObject(res, "bandwidth_fraction", copy_gbs > 0 ? achieved / copy_gbs : 0.0);
     cJSON_AddBoolToObject(res, "digest_stable", stable);
     cJSON *jr = cJSON_AddArrayToObject(res, "rounds");

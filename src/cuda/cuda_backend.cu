@@ -666,6 +666,18 @@ static void cuda_destroy(struct backend *base) {
     free(cb);
 }
 
+/* Device memory in use (total − free, as the driver reports it: this process's
+ * allocations plus the CUDA context). */
+static size_t cuda_mem_used(struct backend *base) {
+    (void)base;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return total_b - free_b;
+}
+
 static const char *cuda_device_desc(struct backend *base) { return ((struct cuda_backend *)base)->device; }
 
 /* Device copy bandwidth: (read + write bytes) / time of a device-to-device cudaMemcpy of
@@ -730,6 +742,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     cb->base.decode_greedy = cuda_decode_greedy;
     cb->base.device_name = cuda_device_desc;
     cb->base.copy_gbs = cuda_copy_gbs;
+    cb->base.device_mem_used = cuda_mem_used;
     cb->base.state_bytes = cuda_state_bytes;
     cb->base.state_save = cuda_state_save;
     cb->base.state_load = cuda_state_load;

@@ -319,3 +319,5 @@ int engine_copy_gbs(engine *e, size_t bytes, double *gbs, char *err, size_t errl
     if (!e->be->copy_gbs) return errorf(err, errlen, ST_UNSUPPORTED, "the %s backend does not measure copy bandwidth", e->be->name);
     return e->be->copy_gbs(e->be, bytes, gbs, err, errlen);
 }
+
+size_t engine_device_mem_used(engine *e) { return e->be->device_mem_used ? e->be->device_mem_used(e->be) : 0; }

@@ -103,6 +103,8 @@ const char *engine_device_name(const engine *e);
 /* The backend's own copy bandwidth: (read + write bytes) / s of a device-to-device copy
  * of `bytes`, best of a few. ST_UNSUPPORTED when the backend has no such measurement. */
 int engine_copy_gbs(engine *e, size_t bytes, double *gbs, char *err, size_t errlen);
+/* Device memory in use now (0 when the backend has no device or does not say). */
+size_t engine_device_mem_used(engine *e);
 
 /* First index of the largest value (NaN never wins). */
 int argmax_f32(const float *x, int n);
