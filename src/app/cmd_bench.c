@@ -52,6 +52,7 @@
 #include "app/commands.h"
 #include "model/config.h"
 #include "model/engine.h"
+#include "model/sampler.h"
 #include "model/synth.h"
 #include "runtime/safetensors.h"
 #include "runtime/status.h"
@@ -356,7 +357,7 @@ int cmd_bench(int argc, char **argv) {
         struct batch_seq q = {.s = s, .tokens = prompt, .n_tokens = P, .logits = logits};
         int32_t w[2];
         if (engine_forward(e, &q, 1, err, sizeof err) ||
-            engine_decode_greedy(e, s, argmax_f32(logits, c->vocab), 2, w, NULL, err, sizeof err)) {
+            engine_decode_greedy(e, s, sampler_argmax(logits, c->vocab), 2, w, NULL, err, sizeof err)) {
             fprintf(stderr, "orchid bench: warm-up: %s\n", err);
             goto out;
         }
@@ -370,7 +371,7 @@ int cmd_bench(int argc, char **argv) {
         struct batch_seq q = {.s = s, .tokens = prompt, .n_tokens = P, .logits = logits};
         const double t0 = now_seconds();
         if (engine_forward(e, &q, 1, err, sizeof err)) { fprintf(stderr, "orchid bench: prefill: %s\n", err); goto out; }
-        const int32_t first = argmax_f32(logits, c->vocab);
+        const int32_t first = sampler_argmax(logits, c->vocab);
         const double t1 = now_seconds();
         if (engine_decode_greedy(e, s, first, D, ids, step_end, err, sizeof err)) {
             fprintf(stderr, "orchid bench: decode: %s\n", err);

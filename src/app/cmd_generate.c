@@ -14,6 +14,7 @@
 #include "app/cli.h"
 #include "app/commands.h"
 #include "model/engine.h"
+#include "model/sampler.h"
 #include "runtime/timing.h"
 
 static const char *USAGE =
@@ -82,7 +83,7 @@ int cmd_generate(int argc, char **argv) {
     if (engine_forward(e, &bs, 1, err, sizeof err)) { fprintf(stderr, "orchid generate: %s\n", err); goto out; }
     const float *last = logits + (dump ? (n_prompt - 1) * (size_t)c->vocab : 0);
     if (df && write_records(df, 0, prompt, (int)n_prompt, logits, c->vocab)) { fprintf(stderr, "orchid generate: write to %s failed\n", dump); goto out; }
-    int32_t tok = argmax_f32(last, c->vocab);
+    int32_t tok = sampler_argmax(last, c->vocab);
     const double t_prefill = now_seconds() - t0;
     int n_gen = 0;
     double t1 = now_seconds();
@@ -95,7 +96,7 @@ int cmd_generate(int argc, char **argv) {
         bs = (struct batch_seq){.s = s, .tokens = &tok, .n_tokens = 1, .logits = logits};
         if (engine_forward(e, &bs, 1, err, sizeof err)) { fprintf(stderr, "orchid generate: %s\n", err); goto out; }
         if (df && write_records(df, session_length(s) - 1, &tok, 1, logits, c->vocab)) { fprintf(stderr, "orchid generate: write to %s failed\n", dump); goto out; }
-        tok = argmax_f32(logits, c->vocab);
+        tok = sampler_argmax(logits, c->vocab);
     }
     const double t_decode = now_seconds() - t1;
     printf("# prompt=%zu generated=%d load_s=%.3f prefill_tok_s=%.2f decode_tok_s=%.2f backend=%s\n", n_prompt, n_gen,

@@ -9,6 +9,7 @@
  * not allocate.
  */
 #include "model/engine.h"
+#include "model/sampler.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -236,13 +237,6 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
     return 0;
 }
 
-int argmax_f32(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int32_t *out_ids, double *step_end,
                          char *err, size_t errlen) {
     const struct model_config *c = &e->cfg;
@@ -269,7 +263,7 @@ int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int3
         struct batch_seq q = {.s = s, .tokens = &tok, .n_tokens = 1, .logits = e->greedy_logits};
         int rc = engine_forward(e, &q, 1, err, errlen);
         if (rc) return rc;
-        tok = out_ids[i] = argmax_f32(e->greedy_logits, c->vocab);
+        tok = out_ids[i] = sampler_argmax(e->greedy_logits, c->vocab);
         if (step_end) step_end[i] = now_seconds() - t0;
     }
     return 0;

@@ -106,7 +106,5 @@ int engine_copy_gbs(engine *e, size_t bytes, double *gbs, char *err, size_t errl
 /* Device memory in use now (0 when the backend has no device or does not say). */
 size_t engine_device_mem_used(engine *e);
 
-/* First index of the largest value (NaN never wins). */
-int argmax_f32(const float *x, int n);
 
 #endif

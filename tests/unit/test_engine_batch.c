@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "model/engine.h"
+#include "model/sampler.h"
 
 static double rel_err(const float *a, const float *b, int n) {
     double d = 0, r = 0;
@@ -44,7 +45,7 @@ int main(void) {
         struct batch_seq q = {.s = ss, .tokens = prompts[s], .n_tokens = plen[s], .logits = alone + (size_t)s * (STEPS + 1) * V};
         CHECK(engine_forward(e, &q, 1, err, sizeof err) == 0, "prefill: %s", err);
         for (int k = 0; k < STEPS; k++) {
-            int32_t t = toks_alone[s][k] = argmax_f32(alone + ((size_t)s * (STEPS + 1) + k) * V, V);
+            int32_t t = toks_alone[s][k] = sampler_argmax(alone + ((size_t)s * (STEPS + 1) + k) * V, V);
             q = (struct batch_seq){.s = ss, .tokens = &t, .n_tokens = 1, .logits = alone + ((size_t)s * (STEPS + 1) + k + 1) * V};
             CHECK(engine_forward(e, &q, 1, err, sizeof err) == 0, "step: %s", err);
         }
@@ -60,7 +61,7 @@ int main(void) {
     int32_t t[NS];
     for (int k = 0; k < STEPS; k++) {
         for (int s = 0; s < NS; s++) {
-            t[s] = argmax_f32(batched + ((size_t)s * (STEPS + 1) + k) * V, V);
+            t[s] = sampler_argmax(batched + ((size_t)s * (STEPS + 1) + k) * V, V);
             CHECK(t[s] == toks_alone[s][k], "seq %d step %d: batched greedy %d, alone %d", s, k, t[s], toks_alone[s][k]);
             q[s] = (struct batch_seq){.s = ss[s], .tokens = &t[s], .n_tokens = 1, .logits = batched + ((size_t)s * (STEPS + 1) + k + 1) * V};
         }
@@ -99,7 +100,7 @@ int main(void) {
     }
     double r = rel_err(l1, l2, V);
     CHECK(r < 1e-5, "chunked prefill vs token-by-token: relative error %.3g", r);
-    CHECK(argmax_f32(l1, V) == argmax_f32(l2, V), "chunked prefill vs token-by-token argmax");
+    CHECK(sampler_argmax(l1, V) == sampler_argmax(l2, V), "chunked prefill vs token-by-token argmax");
     /* reset gives a fresh sequence */
     session_reset(a);
     qa = (struct batch_seq){.s = a, .tokens = lp, .n_tokens = LONG, .logits = l2};

@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "model/engine.h"
+#include "model/sampler.h"
 #include "model/prefix_cache.h"
 
 static engine *e;
@@ -72,7 +73,7 @@ int main(void) {
     /* turn 2: extends turn 1 → resumes at 48 */
     CHECK(resumed_logits(pc, s, toks, 60, a) == 48, "turn 2 should resume from the 48-token checkpoint");
     fresh_logits(toks, 60, b);
-    CHECK(rel_err(a, b, V) < 1e-5 && argmax_f32(a, V) == argmax_f32(b, V), "resumed vs fresh: %.3g", rel_err(a, b, V));
+    CHECK(rel_err(a, b, V) < 1e-5 && sampler_argmax(a, V) == sampler_argmax(b, V), "resumed vs fresh: %.3g", rel_err(a, b, V));
 
     /* a branch off the system prompt → resumes at 40 (not 48) */
     int32_t branch[60];
