@@ -13,6 +13,7 @@ static void usage(FILE *f) {
             "usage: orchid <command> [flags]   (orchid <command> --help for its flags)\n"
             "\n"
             "  serve       OpenAI-compatible HTTP server\n"
+            "  chat        interactive conversation in the terminal\n"
             "  generate    greedy generation from token ids (prints ids, optional logit dump)\n"
             "  info        check a checkpoint and print its shape, quantization and size\n"
             "  tokenize    text or chat messages to token ids\n"
@@ -29,7 +30,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     static const struct { const char *name; int (*fn)(int, char **); } table[] = {
         {"info", cmd_info},         {"generate", cmd_generate}, {"tokenize", cmd_tokenize},
-        {"detokenize", cmd_detokenize}, {"serve", cmd_serve}, {"synth", cmd_synth}, {"bench", cmd_bench},
+        {"detokenize", cmd_detokenize}, {"serve", cmd_serve}, {"chat", cmd_chat}, {"synth", cmd_synth}, {"bench", cmd_bench},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (strcmp(cmd, table[i].name) == 0) return table[i].fn(argc - 1, argv + 1);
