@@ -61,6 +61,10 @@ struct backend {
     int (*copy_gbs)(struct backend *b, size_t bytes, double *gbs, char *err, size_t errlen);
     /* Optional: device memory in use now (weights, scratch, sessions), bytes. */
     size_t (*device_mem_used)(struct backend *b);
+    /* Optional: host memory the device copies to and from fastest (CUDA: pinned), for
+     * buffers that receive logits every step. NULL: plain malloc/free. */
+    void *(*host_alloc)(struct backend *b, size_t bytes);
+    void (*host_free)(struct backend *b, void *p);
     void (*destroy)(struct backend *b);
 };
 

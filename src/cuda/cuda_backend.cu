@@ -678,6 +678,23 @@ static size_t cuda_mem_used(struct backend *base) {
     return total_b - free_b;
 }
 
+/* Pinned host memory: device-to-host copies into it run at full PCIe speed and
+ * asynchronously (pageable destinations are staged by the driver). */
+static void *cuda_host_alloc(struct backend *base, size_t bytes) {
+    (void)base;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(struct backend *base, void *p) {
+    (void)base;
+    cudaFreeHost(p);
+}
+
 static const char *cuda_device_desc(struct backend *base) { return ((struct cuda_backend *)base)->device; }
 
 /* Device copy bandwidth: (read + write bytes) / time of a device-to-device cudaMemcpy of
@@ -743,6 +760,8 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     cb->base.device_name = cuda_device_desc;
     cb->base.copy_gbs = cuda_copy_gbs;
     cb->base.device_mem_used = cuda_mem_used;
+    cb->base.host_alloc = cuda_host_alloc;
+    cb->base.host_free = cuda_host_free;
     cb->base.state_bytes = cuda_state_bytes;
     cb->base.state_save = cuda_state_save;
     cb->base.state_load = cuda_state_load;

@@ -315,3 +315,13 @@ int engine_copy_gbs(engine *e, size_t bytes, double *gbs, char *err, size_t errl
 }
 
 size_t engine_device_mem_used(engine *e) { return e->be->device_mem_used ? e->be->device_mem_used(e->be) : 0; }
+
+void *engine_host_alloc(engine *e, size_t bytes) {
+    return e->be->host_alloc ? e->be->host_alloc(e->be, bytes) : malloc(bytes);
+}
+
+void engine_host_free(engine *e, void *p) {
+    if (!p) return;
+    if (e->be->host_free) e->be->host_free(e->be, p);
+    else free(p);
+}

@@ -105,6 +105,10 @@ const char *engine_device_name(const engine *e);
 int engine_copy_gbs(engine *e, size_t bytes, double *gbs, char *err, size_t errlen);
 /* Device memory in use now (0 when the backend has no device or does not say). */
 size_t engine_device_mem_used(engine *e);
+/* Host buffers the backend fills fastest (pinned on CUDA; malloc otherwise), e.g. the
+ * logits rows of batch_seq. Free with engine_host_free before engine_close. */
+void *engine_host_alloc(engine *e, size_t bytes);
+void engine_host_free(engine *e, void *p);
 
 
 #endif

@@ -71,6 +71,9 @@ static int ep_cache_save(void *ctx, session *s, char *err, size_t errlen) {
     return prefix_cache_save(p->pc, s, err, errlen);
 }
 
+static void *ep_host_alloc(void *ctx, size_t bytes) { return engine_host_alloc(((struct engine_port *)ctx)->e, bytes); }
+static void ep_host_free(void *ctx, void *ptr) { engine_host_free(((struct engine_port *)ctx)->e, ptr); }
+
 static void ep_close(void *ctx) {
     struct engine_port *p = ctx;
     if (!p) return;
@@ -142,6 +145,8 @@ int port_open_engine(struct model_port *mp, const struct port_options *opt, char
     mp->seq_length = ep_seq_length;
     mp->seq_tokens = ep_seq_tokens;
     mp->forward = ep_forward;
+    mp->host_alloc = ep_host_alloc;
+    mp->host_free = ep_host_free;
     mp->close = ep_close;
     if (p->pc) {
         mp->cache_restore = ep_cache_restore;

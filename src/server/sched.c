@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/status.h"
+#include "runtime/threadpool.h"
 #include "runtime/timing.h"
 #include "server/metrics.h"
 
@@ -42,7 +44,16 @@ struct sched {
     uint64_t clock;
     struct batch_seq *batch;
     int *batch_slot;
+    threadpool *pool;            /* samples the running sequences in parallel */
+    int *samp_slot;              /* [n_slots] slots to sample this step */
+    struct sample_result *samp_res; /* [n_slots] their results */
 };
+
+static void sample_item(void *ctx, int i) {
+    struct sched *S = ctx;
+    struct slot *sl = &S->slots[S->samp_slot[i]];
+    sampler_sample(sl->job->smp, sl->logits, &S->samp_res[i]);
+}
 
 /* ---- jobs ---- */
 
@@ -297,11 +308,25 @@ static int load(struct sched *S) {
                          S->opt.max_seq);
             goto fail;
         }
-        S->slots[i].logits = malloc((size_t)S->port.vocab * sizeof(float));
+        const size_t lbytes = (size_t)S->port.vocab * sizeof(float);
+        S->slots[i].logits = S->port.host_alloc ? S->port.host_alloc(S->port.ctx, lbytes) : malloc(lbytes);
         if (!S->slots[i].logits) {
             rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for logits");
             goto fail;
         }
+    }
+    S->samp_slot = calloc((size_t)S->n_slots, sizeof *S->samp_slot);
+    S->samp_res = calloc((size_t)S->n_slots, sizeof *S->samp_res);
+    if (!S->samp_slot || !S->samp_res) {
+        rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for scheduler slots");
+        goto fail;
+    }
+    {
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int threads = cores > 0 ? (int)cores : 1;
+        if (threads > 16) threads = 16;
+        if (threads > S->n_slots) threads = S->n_slots;
+        if ((rc = threadpool_create(&S->pool, threads, err, sizeof err))) goto fail;
     }
     pthread_mutex_lock(&S->mu);
     S->state = SCHED_READY;
@@ -410,17 +435,23 @@ static void *sched_main(void *arg) {
                 j->n_fed += b->n_tokens;
                 if (ck && j->n_fed == ck && S->port.cache_save(S->port.ctx, sl->s, err, sizeof err))
                     fprintf(stderr, "prefix cache: save failed: %s\n", err);
-                /* checkpoint the end of every prompt (not only the end of a turn): the next
-                 * turn of a conversation re-sends this prompt with a reply that need not be
-                 * token-identical to the one generated here */
-                if (j->n_fed == j->n_prompt && j->n_prompt > j->cached && S->port.cache_save &&
+                /* a prompt without chat turns (e.g. token ids on /v1/completions) is
+                 * checkpointed where it ends: a follow-up request may extend it exactly */
+                if (j->n_fed == j->n_prompt && j->n_prompt > j->cached && !j->turn_last && S->port.cache_save &&
                     S->port.cache_save(S->port.ctx, sl->s, err, sizeof err))
                     fprintf(stderr, "prefix cache: save failed: %s\n", err);
             }
-            if (!b->logits) continue;
-            struct sample_result r;
-            sampler_sample(j->smp, sl->logits, &r);
-            if (!take_token(S, sl, j, &r)) j->next_tok = r.token;
+        }
+        /* Sample every sequence that has logits, in parallel (each job owns its sampler
+         * and its logits row), then hand the tokens over in slot order. */
+        int ns = 0;
+        for (int k = 0; k < nb; k++)
+            if (S->batch[k].logits) S->samp_slot[ns++] = S->batch_slot[k];
+        threadpool_run(S->pool, ns, sample_item, S);
+        for (int i = 0; i < ns; i++) {
+            struct slot *sl = &S->slots[S->samp_slot[i]];
+            struct job *j = sl->job;
+            if (!take_token(S, sl, j, &S->samp_res[i])) j->next_tok = S->samp_res[i].token;
         }
     }
     /* stopping: cancel everything */
@@ -537,13 +568,17 @@ void sched_free(struct sched *S) {
     if (S->slots) {
         for (int i = 0; i < S->n_slots; i++) {
             if (S->slots[i].s) S->port.seq_close(S->port.ctx, S->slots[i].s);
-            free(S->slots[i].logits);
+            if (S->port.host_free) S->port.host_free(S->port.ctx, S->slots[i].logits);
+            else free(S->slots[i].logits);
         }
     }
     if (S->port_open && S->port.close) S->port.close(S->port.ctx);
     free(S->slots);
     free(S->batch);
     free(S->batch_slot);
+    threadpool_destroy(S->pool);
+    free(S->samp_slot);
+    free(S->samp_res);
     free(S->q);
     free(S->tmp);
     pthread_mutex_destroy(&S->mu);
