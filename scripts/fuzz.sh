@@ -16,9 +16,13 @@ for bin in "$@"; do
   mkdir -p "$corpus" "$findings"
   dict=""; [ -f "tests/fuzz/$target.dict" ] && dict="-dict=tests/fuzz/$target.dict"
   log=${FUZZ_LOGS:-build/fuzz}/$target.log; mkdir -p "$(dirname "$log")"
+  # Regression inputs are replayed first, on their own (-runs=0 runs each once): kept out of
+  # the mutation corpus, a large one would not slow every later mutation down.
   # shellcheck disable=SC2086
-  if ASAN_OPTIONS=detect_leaks=1 "$bin" -max_total_time="$secs" -timeout=1 -rss_limit_mb=2048 -max_len=1048576 \
-       -artifact_prefix="$findings/" -print_final_stats=1 $dict "$corpus" tests/fuzz/regressions/$target >"$log" 2>&1; then
+  if ASAN_OPTIONS=detect_leaks=1 "$bin" -runs=0 -timeout=1 -rss_limit_mb=2048 -max_len=1048576 \
+       -artifact_prefix="$findings/" tests/fuzz/regressions/$target >"$log" 2>&1 &&
+     ASAN_OPTIONS=detect_leaks=1 "$bin" -max_total_time="$secs" -timeout=1 -rss_limit_mb=2048 -max_len=1048576 \
+       -artifact_prefix="$findings/" -print_final_stats=1 $dict "$corpus" >>"$log" 2>&1; then
     execs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$')
     cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1)
     echo "fuzz: $target ok (${secs}s, ${execs:-?} executions, ${cov:-cov ?})"
