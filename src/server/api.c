@@ -626,6 +626,10 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
         size_t n = 0;
         int rc = port->encode(port->ctx, src, src_len, ids, &n, err, sizeof err);
         free(text);
+        if (rc) { /* on failure nothing is returned: the forced prefix neither */
+            free(*forced_prefix);
+            *forced_prefix = NULL;
+        }
         if (rc == ST_INVALID) return BAD(what, "%s: %s", what, err);
         if (rc) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
         *n_ids = (int)n;
@@ -636,6 +640,8 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
         free(*ids);
         *ids = NULL;
         *n_ids = 0;
+        free(*forced_prefix);
+        *forced_prefix = NULL;
         if (n == 0) return BAD(what, "'%s' produced an empty prompt", what);
         if (r->max_tokens > 0)
             return api_error_set(e, 400, "invalid_request_error", what, "context_length_exceeded",

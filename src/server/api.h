@@ -78,7 +78,8 @@ void api_request_free(struct api_request *r);
 /* Renders (chat) and encodes the prompt, checks it against max_seq and fixes
  * max_tokens. Also returns the forced output prefix (tool_choice required or
  * named: the prompt ends inside an opened <tool_call>) that the output parser
- * must see first, and whether the prompt opened reasoning. *ids malloc'd. */
+ * must see first, and whether the prompt opened reasoning. *ids and
+ * *forced_prefix are malloc'd; on failure both are NULL. */
 int api_prepare_prompt(struct api_request *r, const struct model_port *port, int max_seq, int32_t **ids,
                        int *n_ids, char **forced_prefix, bool *start_in_reasoning, struct api_error *e);
 

@@ -75,7 +75,7 @@ static void through_api(enum api_kind kind, const char *body, size_t len, int th
     bool in_reasoning;
     rc = api_prepare_prompt(&r, &port, 1 << 16, &ids, &n, &prefix, &in_reasoning, &e);
     if (rc) {
-        if (rc != e.status || ids) abort();
+        if (rc != e.status || ids || prefix) abort(); /* nothing is returned on failure */
         if (rc != 500) check_error(&e); /* 500: out of memory, never from input */
     } else {
         if (n <= 0 || !ids || r.max_tokens <= 0 || n + r.max_tokens > 1 << 16) abort();

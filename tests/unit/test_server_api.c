@@ -139,6 +139,14 @@ int main(void) {
     free(ids);
     free(forced);
     api_request_free(&r);
+    /* a forced tool-call prefix is not returned (leaked) when the context check fails (fuzz_http) */
+    rc = parse(API_CHAT, "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\","
+                         "\"max_tokens\":500}", &r, &e);
+    forced = (char *)"not set";
+    rc = api_prepare_prompt(&r, p, 256, &ids, &n_ids, &forced, &reasoning, &e);
+    CHECK(rc == 400 && forced == NULL && ids == NULL, "refused prompt returns no forced prefix (rc %d)", rc);
+    api_request_free(&r);
 
     /* script, long prompt (several prefill chunks) */
     struct job *j = make_job(p, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxSCRIPT:hello there<|im_end|>", 50);
