@@ -74,7 +74,8 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, long 
         BAD(name, "'%s' must be in [%.0f, %.0f]; got %.0f", name, lo, hi, d);
         return -1;
     }
-    *out = (long long)d;
+    /* past LLONG_MAX (a uint64 seed, hi < 2^64) through unsigned: a direct cast is undefined */
+    *out = d < 0x1p63 ? (long long)d : (long long)(unsigned long long)d;
     return 1;
 }
 

@@ -73,6 +73,15 @@ int main(void) {
     CHECK(r.max_tokens == 7 && r.stream && r.include_usage, "max/stream");
     CHECK(r.sp.logprobs && r.sp.top_logprobs == 3, "logprobs");
     CHECK(r.enable_thinking == 0, "reasoning_effort none");
+    api_request_free(&r);
+    /* a uint64 seed past INT64_MAX: accepted as is (was an undefined double -> long long cast; fuzz_chat) */
+    rc = parse(API_CHAT, "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                         "\"seed\":10248191152060862000}", &r, &e);
+    CHECK(rc == 0 && r.sp.has_seed && r.sp.seed == 10248191152060862464ull, "uint64 seed: %s", e.message);
+    api_request_free(&r);
+    rc = parse(API_CHAT, "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                         "\"seed\":-5}", &r, &e);
+    CHECK(rc == 0 && r.sp.seed == (uint64_t)-5, "negative seed");
     CHECK(!r.ignore_eos, "ignore_eos defaults to false");
     api_request_free(&r);
     /* ignore_eos (vLLM's extension, used by bench/serve_load.py) */
