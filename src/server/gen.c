@@ -369,6 +369,15 @@ static const char *finish_name(const struct gen *g) {
     return "stop";
 }
 
+
+/* Adds obj[key] = the JSON text assembled in t (null if it does not parse); frees t. */
+static void add_parsed(cJSON *obj, const char *key, buf *t) {
+    cJSON *v = t->data ? cJSON_Parse(t->data) : NULL;
+    buf_free(t);
+    if (v) cJSON_AddItemToObject(obj, key, v);
+    else cJSON_AddNullToObject(obj, key);
+}
+
 static void stream_finish(struct gen *g) {
     if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
         buf_puts(&g->out, g->fin == FIN_ERROR
@@ -487,17 +496,14 @@ char *gen_final_json(struct gen *g, int *status) {
             buf_puts(&t, "{\"content\":[");
             buf_append(&t, g->lp.data ? g->lp.data : "", g->lp.len);
             buf_puts(&t, "]}");
-            cJSON *lp = t.data ? cJSON_Parse(t.data) : NULL;
-            free(t.data);
-            if (lp) cJSON_AddItemToObject(ch, lp_key, lp);
-            else cJSON_AddNullToObject(ch, lp_key);
+            add_parsed(ch, lp_key, &t);
         } else {
             cJSON_AddNullToObject(ch, lp_key);
         }
     } else {
         cJSON_AddStringToObject(ch, "text", g->content.data ? g->content.data : "");
         if (g->ar.logprobs) {
-                    buf t = {0};
+            buf t = {0};
             buf_puts(&t, "{\"tokens\":[");
             buf_append(&t, g->lp_tokens.data ? g->lp_tokens.data : "", g->lp_tokens.len);
             buf_puts(&t, "],\"token_logprobs\":[");
@@ -507,10 +513,7 @@ char *gen_final_json(struct gen *g, int *status) {
             buf_puts(&t, "],\"text_offset\":[");
             buf_append(&t, g->lp_offs.data ? g->lp_offs.data : "", g->lp_offs.len);
             buf_puts(&t, "]}");
-            cJSON *lp = t.data ? cJSON_Parse(t.data) : NULL;
-            free(t.data);
-            if (lp) cJSON_AddItemToObject(ch, lp_key, lp);
-            else cJSON_AddNullToObject(ch, lp_key);
+            add_parsed(ch, lp_key, &t);
         } else {
             cJSON_AddNullToObject(ch, lp_key);
         }
