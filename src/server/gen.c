@@ -369,7 +369,6 @@ static const char *finish_name(const struct gen *g) {
     return "stop";
 }
 
-
 /* Adds obj[key] = the JSON text assembled in t (null if it does not parse); frees t. */
 static void add_parsed(cJSON *obj, const char *key, buf *t) {
     cJSON *v = t->data ? cJSON_Parse(t->data) : NULL;
