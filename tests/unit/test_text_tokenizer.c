@@ -114,6 +114,18 @@ static int stream_matches(const tokenizer *tok, const int32_t *ids, size_t n, in
     return ok;
 }
 
+/* Writes decode(ids) as one JSON line; returns whether the streaming detokenizer
+ * produced exactly the same text. */
+static int write_decoded(FILE *fo, const tokenizer *tok, const int32_t *ids, size_t n, int skip) {
+    char err[512], *text = NULL;
+    size_t tl = 0;
+    tokenizer_decode(tok, ids, n, skip, &text, &tl, err, sizeof err);
+    json_line(fo, text ? text : "", tl);
+    const int ok = stream_matches(tok, ids, n, skip, text ? text : "", tl);
+    free(text);
+    return ok;
+}
+
 static int encode_batch(const char *dir, const char *in, const char *out) {
     char err[512];
     tokenizer *tok;
@@ -146,15 +158,10 @@ static int encode_batch(const char *dir, const char *in, const char *out) {
         }
         for (size_t i = 0; i < n; i++) fprintf(fo, i ? " %d" : "%d", ids[i]);
         fputc('\n', fo);
-        char *text;
-        size_t tl;
-        tokenizer_decode(tok, ids, n, 0, &text, &tl, err, sizeof err);
-        json_line(fo, text, tl);
-        if (!stream_matches(tok, ids, n, 0, text, tl)) {
+        if (!write_decoded(fo, tok, ids, n, 0)) {
             fprintf(stderr, "streaming detokenizer differs from decode on: %.60s\n", s);
             bad = 1;
         }
-        free(text);
         free(ids);
         cJSON_Delete(js);
     }
@@ -186,15 +193,10 @@ static int decode_batch(const char *dir, const char *in, const char *out) {
         int32_t *ids = malloc((n + 1) * sizeof *ids);
         const cJSON *it;
         cJSON_ArrayForEach(it, arr) ids[k++] = it->valueint;
-        char *text;
-        size_t tl;
-        tokenizer_decode(tok, ids, n, skip, &text, &tl, err, sizeof err);
-        json_line(fo, text, tl);
-        if (!stream_matches(tok, ids, n, skip, text, tl)) {
+        if (!write_decoded(fo, tok, ids, n, skip)) {
             fprintf(stderr, "streaming detokenizer differs from decode\n");
             bad = 1;
         }
-        free(text);
         free(ids);
         cJSON_Delete(js);
     }
