@@ -27,11 +27,16 @@ struct fwd_batch {
     const int32_t *seq;    /* [n_tokens] index into sessions */
     struct backend_session *const *sessions;
     int n_seqs;
-    int n_out;               /* tokens whose logits are wanted */
+    int n_out;               /* tokens whose logits (or argmax) are wanted */
     const int32_t *out_rows; /* [n_out] ascending token indices */
     float *const *out_logits; /* [n_out] destinations of `vocab` float32 each; runs of
                                  adjacent rows (ptr[i+1] == ptr[i] + vocab) may be
-                                 computed together */
+                                 computed together. An entry may be NULL: that row's
+                                 logits are not wanted (only its argmax) */
+    int32_t *out_argmax;      /* NULL = not wanted; else host [n_out]: the argmax of each
+                                 output row, as sampler_argmax defines it (first maximal
+                                 index, NaN never wins; an all-NaN row gives 0). A row
+                                 with out_logits[i] == NULL needs out_argmax */
 };
 
 struct backend {

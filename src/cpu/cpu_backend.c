@@ -13,7 +13,8 @@
  * Attention writes every token's K/V into its session's cache first and then
  * attends causally by position, so one code path serves prefill and decode.
  * Scratch is sized once at creation for max_batch_tokens; the token loop
- * allocates nothing.
+ * allocates nothing. Rows that want only their argmax (out_logits[i] == NULL) are
+ * computed into a scratch of CPU_ARGMAX_ROWS rows; the argmax is sampler_argmax.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -22,10 +23,12 @@
 
 #include "backend.h"
 #include "cpu/cpu_ops.h"
+#include "model/sampler.h"
 #include "runtime/status.h"
 #include "runtime/threadpool.h"
 
 #define CPU_MAX_BATCH 128
+#define CPU_ARGMAX_ROWS 4 /* lm_head rows computed together for argmax-only outputs */
 
 /* Per-sequence state. Layer-indexed arrays use the attention/GDN ordinal of the layer. */
 struct backend_session {
@@ -49,6 +52,7 @@ struct cpu_backend {
     float *qg, *k, *v, *att;             /* attention */
     float *qkv, *conv_out, *z, *ga, *gb, *y; /* GDN */
     float *router, *moe_w, *xe, *eg, *eu, *ed, *sg, *su, *sd, *seg;
+    float *amax_logits; /* [CPU_ARGMAX_ROWS, vocab]: rows whose logits are not wanted */
     int32_t *moe_ids, *expert_rows, *expert_count, *expert_start;
 };
 
@@ -268,6 +272,18 @@ static void add_inplace(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
+/* lm_head for output rows [i0, i1) into dst (i1 - i0 rows of vocab), then their argmax
+ * when wanted. */
+static void lm_head_rows(struct cpu_backend *cb, const struct fwd_batch *b, int i0, int i1, float *dst) {
+    const struct model_config *c = cb->cfg;
+    cpu_qmatmul(cb->pool, &cb->w->lm_head, 0, cb->xn + (size_t)i0 * c->hidden, i1 - i0, c->hidden, dst, c->vocab);
+    if (!b->out_argmax) return;
+    for (int i = i0; i < i1; i++) {
+        const int32_t id = sampler_argmax(dst + (size_t)(i - i0) * c->vocab, c->vocab);
+        b->out_argmax[i] = id < 0 ? 0 : id; /* all NaN: 0, as the CUDA argmax */
+    }
+}
+
 static int cpu_forward(struct backend *base, const struct fwd_batch *b, char *err, size_t errlen) {
     struct cpu_backend *cb = (struct cpu_backend *)base;
     const struct model_config *c = cb->cfg;
@@ -294,11 +310,18 @@ static int cpu_forward(struct backend *base, const struct fwd_batch *b, char *er
         const int t = b->out_rows[i];
         rmsnorm(cb->xn + (size_t)i * H, cb->x + (size_t)t * H, w->final_norm, H, c->rms_eps);
     }
-    /* lm_head over runs of rows whose destinations are adjacent (one dequant per run) */
+    /* lm_head over runs of rows whose destinations are adjacent (one dequant per run);
+     * runs of argmax-only rows go through the scratch */
     for (int i0 = 0; i0 < b->n_out;) {
         int i1 = i0 + 1;
-        while (i1 < b->n_out && b->out_logits[i1] == b->out_logits[i1 - 1] + c->vocab) i1++;
-        cpu_qmatmul(cb->pool, &w->lm_head, 0, cb->xn + (size_t)i0 * H, i1 - i0, H, b->out_logits[i0], c->vocab);
+        if (!b->out_logits[i0]) {
+            if (!b->out_argmax) return errorf(err, errlen, ST_INTERNAL, "cpu forward: output row %d wants nothing", i0);
+            while (i1 < b->n_out && i1 - i0 < CPU_ARGMAX_ROWS && !b->out_logits[i1]) i1++;
+            lm_head_rows(cb, b, i0, i1, cb->amax_logits);
+        } else {
+            while (i1 < b->n_out && b->out_logits[i1] && b->out_logits[i1] == b->out_logits[i1 - 1] + c->vocab) i1++;
+            lm_head_rows(cb, b, i0, i1, b->out_logits[i0]);
+        }
         i0 = i1;
     }
     return 0;
@@ -404,7 +427,7 @@ static void cpu_destroy(struct backend *base) {
     threadpool_destroy(cb->pool);
     float **bufs[] = {&cb->x, &cb->xn, &cb->branch, &cb->qg, &cb->k, &cb->v, &cb->att, &cb->qkv, &cb->conv_out, &cb->z,
                       &cb->ga, &cb->gb, &cb->y, &cb->router, &cb->moe_w, &cb->xe, &cb->eg, &cb->eu, &cb->ed, &cb->sg,
-                      &cb->su, &cb->sd, &cb->seg};
+                      &cb->su, &cb->sd, &cb->seg, &cb->amax_logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(*bufs[i]);
     free(cb->moe_ids); free(cb->expert_rows); free(cb->expert_count); free(cb->expert_start);
     free(cb);
@@ -435,7 +458,7 @@ int cpu_backend_create(struct backend **out, const struct model_config *c, const
         {&cb->ga, T * c->lin_v_heads}, {&cb->gb, T * c->lin_v_heads}, {&cb->y, T * cfg_lin_value_dim(c)},
         {&cb->router, T * c->n_experts}, {&cb->moe_w, T * K}, {&cb->xe, T * K * H}, {&cb->eg, T * K * c->moe_inter},
         {&cb->eu, T * K * c->moe_inter}, {&cb->ed, T * K * H}, {&cb->sg, T * c->shared_inter}, {&cb->su, T * c->shared_inter},
-        {&cb->sd, T * H}, {&cb->seg, T},
+        {&cb->sd, T * H}, {&cb->seg, T}, {&cb->amax_logits, (size_t)CPU_ARGMAX_ROWS * c->vocab},
     };
     bool ok = true;
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) ok &= (*f[i].p = malloc(f[i].n * sizeof(float))) != NULL;

@@ -6,10 +6,10 @@
  * flattens a list of (session, new tokens) into fixed-capacity chunks of at most
  * backend->max_batch_tokens tokens — one sequence may span several chunks, its
  * state carries over — using buffers allocated at open, so the token loop does
- * not allocate.
+ * not allocate. Output rows that want only an argmax pass a NULL logits
+ * destination; the ids come back in c_amax and are copied to their batch_seq.
  */
 #include "model/engine.h"
-#include "model/sampler.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,10 +29,10 @@ struct engine {
     char *model_dir;
     double load_seconds;
     /* chunk assembly buffers, [max_batch_tokens] each */
-    int32_t *c_tokens, *c_pos, *c_seq, *c_out_rows;
+    int32_t *c_tokens, *c_pos, *c_seq, *c_out_rows, *c_amax;
     float **c_out;
+    int32_t **c_amax_dst; /* where each output row's argmax goes (NULL: not wanted) */
     struct backend_session **c_sessions;
-    float *greedy_logits; /* [vocab], host fallback of engine_decode_greedy */
 };
 
 struct session {
@@ -113,7 +113,10 @@ static int engine_open_rest(engine **out, engine *e, const struct engine_options
     e->c_out_rows = malloc(n * sizeof(int32_t));
     e->c_out = malloc(n * sizeof(float *));
     e->c_sessions = malloc(n * sizeof(struct backend_session *));
-    if (!e->c_tokens || !e->c_pos || !e->c_seq || !e->c_out_rows || !e->c_out || !e->c_sessions) {
+    e->c_amax = malloc(n * sizeof(int32_t));
+    e->c_amax_dst = malloc(n * sizeof(int32_t *));
+    if (!e->c_tokens || !e->c_pos || !e->c_seq || !e->c_out_rows || !e->c_out || !e->c_sessions || !e->c_amax ||
+        !e->c_amax_dst) {
         rc = errorf(err, errlen, ST_NOMEM, "out of memory");
         goto fail;
     }
@@ -131,8 +134,8 @@ void engine_close(engine *e) {
     weights_free(&e->w);
     safetensors_close(e->st);
     free(e->c_tokens); free(e->c_pos); free(e->c_seq); free(e->c_out_rows); free(e->c_out); free(e->c_sessions);
+    free(e->c_amax); free(e->c_amax_dst);
     free(e->model_dir);
-    free(e->greedy_logits);
     free(e);
 }
 
@@ -179,6 +182,20 @@ int session_length(const session *s) { return s->len; }
 int session_capacity(const session *s) { return s->cap; }
 const int32_t *session_tokens(const session *s) { return s->tokens; }
 
+/* Runs the backend over the assembled chunk; hands the output rows' argmax ids to
+ * their batch_seq destinations when any row wants one. */
+static int forward_chunk(engine *e, int n, int n_sess, int n_out, bool want_amax, char *err, size_t errlen) {
+    struct fwd_batch b = {.n_tokens = n, .tokens = e->c_tokens, .pos = e->c_pos, .seq = e->c_seq,
+                          .sessions = e->c_sessions, .n_seqs = n_sess, .n_out = n_out,
+                          .out_rows = e->c_out_rows, .out_logits = e->c_out,
+                          .out_argmax = want_amax ? e->c_amax : NULL};
+    int rc = e->be->forward(e->be, &b, err, errlen);
+    if (rc || !want_amax) return rc;
+    for (int i = 0; i < n_out; i++)
+        if (e->c_amax_dst[i]) *e->c_amax_dst[i] = e->c_amax[i];
+    return 0;
+}
+
 int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, size_t errlen) {
     const struct model_config *c = &e->cfg;
     /* Validate everything before touching any state. */
@@ -197,17 +214,16 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
     }
     const int cap = e->be->max_batch_tokens;
     int n = 0, n_sess = 0, n_out = 0;
+    bool want_amax = false;
     struct backend_session *last = NULL;
     for (int i = 0; i < n_seqs; i++) {
         struct batch_seq *q = &seqs[i];
         for (int k = 0; k < q->n_tokens; k++) {
             if (n == cap) { /* flush a full chunk */
-                struct fwd_batch b = {.n_tokens = n, .tokens = e->c_tokens, .pos = e->c_pos, .seq = e->c_seq,
-                                      .sessions = e->c_sessions, .n_seqs = n_sess, .n_out = n_out,
-                                      .out_rows = e->c_out_rows, .out_logits = e->c_out};
-                int rc = e->be->forward(e->be, &b, err, errlen);
+                int rc = forward_chunk(e, n, n_sess, n_out, want_amax, err, errlen);
                 if (rc) return rc;
                 n = n_sess = n_out = 0;
+                want_amax = false;
                 last = NULL;
             }
             if (q->s->bs != last) {
@@ -218,9 +234,12 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
             e->c_tokens[n] = q->tokens[k];
             e->c_pos[n] = pos;
             e->c_seq[n] = n_sess - 1;
-            if (q->logits && (q->all_logits || k == q->n_tokens - 1)) {
+            if ((q->logits || q->argmax) && (q->all_logits || k == q->n_tokens - 1)) {
+                const int row = q->all_logits ? k : 0;
                 e->c_out_rows[n_out] = n;
-                e->c_out[n_out] = q->logits + (q->all_logits ? (size_t)k * c->vocab : 0);
+                e->c_out[n_out] = q->logits ? q->logits + (size_t)row * c->vocab : NULL;
+                e->c_amax_dst[n_out] = q->argmax ? q->argmax + row : NULL;
+                want_amax |= q->argmax != NULL;
                 n_out++;
             }
             q->s->tokens[pos] = q->tokens[k];
@@ -228,13 +247,7 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
             n++;
         }
     }
-    if (n) {
-        struct fwd_batch b = {.n_tokens = n, .tokens = e->c_tokens, .pos = e->c_pos, .seq = e->c_seq,
-                              .sessions = e->c_sessions, .n_seqs = n_sess, .n_out = n_out,
-                              .out_rows = e->c_out_rows, .out_logits = e->c_out};
-        return e->be->forward(e->be, &b, err, errlen);
-    }
-    return 0;
+    return n ? forward_chunk(e, n, n_sess, n_out, want_amax, err, errlen) : 0;
 }
 
 int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int32_t *out_ids, double *step_end,
@@ -256,14 +269,12 @@ int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int3
         for (int i = 0; i + 1 < n_steps; i++) s->tokens[s->len++] = out_ids[i];
         return 0;
     }
-    if (!e->greedy_logits && !(e->greedy_logits = malloc((size_t)c->vocab * sizeof(float))))
-        return errorf(err, errlen, ST_NOMEM, "out of memory for logits");
     int32_t tok = first;
     for (int i = 0; i < n_steps; i++) {
-        struct batch_seq q = {.s = s, .tokens = &tok, .n_tokens = 1, .logits = e->greedy_logits};
+        struct batch_seq q = {.s = s, .tokens = &tok, .n_tokens = 1, .argmax = &out_ids[i]};
         int rc = engine_forward(e, &q, 1, err, errlen);
         if (rc) return rc;
-        tok = out_ids[i] = sampler_argmax(e->greedy_logits, c->vocab);
+        tok = out_ids[i];
         if (step_end) step_end[i] = now_seconds() - t0;
     }
     return 0;

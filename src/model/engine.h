@@ -63,13 +63,18 @@ const int32_t *session_tokens(const session *s);
 
 /* One sequence's part of a batch. `logits`, when non-NULL, receives float32
  * logits: [vocab] for the last new token, or [n_tokens, vocab] when
- * `all_logits` is set (teacher forcing, dumps). */
+ * `all_logits` is set (teacher forcing, dumps). `argmax`, when non-NULL, receives
+ * the argmax of the same rows ([1], or [n_tokens] with all_logits) exactly as
+ * sampler_argmax picks it (first maximal id, NaN never wins; 0 for an all-NaN row);
+ * with `logits` NULL only the ids are produced (a device backend then computes them
+ * on the device and copies no logits row). */
 struct batch_seq {
     session *s;
     const int32_t *tokens;
     int n_tokens;
     float *logits;
     bool all_logits;
+    int32_t *argmax;
 };
 
 /* Runs the model over every new token of every sequence and appends them to
