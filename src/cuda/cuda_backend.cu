@@ -19,7 +19,8 @@ extern "C" {
 }
 
 #define CUDA_MAX_BATCH 4096
-#define SMALL_T 16     /* batches up to this many tokens use the GEMV / pair kernels */
+#define SMALL_T 16     /* batches up to this many tokens may use the GEMV / pair kernels */
+#define MID_T 64       /* 2..MID_T tokens: the skinny tensor-core kernels (cuda_skinny.cu) */
 #define LOGIT_ROWS 64  /* lm_head rows per pass */
 #define MAX_SPLIT 64
 #define PROF_MAX 2048
@@ -38,6 +39,7 @@ struct dlayer {
     cuda_qmat qkv, z, b, a, out;
     float *conv, *A_log, *dt_bias, *norm;
     cuda_qmat router, gate, up, down, sh_gate, sh_up, sh_down, sh_eg;
+    bool skinny; /* every matrix the 2..MID_T path multiplies is 4-bit (cuda_skinny_supported) */
 };
 
 /* Device pointers of one batch's metadata. */
@@ -190,6 +192,12 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
         UQ(&m->router, &d->router, name); UQ(&m->gate, &d->gate, name); UQ(&m->up, &d->up, name);
         UQ(&m->down, &d->down, name); UQ(&m->sh_gate, &d->sh_gate, name); UQ(&m->sh_up, &d->sh_up, name);
         UQ(&m->sh_down, &d->sh_down, name); UQ(&m->sh_expert_gate, &d->sh_eg, name);
+        const cuda_qmat *sk[] = {&d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down,
+                                 d->kind == LAYER_ATTENTION ? &d->q : &d->qkv, d->kind == LAYER_ATTENTION ? &d->k : &d->z,
+                                 d->kind == LAYER_ATTENTION ? &d->v : &d->a, d->kind == LAYER_ATTENTION ? &d->o : &d->b,
+                                 d->kind == LAYER_ATTENTION ? &d->o : &d->out};
+        d->skinny = true;
+        for (size_t i = 0; i < sizeof sk / sizeof sk[0]; i++) d->skinny = d->skinny && cuda_skinny_supported(sk[i]);
     }
 #undef UQ
 #undef UF
@@ -254,10 +262,13 @@ extern "C" int cuda_backend_set_profile(struct backend *b, int on, char *err, si
 /* Small batches (decode) fuse the norms into the launch before them: the residual-adding
  * projection's last block computes the post-attention norm, the MoE down projection's
  * last block the next layer's input norm, and the router's last block the top-k. */
+static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c);
+
 static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c) {
     const struct model_config *cf = cb->cfg;
     const dlayer *d = &cb->L[l];
     const int T = m.T, H = cb->H;
+    if (T >= 2 && T <= MID_T && d->skinny) return run_layer_mid(cb, l, m, c);
     const bool small = T <= SMALL_T;
     int rc;
     if (!small || l == 0) P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
@@ -318,6 +329,50 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     P("moe_grouped_down", cuda_moe_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
     P("shared_swiglu", cuda_gemm_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
     P("shared_down", cuda_gemm_dense(c, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0));
+    P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
+    return 0;
+}
+
+/* 2..MID_T tokens (batched decode of many sequences): every weight is read once for all
+ * tokens by the tensor-core kernels of cuda_skinny.cu; the MoE goes through the sorted
+ * route (each touched expert read once for all its tokens) and the fp32 router. Norms
+ * are separate launches here (the fused tails of the GEMV path are per-token loops). */
+static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c) {
+    const struct model_config *cf = cb->cfg;
+    const dlayer *d = &cb->L[l];
+    const int T = m.T, H = cb->H, E = cb->E, K = cb->K;
+    int rc;
+    P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
+    if (d->kind == LAYER_LINEAR) {
+        const int Hv = cb->Hv;
+        P("gdn_in_skinny", cuda_skinny_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
+        P("gdn_in_skinny", cuda_skinny_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
+        P("gdn_in_skinny", cuda_skinny_dense(c, &d->a, 0, cb->xn, T, H, cb->gab, 2 * Hv, 0));
+        P("gdn_in_skinny", cuda_skinny_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
+        P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
+        P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
+                                    cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
+        P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
+        P("gdn_out_skinny", cuda_skinny_dense(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
+    } else {
+        const int qw = 2 * cb->qd;
+        P("attn_qkv_skinny", cuda_skinny_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
+        P("attn_qkv_skinny", cuda_skinny_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
+        P("attn_qkv_skinny", cuda_skinny_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
+        P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
+                                      cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
+        P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
+                                      cb->D, cb->part, cb->ybf));
+        P("attn_o_skinny", cuda_skinny_dense(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
+    }
+    P("post_rmsnorm", cuda_rmsnorm2(c, cb->x, d->post_norm, T, H, cf->rms_eps, NULL, cb->xn, cb->xn32));
+    P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
+                                          cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 1));
+    P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, &cb->route));
+    P("moe_skinny_swiglu", cuda_skinny_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
+    P("moe_skinny_down", cuda_skinny_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
+    P("shared_skinny_swiglu", cuda_skinny_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
+    P("shared_skinny_down", cuda_skinny_dense(c, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0));
     P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
     return 0;
 }
@@ -400,7 +455,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.T = T;
     m.n_seqs = b->n_seqs;
     m.n_tiles = n_tiles;
-    m.n_split = T <= SMALL_T ? split_for(max_len) : 1;
+    m.n_split = T <= MID_T ? split_for(max_len) : 1;
     m.tok = (const int32_t *)(cb->d_meta + o_tok);
     m.pos = (const int32_t *)(cb->d_meta + o_pos);
     m.tok_seq = (const int32_t *)(cb->d_meta + o_ts);
@@ -787,6 +842,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
         if ((e = cudaEventCreateWithFlags(&cb->ev[i], cudaEventDisableTiming)) != cudaSuccess)
             FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: cudaEventCreate failed: %s", cudaGetErrorString(e)));
     FAIL(cuda_gemm_init(err, errlen));
+    FAIL(cuda_skinny_init(err, errlen));
     const char *pe = getenv("ORCHID_CUDA_PROFILE");
     if (pe && atoi(pe)) FAIL(cuda_backend_set_profile(&cb->base, 1, err, errlen));
     FAIL(cuda_attn_init(c->n_heads, c->n_kv_heads, c->head_dim, err, errlen));
@@ -807,7 +863,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     const size_t P = (size_t)cb->C > 2 * (size_t)cb->qd ? (size_t)cb->C : 2 * (size_t)cb->qd;
     const size_t Imax = cb->I > cb->Is ? cb->I : cb->Is;
     const size_t ybw = cb->vd > cb->qd ? cb->vd : cb->qd;
-    const size_t parts = (T * cb->nh > (size_t)SMALL_T * cb->nh * MAX_SPLIT ? T * cb->nh : (size_t)SMALL_T * cb->nh * MAX_SPLIT) * (cb->D + 2);
+    const size_t parts = (T * cb->nh > (size_t)MID_T * cb->nh * MAX_SPLIT ? T * cb->nh : (size_t)MID_T * cb->nh * MAX_SPLIT) * (cb->D + 2);
     const size_t pair_act = (SMALL_T * (K + 1) > T * K ? SMALL_T * (K + 1) : T * K) * Imax;
     FAIL(cuda_malloc((void **)&cb->x, T * H * 4, "x", err, errlen));
     FAIL(cuda_malloc((void **)&cb->xn, T * H * 2, "xn", err, errlen));

@@ -80,7 +80,8 @@ int cuda_gemm_init(char *err, size_t errlen);
 int cuda_attn_init(int n_heads, int kv_heads, int head_dim, char *err, size_t errlen);
 
 /* ---- dense / grouped quantized matrix products (cuda_gemv.cu, cuda_gemm.cu) ---- */
-/* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T; picks GEMV (T <= 16) or tensor-core GEMM. */
+/* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T; picks the GEMV (T = 1, or T <= 16 for
+ * 8-bit), the skinny tensor-core kernel (2..64 tokens, 4-bit) or the tensor-core GEMM. */
 int cuda_qmatmul(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
                  float *y, int ldy, int accumulate);
 /* Up to 4 matrices sharing the input, one launch (decode fusion). T <= 16. */
@@ -158,7 +159,7 @@ int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int ld, int T, 
  * (exact fp32 weights: a near-tie in the top-k must not flip on rounding). */
 int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                     const float *x, int ldx, int T, float *logits, int ld, float *seg);
-/* The same, then (T <= 16) the last block runs the top-k: counter is a zeroed device int. */
+/* The same, then (T <= 64) the last block runs the top-k: counter is a zeroed device int. */
 int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                          const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
                          int32_t *ids, float *w, int *counter);
@@ -189,6 +190,22 @@ int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down
 int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
                      const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x);
 int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const float *u, size_t n, uint16_t *out);
+
+/* ---- skinny tensor-core products for 2..64 tokens (cuda_skinny.cu), 4-bit weights ---- */
+int cuda_skinny_init(char *err, size_t errlen);
+int cuda_skinny_supported(const struct cuda_qmat *m); /* 4-bit, columns a multiple of 64 */
+/* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T (1..64) */
+int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
+                      float *y, int ldy, int accumulate);
+/* act[t, f] = bf16(silu(gate[f]·x_t) · (up[f]·x_t)) for t < T (1..64) */
+int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                       const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act);
+/* The grouped forms over a route (any number of slots): act[slot, f] from x[row_of_slot],
+ * and out[slot, r] = down_e · act[slot]. Same layouts as cuda_moe_grouped_*. */
+int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                               const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act);
+int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
+                             const struct cuda_moe_route *r, float *out);
 
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */

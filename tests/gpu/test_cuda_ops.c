@@ -89,6 +89,62 @@ static void test_qmatmul(int bits, int rows, int cols, int n_mats, int mat, int 
     rq_free(&m);
 }
 
+/* ---- skinny tensor-core products (2..64 tokens): exact codes and bf16 x in the mma,
+ * fp32 scale/bias per group: 1e-4 like the GEMV; the SwiGLU form's bf16 output 1e-2 ---- */
+static void test_skinny(int rows, int cols, int n_mats, int mat, int T, int accumulate) {
+    struct rq m;
+    if (rq_make(&m, rows, cols, n_mats, 4, 1.0f / sqrtf((float)cols))) { CHECK(0, "rq_make"); return; }
+    float *xf = malloc((size_t)T * cols * 4), *ref = malloc((size_t)T * rows * 4), *got = malloc((size_t)T * rows * 4);
+    float *y0 = malloc((size_t)T * rows * 4);
+    uint16_t *xb = malloc((size_t)T * cols * 2);
+    rand_bf16(xf, xb, (size_t)T * cols, 1.0f);
+    rand_f32(y0, (size_t)T * rows, 1.0f);
+    cpu_qmatmul(NULL, &m.h, mat, xf, T, cols, ref, rows);
+    if (accumulate)
+        for (size_t i = 0; i < (size_t)T * rows; i++) ref[i] += y0[i];
+    uint16_t *dx; float *dy;
+    DEV(dx, (size_t)T * cols * 2); DEV(dy, (size_t)T * rows * 4);
+    H2D(dx, xb, (size_t)T * cols * 2); H2D(dy, y0, (size_t)T * rows * 4);
+    OK(cuda_skinny_dense(&ctx, &m.d, mat, dx, T, cols, dy, rows, accumulate));
+    D2H(got, dy, (size_t)T * rows * 4);
+    const double e = rel_err(got, ref, (size_t)T * rows);
+    CHECK(e <= 1e-4, "skinny_dense %dx%d mat %d/%d T=%d acc=%d: rel err %.3g", rows, cols, mat, n_mats, T, accumulate, e);
+    /* deterministic and batch-independent: token 0 alone gives the same bits as in the batch */
+    if (T > 1) {
+        float *one = malloc((size_t)rows * 4);
+        H2D(dy, y0, (size_t)rows * 4);
+        OK(cuda_skinny_dense(&ctx, &m.d, mat, dx, 1, cols, dy, rows, accumulate));
+        D2H(one, dy, (size_t)rows * 4);
+        int diff = 0;
+        for (int r = 0; r < rows; r++) diff += one[r] != got[r];
+        CHECK(T > 56 || diff == 0, "skinny_dense T=%d: token 0 differs from T=1 in %d rows", T, diff);
+        free(one);
+    }
+    cuda_free(dx); cuda_free(dy);
+    free(xf); free(ref); free(got); free(xb); free(y0);
+    rq_free(&m);
+}
+
+static void test_skinny_swiglu(int I, int H, int T) {
+    struct rq g, u;
+    rq_make(&g, I, H, 1, 4, 1.0f / sqrtf((float)H)); rq_make(&u, I, H, 1, 4, 1.0f / sqrtf((float)H));
+    float *xf = malloc((size_t)T * H * 4), *gr = malloc((size_t)T * I * 4), *ur = malloc((size_t)T * I * 4);
+    uint16_t *xb = malloc((size_t)T * H * 2), *ob = malloc((size_t)T * I * 2);
+    rand_bf16(xf, xb, (size_t)T * H, 1.0f);
+    cpu_qmatmul(NULL, &g.h, 0, xf, T, H, gr, I);
+    cpu_qmatmul(NULL, &u.h, 0, xf, T, H, ur, I);
+    for (size_t i = 0; i < (size_t)T * I; i++) gr[i] = silu_f32(gr[i]) * ur[i];
+    uint16_t *dx, *da;
+    DEV(dx, (size_t)T * H * 2); DEV(da, (size_t)T * I * 2);
+    H2D(dx, xb, (size_t)T * H * 2);
+    OK(cuda_skinny_swiglu(&ctx, &g.d, &u.d, dx, T, H, da, I));
+    D2H(ob, da, (size_t)T * I * 2);
+    for (size_t i = 0; i < (size_t)T * I; i++) ur[i] = bf16_to_f32(ob[i]);
+    const double e = rel_err(ur, gr, (size_t)T * I);
+    CHECK(e <= 1e-2, "skinny_swiglu I=%d H=%d T=%d: rel err %.3g", I, H, T, e);
+    free(xf); free(gr); free(ur); free(xb); free(ob); cuda_free(dx); cuda_free(da); rq_free(&g); rq_free(&u);
+}
+
 /* ---- fused multi-matrix GEMV (decode projections): 1e-4 ---- */
 static void test_gemv_multi(void) {
     struct rq a, b, c8;
@@ -467,7 +523,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     H2D(dx, xb, (size_t)T * H * 2); H2D(dx32, x32, (size_t)T * H * 4); H2D(dx0, x0, (size_t)T * H * 4);
     int *dcnt; DEV(dcnt, 64);
     if (cuda_memset0(dcnt, 64, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
-    if (T <= 16) { /* decode form: the router's last block runs the top-k */
+    if (T <= 16 || (grouped == 2 && T <= 64)) { /* decode form: the router's last block runs the top-k */
         OK(cuda_moe_router_topk(&ctx, &router.d, &seg.d, dx32, H, T, drl, E, dseg, K, 1, dids, dw, dcnt));
     } else {
         OK(cuda_moe_router(&ctx, &router.d, &seg.d, dx32, H, T, drl, E, dseg));
@@ -523,10 +579,17 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
         r.max_tiles = max_tiles;
         uint16_t *dsact; DEV(dsact, (size_t)T * I * 2);
         OK(cuda_moe_route_build(&ctx, dids, T, E, K, &r));
-        OK(cuda_moe_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
-        OK(cuda_moe_grouped_down(&ctx, &down.d, dact, &r, ded));
-        OK(cuda_gemm_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
-        OK(cuda_gemm_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
+        if (grouped == 2) { /* the batched-decode form: skinny tensor-core kernels */
+            OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
+            OK(cuda_skinny_grouped_down(&ctx, &down.d, dact, &r, ded));
+            OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
+            OK(cuda_skinny_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
+        } else {
+            OK(cuda_moe_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
+            OK(cuda_moe_grouped_down(&ctx, &down.d, dact, &r, ded));
+            OK(cuda_gemm_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
+            OK(cuda_gemm_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
+        }
         OK(cuda_moe_combine(&ctx, ded, r.slot_of_pair, dw, dsd, dseg, 1, T, K, H, dx0));
         cuda_free(dsact); cuda_free(droute);
     }
@@ -544,7 +607,8 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     }
     for (size_t i = 0; i < (size_t)T * H; i++) { got[i] -= x0[i]; ref[i] -= x0[i]; }
     e = rel_err(got, ref, (size_t)T * H);
-    CHECK(e <= 1e-2, "moe block %s E=%d K=%d H=%d I=%d T=%d: rel err %.3g", grouped ? "grouped" : "pairs", E, K, H, I, T, e);
+    CHECK(e <= 1e-2, "moe block %s E=%d K=%d H=%d I=%d T=%d: rel err %.3g", grouped == 2 ? "skinny" : grouped ? "grouped" : "pairs",
+          E, K, H, I, T, e);
     free(gain); cuda_free(dgain); cuda_free(dxn); cuda_free(dcnt);
     free(x32); free(xf); free(x0); free(xb); free(rl); free(sgl); free(ref); free(g); free(u); free(o);
     free(grl); free(gsg); free(gw); free(cw); free(gids); free(cids); free(got);
@@ -943,7 +1007,8 @@ int main(void) {
     ctx.stream = NULL;
     ctx.err = errbuf;
     ctx.errlen = sizeof errbuf;
-    if (cuda_gemm_init(errbuf, sizeof errbuf) || cuda_attn_init(16, 2, 256, errbuf, sizeof errbuf) ||
+    if (cuda_gemm_init(errbuf, sizeof errbuf) || cuda_skinny_init(errbuf, sizeof errbuf) ||
+        cuda_attn_init(16, 2, 256, errbuf, sizeof errbuf) ||
         cuda_attn_init(4, 2, 64, errbuf, sizeof errbuf)) {
         CHECK(0, "init: %s", errbuf);
         return check_summary();
@@ -957,6 +1022,19 @@ int main(void) {
         test_qmatmul(4, 65, 128, 1, 0, Ts[i], 1);
     }
     test_qmatmul(8, 1, 2048, 1, 0, 200, 0);
+    {
+        const int Tsk[] = {2, 5, 8, 9, 16, 33, 64};
+        for (size_t i = 0; i < sizeof Tsk / sizeof Tsk[0]; i++) {
+            test_skinny(1000, 2048, 1, 0, Tsk[i], 0);
+            test_skinny(300, 512, 3, 2, Tsk[i], 1);
+            test_skinny(65, 128, 1, 0, Tsk[i], 1);
+            test_skinny(32, 4096, 1, 0, Tsk[i], 0);
+        }
+        test_skinny(1, 64, 1, 0, 7, 0);
+        test_skinny_swiglu(512, 2048, 2);
+        test_skinny_swiglu(512, 2048, 64);
+        test_skinny_swiglu(64, 128, 37);
+    }
     test_gemv_multi();
     test_gemv_acc_norm(2048, 4096, 1);
     test_gemv_acc_norm(128, 256, 5);
@@ -994,6 +1072,10 @@ int main(void) {
     test_moe(256, 8, 2048, 512, 150, 1);
     test_moe(16, 8, 256, 128, 40, 1);
     test_moe(8, 2, 128, 64, 70, 1);
+    test_moe(256, 8, 2048, 512, 2, 2);
+    test_moe(256, 8, 2048, 512, 64, 2);
+    test_moe(16, 8, 256, 128, 40, 2); /* 40 tokens x 8 of 16 experts: tiles of up to 64 slots, several passes */
+    test_moe(8, 2, 128, 64, 7, 2);
     printf("ops: %d passed, %d failed so far\n", check_passed_, check_failed_);
 
     printf("end to end:\n");
