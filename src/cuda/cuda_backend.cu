@@ -345,10 +345,9 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
-        P("gdn_in_skinny", cuda_skinny_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
-        P("gdn_in_skinny", cuda_skinny_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
-        P("gdn_in_skinny", cuda_skinny_dense(c, &d->a, 0, cb->xn, T, H, cb->gab, 2 * Hv, 0));
-        P("gdn_in_skinny", cuda_skinny_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
+        cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
+                              {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
+        P("gdn_in_skinny", cuda_skinny_multi(c, s, 4, cb->xn, T, H));
         P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
         P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
                                     cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
@@ -356,9 +355,8 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         P("gdn_out_skinny", cuda_skinny_dense(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
     } else {
         const int qw = 2 * cb->qd;
-        P("attn_qkv_skinny", cuda_skinny_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
-        P("attn_qkv_skinny", cuda_skinny_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
-        P("attn_qkv_skinny", cuda_skinny_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
+        cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
+        P("attn_qkv_skinny", cuda_skinny_multi(c, s, 3, cb->xn, T, H));
         P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
                                       cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
         P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,

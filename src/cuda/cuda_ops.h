@@ -197,6 +197,9 @@ int cuda_skinny_supported(const struct cuda_qmat *m); /* 4-bit, columns a multip
 /* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T (1..64) */
 int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
                       float *y, int ldy, int accumulate);
+/* Up to 4 matrices sharing x (same columns and accumulate flag), one launch. */
+int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
+                      int ldx);
 /* act[t, f] = bf16(silu(gate[f]·x_t) · (up[f]·x_t)) for t < T (1..64) */
 int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                        const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act);

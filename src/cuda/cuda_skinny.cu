@@ -27,6 +27,7 @@
 
 #define SK_MAX_T 64
 #define SK_MAX_SMEM (64 * 1024)
+#define SK_MAX_SEG 4
 
 struct sk_args {
     cuda_qmat w0, w1;       /* w1: up of the SwiGLU variant */
@@ -40,6 +41,13 @@ struct sk_args {
     int ldy, accumulate;
     uint16_t *act;          /* SwiGLU out [token or slot][ld_act] */
     int ld_act;
+    /* dense, several matrices sharing x in one launch: block x in [blk0[i], blk0[i+1])
+     * computes 16 rows of wseg[i] into yseg[i] (nseg = 0: w0 / y only) */
+    int nseg;
+    int blk0[SK_MAX_SEG + 1];
+    cuda_qmat wseg[SK_MAX_SEG];
+    float *yseg[SK_MAX_SEG];
+    int ldyseg[SK_MAX_SEG];
 };
 
 __device__ __forceinline__ uint2 ld_stream2(const void *p) {
@@ -108,8 +116,19 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a) {
         m0 = a.tiles[blockIdx.y * 3 + 1];
         count = a.tiles[blockIdx.y * 3 + 2] - m0;
     }
-    const int rows = a.w0.rows, K = a.w0.cols, G = K / QGROUP;
-    const int rbase = blockIdx.x * 16;
+    cuda_qmat w0 = a.w0;
+    float *y = a.y;
+    int ldy = a.ldy, blk = blockIdx.x;
+    if (!SWIGLU && !GROUPED && a.nseg > 0) {
+        int sg = 0;
+        while (sg + 1 < a.nseg && blk >= a.blk0[sg + 1]) sg++;
+        w0 = a.wseg[sg];
+        y = a.yseg[sg];
+        ldy = a.ldyseg[sg];
+        blk -= a.blk0[sg];
+    }
+    const int rows = w0.rows, K = w0.cols, G = K / QGROUP;
+    const int rbase = blk * 16;
     const size_t erow = (size_t)expert * rows; /* absolute row of the expert's row 0 */
     const int gper = G / ksplit, g0 = warp * gper;
 
@@ -136,13 +155,13 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a) {
         sk_w cur[MR], nxt[MR];
 #pragma unroll
         for (int mt = 0; mt < MR; mt++)
-            sk_load_w(cur[mt], mt == 0 ? a.w0 : a.w1, erow, rows, rbase + (SWIGLU ? 0 : mt * 16) + gq, g0, c);
+            sk_load_w(cur[mt], mt == 0 ? w0 : a.w1, erow, rows, rbase + (SWIGLU ? 0 : mt * 16) + gq, g0, c);
         for (int gi = 0; gi < gper; gi++) {
             const int grp = g0 + gi;
             if (gi + 1 < gper) {
 #pragma unroll
                 for (int mt = 0; mt < MR; mt++)
-                    sk_load_w(nxt[mt], mt == 0 ? a.w0 : a.w1, erow, rows, rbase + (SWIGLU ? 0 : mt * 16) + gq, grp + 1, c);
+                    sk_load_w(nxt[mt], mt == 0 ? w0 : a.w1, erow, rows, rbase + (SWIGLU ? 0 : mt * 16) + gq, grp + 1, c);
             }
             uint4 xv[NT][2];
 #pragma unroll
@@ -224,7 +243,7 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a) {
                 for (int mt = 0; mt < MR; mt++) {
                     const int rr = r + mt * 16;
                     if (rr < rows) {
-                        float *dst = a.y + orow * a.ldy + rr;
+                        float *dst = y + orow * ldy + rr;
                         *dst = a.accumulate ? *dst + v[mt] : v[mt];
                     }
                 }
@@ -235,8 +254,8 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a) {
 }
 
 static int sk_ksplit(int G, int nt) {
-    const int want = nt >= 8 ? 4 : 8;
-    for (int k = want; k > 1; k >>= 1)
+    (void)nt;
+    for (int k = 8; k > 1; k >>= 1)
         if (G % k == 0) return k;
     return 1;
 }
@@ -248,18 +267,17 @@ static int sk_launch(const struct cuda_ctx *c, const sk_args &a, dim3 grid, int 
     LAUNCH_CHECK(c, what);
 }
 
-/* nt = n-tiles wanted in one pass. Two m-tiles (SwiGLU) keep 2 n-tiles per pass (more
- * spills under the 128-register bound of 2 blocks per SM) and the grouped forms take
- * the route's tiles 16 slots per pass; the dense single-matrix form takes up to 64
- * tokens in one pass. */
+/* nt = n-tiles wanted. Under the 128-register bound of 2 blocks per SM, two m-tiles
+ * (SwiGLU) keep 2 n-tiles per pass and one m-tile 4 (more spill): larger batches take
+ * several passes over the block's rows (the repeated weight reads hit L2), and the
+ * grouped forms take the route's tiles 16 slots per pass. */
 template <int MR, bool SWIGLU, bool GROUPED>
 static int sk_dispatch(const struct cuda_ctx *c, const sk_args &a, int nt, dim3 grid, const char *what) {
     const int ks = sk_ksplit(a.w0.cols / QGROUP, nt);
     if (nt <= 1) return sk_launch<1, MR, SWIGLU, GROUPED>(c, a, grid, ks, what);
     if constexpr (MR == 1 && !GROUPED) {
         if (nt <= 2) return sk_launch<2, MR, SWIGLU, GROUPED>(c, a, grid, ks, what);
-        if (nt <= 4) return sk_launch<4, MR, SWIGLU, GROUPED>(c, a, grid, ks, what);
-        return sk_launch<8, MR, SWIGLU, GROUPED>(c, a, grid, ks, what);
+        return sk_launch<4, MR, SWIGLU, GROUPED>(c, a, grid, sk_ksplit(a.w0.cols / QGROUP, 4), what);
     }
     return sk_launch<2, MR, SWIGLU, GROUPED>(c, a, grid, sk_ksplit(a.w0.cols / QGROUP, 2), what);
 }
@@ -270,7 +288,7 @@ static int sk_dispatch(const struct cuda_ctx *c, const sk_args &a, int nt, dim3 
 
 extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     cudaError_t e = cudaSuccess;
-    SK_ATTR(1, 1, false, false) SK_ATTR(2, 1, false, false) SK_ATTR(4, 1, false, false) SK_ATTR(8, 1, false, false)
+    SK_ATTR(1, 1, false, false) SK_ATTR(2, 1, false, false) SK_ATTR(4, 1, false, false)
     SK_ATTR(1, 2, true, false) SK_ATTR(2, 2, true, false)
     SK_ATTR(1, 1, false, true) SK_ATTR(2, 1, false, true)
     SK_ATTR(1, 2, true, true) SK_ATTR(2, 2, true, true)
@@ -307,6 +325,33 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
     a.w0.scales = m->scales + rows * (size_t)(m->cols / QGROUP);
     a.w0.biases = m->biases + rows * (size_t)(m->cols / QGROUP);
     return sk_dispatch<1, false, false>(c, a, (T + 7) / 8, dim3((m->rows + 15) / 16), "skinny_dense");
+}
+
+extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
+                                 int T, int ldx) {
+    int rc;
+    if (n_segs < 1 || n_segs > SK_MAX_SEG) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_multi: %d matrices", n_segs);
+    if (T < 1 || T > SK_MAX_T) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_multi: %d tokens (1..%d)", T, SK_MAX_T);
+    sk_args a = {};
+    a.x = x;
+    a.ldx = ldx;
+    a.T = T;
+    a.accumulate = segs[0].accumulate;
+    a.nseg = n_segs;
+    int blocks = 0;
+    for (int i = 0; i < n_segs; i++) {
+        if ((rc = sk_check(c, &segs[i].m, ldx, "skinny_multi"))) return rc;
+        if (segs[i].m.cols != segs[0].m.cols || segs[i].accumulate != a.accumulate)
+            return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_multi: matrices differ in columns or accumulation");
+        a.wseg[i] = segs[i].m;
+        a.yseg[i] = segs[i].y;
+        a.ldyseg[i] = segs[i].ldy;
+        a.blk0[i] = blocks;
+        blocks += (segs[i].m.rows + 15) / 16;
+    }
+    a.blk0[n_segs] = blocks;
+    a.w0 = segs[0].m; /* K for the split */
+    return sk_dispatch<1, false, false>(c, a, (T + 7) / 8, dim3(blocks), "skinny_multi");
 }
 
 extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
