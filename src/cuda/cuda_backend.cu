@@ -89,6 +89,7 @@ struct cuda_backend {
     float *x, *xn32, *proj, *zb, *kb, *vb, *gab, *conv_out, *y, *rlog, *seg, *mw, *ed, *sd, *part, *logits;
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
+    int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
     int *counters; /* [4] zeroed: last-block counters of the fused decode launches */
     cuda_moe_route route;
     /* optional per-op GPU timing of forward (ORCHID_CUDA_PROFILE=1; never inside a capture) */
@@ -462,16 +463,26 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     int rc = run_layers(cb, m, &c);
     if (rc) return rc;
     const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
+    for (int i = 0; i < b->n_out && !b->out_argmax; i++)
+        if (!b->out_logits[i]) return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
     for (int i0 = 0; i0 < b->n_out; i0 += LOGIT_ROWS) {
         const int n = b->n_out - i0 < LOGIT_ROWS ? b->n_out - i0 : LOGIT_ROWS;
         if ((rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo))) return rc;
         if ((rc = cuda_qmatmul(&c, &cb->lm_head, 0, cb->xo, n, cb->H, cb->logits, cb->V, 0))) return rc;
         prof_mark(cb, "lm_head");
+        /* argmax on the device (sampler_argmax's rule): only ids cross PCIe for rows
+         * whose logits are not wanted (out_logits[i] == NULL) */
+        if (b->out_argmax && (rc = cuda_argmax(&c, cb->logits, n, cb->V, cb->amax_ids + i0, cb->amax_scratch))) return rc;
         for (int i = 0; i < n; i++)
-            CUDA_TRY(cudaMemcpyAsync(b->out_logits[i0 + i], cb->logits + (size_t)i * cb->V, (size_t)cb->V * 4,
-                                     cudaMemcpyDeviceToHost, cb->stream), err, errlen, "cuda forward: logits download");
+            if (b->out_logits[i0 + i])
+                CUDA_TRY(cudaMemcpyAsync(b->out_logits[i0 + i], cb->logits + (size_t)i * cb->V, (size_t)cb->V * 4,
+                                         cudaMemcpyDeviceToHost, cb->stream), err, errlen, "cuda forward: logits download");
     }
+    if (b->out_argmax && b->n_out)
+        CUDA_TRY(cudaMemcpyAsync(cb->h_amax_ids, cb->amax_ids, (size_t)b->n_out * 4, cudaMemcpyDeviceToHost, cb->stream), err,
+                 errlen, "cuda forward: argmax download");
     CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, "cuda forward");
+    if (b->out_argmax && b->n_out) memcpy(b->out_argmax, cb->h_amax_ids, (size_t)b->n_out * 4);
     if (cb->prof_on) prof_collect(cb);
     return 0;
 }
@@ -708,9 +719,10 @@ static void cuda_destroy(struct backend *base) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     void *bufs[] = {cb->warena, cb->d_meta, cb->x, cb->xn32, cb->xlo, cb->proj, cb->zb, cb->kb, cb->vb, cb->gab, cb->conv_out, cb->y,
                     cb->rlog, cb->seg, cb->mw, cb->ed, cb->sd, cb->part, cb->logits, cb->xn, cb->ybf, cb->act, cb->sact,
-                    cb->xo, cb->ids, cb->amax_scratch, cb->route.counts, cb->counters};
+                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     if (cb->h_meta) cudaFreeHost(cb->h_meta);
+    if (cb->h_amax_ids) cudaFreeHost(cb->h_amax_ids);
     for (int i = 0; i <= PROF_MAX; i++)
         if (cb->prof_ev[i]) cudaEventDestroy(cb->prof_ev[i]);
     for (int i = 0; i < 2; i++)
@@ -886,7 +898,15 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     FAIL(cuda_malloc((void **)&cb->part, parts * 4, "attention partials", err, errlen));
     FAIL(cuda_malloc((void **)&cb->logits, (size_t)LOGIT_ROWS * cb->V * 4, "logits", err, errlen));
     FAIL(cuda_malloc((void **)&cb->xo, (size_t)LOGIT_ROWS * H * 2, "final norm", err, errlen));
-    FAIL(cuda_malloc((void **)&cb->amax_scratch, 128 * 2 * 4 * 4, "argmax", err, errlen));
+    /* argmax: cuda_argmax's scratch (ARGMAX_PARTS = 128 (value, index) pairs a row) for one
+     * lm_head pass; ids of every output row of a forward, on the device and pinned */
+    FAIL(cuda_malloc((void **)&cb->amax_scratch, (size_t)LOGIT_ROWS * 128 * 2 * 4, "argmax", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->amax_ids, (size_t)CUDA_MAX_BATCH * 4, "argmax ids", err, errlen));
+    if (cudaMallocHost((void **)&cb->h_amax_ids, (size_t)CUDA_MAX_BATCH * 4) != cudaSuccess) {
+        cudaGetLastError();
+        cb->h_amax_ids = NULL;
+        FAIL(errorf(err, errlen, ST_NOMEM, "cuda backend: cudaMallocHost of the argmax ids failed"));
+    }
     FAIL(cuda_malloc((void **)&cb->counters, 64, "counters", err, errlen));
     if ((e = cudaMemset(cb->counters, 0, 64)) != cudaSuccess)
         FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: counters: %s", cudaGetErrorString(e)));
