@@ -168,6 +168,12 @@ int32_t sampler_argmax(const float *logits, int n) {
     return best;
 }
 
+bool sampler_argmax_only(const sampler *s) {
+    /* mirrors sampler_sample: no logprobs, no penalties, and its greedy branch */
+    const bool want_lp = s->p.logprobs || s->p.top_logprobs > 0;
+    return !want_lp && !s->penalties && (s->p.temperature <= 0.0f || s->p.top_k == 1 || !s->probs);
+}
+
 /* Log-sum-exp of the raw logits (NaN ignored) and the top-n ids by logit. */
 static double logsumexp(const float *l, int n) {
     float m = -INFINITY;

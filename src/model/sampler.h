@@ -68,4 +68,10 @@ int32_t sampler_sample(sampler *s, float *logits, struct sample_result *res);
 /* Greedy argmax helper: first maximal index, NaN never wins (-1 if all NaN). */
 int32_t sampler_argmax(const float *logits, int n);
 
+/* True when sampler_sample would return sampler_argmax of the raw logits (0 for an
+ * all-NaN row) and report nothing else: greedy (temperature 0 or top_k 1), no
+ * penalties, no logprobs, and no RNG draw. The logits row is then not needed, only
+ * its argmax (which a device backend computes without copying the row out). */
+bool sampler_argmax_only(const sampler *s);
+
 #endif

@@ -1,6 +1,7 @@
 /* server/metrics.c — the /metrics state (see metrics.h): request counts by
- * endpoint and status, token totals, cancellations, queue/running gauges and
- * latency histograms (time to first token, inter-token latency, end to end). */
+ * endpoint and status, token totals (argmax-only ones too), cancellations,
+ * queue/running gauges and latency histograms (time to first token,
+ * inter-token latency, end to end). */
 #include "server/metrics.h"
 
 #include <pthread.h>
@@ -32,7 +33,7 @@ static struct {
     int statuses[MAX_STATUSES];
     int n_statuses;
     long req[EP_COUNT][MAX_STATUSES];
-    long prompt, completion, cached, cancelled;
+    long prompt, completion, cached, cancelled, argmax;
     int queued, running;
     long kv_used, kv_capacity;
     struct hist ttft, itl, e2e;
@@ -67,6 +68,12 @@ void metrics_tokens(long prompt, long completion, long cached) {
 void metrics_cancelled(void) {
     pthread_mutex_lock(&M.mu);
     M.cancelled++;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_argmax_tokens(long n) {
+    pthread_mutex_lock(&M.mu);
+    M.argmax += n;
     pthread_mutex_unlock(&M.mu);
 }
 
@@ -106,6 +113,7 @@ long metrics_get(const char *name) {
     else if (!strcmp(name, "completion_tokens")) v = M.completion;
     else if (!strcmp(name, "prompt_tokens")) v = M.prompt;
     else if (!strcmp(name, "cached_tokens")) v = M.cached;
+    else if (!strcmp(name, "argmax_tokens")) v = M.argmax;
     pthread_mutex_unlock(&M.mu);
     return v;
 }
@@ -174,6 +182,9 @@ int metrics_render(char **out, size_t *len) {
     outf(&o, "# HELP orchid_prefix_cache_hit_tokens_total Prompt tokens reused from the prefix cache.\n"
              "# TYPE orchid_prefix_cache_hit_tokens_total counter\norchid_prefix_cache_hit_tokens_total %ld\n",
          M.cached);
+    outf(&o, "# HELP orchid_argmax_only_tokens_total Generated tokens taken from the model's argmax (greedy, "
+             "no logprobs or penalties) without copying their logits to the host.\n"
+             "# TYPE orchid_argmax_only_tokens_total counter\norchid_argmax_only_tokens_total %ld\n", M.argmax);
     outf(&o, "# HELP orchid_requests_cancelled_total Generations cancelled (client gone or shutdown).\n"
              "# TYPE orchid_requests_cancelled_total counter\norchid_requests_cancelled_total %ld\n", M.cancelled);
     outf(&o, "# HELP orchid_queue_depth Requests waiting for the scheduler.\n"

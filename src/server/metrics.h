@@ -21,13 +21,16 @@ void metrics_init(void);
 void metrics_request(enum metrics_endpoint ep, int status);
 void metrics_tokens(long prompt, long completion, long cached);
 void metrics_cancelled(void);
+/* Tokens chosen from the backend's argmax, with no logits row copied to the host. */
+void metrics_argmax_tokens(long n);
 void metrics_queue(int queued, int running);
 /* Tokens held by all sessions (running and kept for prefix reuse) and their capacity. */
 void metrics_kv(long used, long capacity);
 void metrics_ttft(double seconds);
 void metrics_itl(double seconds);
 void metrics_e2e(double seconds);
-/* Reads a counter (tests): "cancelled", "completion_tokens", "prompt_tokens", "cached_tokens". */
+/* Reads a counter (tests): "cancelled", "completion_tokens", "prompt_tokens", "cached_tokens",
+ * "argmax_tokens". */
 long metrics_get(const char *name);
 /* Renders the exposition text; *out malloc'd. Returns 0 or ST_NOMEM. */
 int metrics_render(char **out, size_t *len);

@@ -53,6 +53,7 @@ struct model_port {
     void (*seq_reset)(void *ctx, session *s);
     int (*seq_length)(void *ctx, const session *s);
     const int32_t *(*seq_tokens)(void *ctx, const session *s);
+    /* engine_forward's contract, batch_seq.argmax included (NULL logits: the ids only). */
     int (*forward)(void *ctx, struct batch_seq *seqs, int n_seqs, char *err, size_t errlen);
     /* Optional prefix checkpoints (NULL when absent). restore: loads into s the
      * longest saved state that is a strict prefix of tokens[0, n) (*matched = its

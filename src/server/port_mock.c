@@ -20,6 +20,8 @@
  * step_ms (default 2 ms, env ORCHID_MOCK_STEP_MS) to behave like a model;
  * ORCHID_MOCK_LOAD_MS delays the load (to test /health while loading). A
  * prompt containing "MOCK_FAIL" makes the forward fail (the 500 path).
+ * The forward honours batch_seq.argmax as engine.h defines it (sampler_argmax
+ * of the row; with NULL logits only the ids), like a device backend.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -28,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/sampler.h"
 #include "runtime/status.h"
 #include "server/port.h"
 #include "text/utf8.h"
@@ -304,15 +307,19 @@ static int mock_forward(void *ctx, struct batch_seq *seqs, int n_seqs, char *err
     }
     for (int i = 0; i < n_seqs; i++) {
         struct mock_seq *s = (struct mock_seq *)seqs[i].s;
-        int base = s->len;
         memcpy(s->toks + s->len, seqs[i].tokens, (size_t)seqs[i].n_tokens * sizeof(int32_t));
         s->len += seqs[i].n_tokens;
-        if (!seqs[i].logits) continue;
-        if (seqs[i].all_logits) {
-            for (int k = 0; k < seqs[i].n_tokens; k++)
-                mock_logits(s->toks, base + k + 1, seqs[i].logits + (size_t)k * M_VOCAB);
-        } else {
-            mock_logits(s->toks, s->len, seqs[i].logits);
+        if (!seqs[i].logits && !seqs[i].argmax) continue;
+        /* output rows: the last token, or every new token with all_logits */
+        const int n_rows = seqs[i].all_logits ? seqs[i].n_tokens : 1;
+        for (int k = 0; k < n_rows; k++) {
+            float row[M_VOCAB];
+            float *dst = seqs[i].logits ? seqs[i].logits + (size_t)k * M_VOCAB : row;
+            mock_logits(s->toks, s->len - n_rows + k + 1, dst);
+            if (seqs[i].argmax) {
+                const int32_t id = sampler_argmax(dst, M_VOCAB);
+                seqs[i].argmax[k] = id < 0 ? 0 : id;
+            }
         }
     }
     if (m->step_ms > 0) {

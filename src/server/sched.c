@@ -2,7 +2,13 @@
  * the threading and ownership rules). Everything the token loop touches is
  * allocated at admission (sampler, text buffer, logprob records) or at start
  * (sessions, logits rows, the batch array); the loop itself does not allocate
- * except for the amortised doubling of a job's text buffer. */
+ * except for the amortised doubling of a job's text buffer.
+ *
+ * A job whose sampler would pick exactly the argmax (greedy, no logprobs, no
+ * penalties: sampler_argmax_only) asks the forward for the argmax alone, so no
+ * logits row is copied to the host and nothing is sampled there; the token is the
+ * one sampler_sample would have chosen. ORCHID_NO_DEVICE_ARGMAX=1 (read once at
+ * start) turns this off: every token then comes from a host-sampled logits row. */
 #include "server/sched.h"
 
 #include <errno.h>
@@ -21,6 +27,8 @@ struct slot {
     float *logits;
     struct job *job;
     uint64_t last_used;
+    int32_t argmax;           /* this step's argmax when only it was asked for */
+    struct sample_result res; /* this step's token */
 };
 
 struct sched {
@@ -45,14 +53,22 @@ struct sched {
     struct batch_seq *batch;
     int *batch_slot;
     threadpool *pool;            /* samples the running sequences in parallel */
-    int *samp_slot;              /* [n_slots] slots to sample this step */
-    struct sample_result *samp_res; /* [n_slots] their results */
+    int *samp_slot;              /* [n_slots] slots to sample on the host this step */
+    bool device_argmax;          /* argmax-only rows for plain greedy jobs (see the top) */
 };
 
 static void sample_item(void *ctx, int i) {
     struct sched *S = ctx;
     struct slot *sl = &S->slots[S->samp_slot[i]];
-    sampler_sample(sl->job->smp, sl->logits, &S->samp_res[i]);
+    sampler_sample(sl->job->smp, sl->logits, &sl->res);
+}
+
+/* Asks for the slot's next token: the argmax alone when the job's sampler would pick
+ * exactly that, else the logits row for the host sampler. */
+static void want_token(const struct sched *S, struct slot *sl, struct batch_seq *b) {
+    const bool only = S->device_argmax && sampler_argmax_only(sl->job->smp);
+    b->logits = only ? NULL : sl->logits;
+    b->argmax = only ? &sl->argmax : NULL;
 }
 
 /* ---- jobs ---- */
@@ -316,8 +332,7 @@ static int load(struct sched *S) {
         }
     }
     S->samp_slot = calloc((size_t)S->n_slots, sizeof *S->samp_slot);
-    S->samp_res = calloc((size_t)S->n_slots, sizeof *S->samp_res);
-    if (!S->samp_slot || !S->samp_res) {
+    if (!S->samp_slot) {
         rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for scheduler slots");
         goto fail;
     }
@@ -328,6 +343,9 @@ static int load(struct sched *S) {
         if (threads > S->n_slots) threads = S->n_slots;
         if ((rc = threadpool_create(&S->pool, threads, err, sizeof err))) goto fail;
     }
+    const char *no_amax = getenv("ORCHID_NO_DEVICE_ARGMAX");
+    S->device_argmax = !(no_amax && *no_amax && strcmp(no_amax, "0") != 0);
+    if (!S->device_argmax) fprintf(stderr, "ORCHID_NO_DEVICE_ARGMAX: every token is sampled on the host from its logits\n");
     pthread_mutex_lock(&S->mu);
     S->state = SCHED_READY;
     pthread_cond_broadcast(&S->cv);
@@ -404,11 +422,13 @@ static void *sched_main(void *arg) {
                 budget -= take;
                 b->tokens = j->prompt + j->n_fed;
                 b->n_tokens = take;
-                b->logits = take == left ? sl->logits : NULL;
+                b->logits = NULL;
+                b->argmax = NULL;
+                if (take == left) want_token(S, sl, b);
             } else {
                 b->tokens = &j->next_tok;
                 b->n_tokens = 1;
-                b->logits = sl->logits;
+                want_token(S, sl, b);
             }
             S->batch_slot[nb++] = i;
         }
@@ -443,15 +463,25 @@ static void *sched_main(void *arg) {
             }
         }
         /* Sample every sequence that has logits, in parallel (each job owns its sampler
-         * and its logits row), then hand the tokens over in slot order. */
-        int ns = 0;
-        for (int k = 0; k < nb; k++)
-            if (S->batch[k].logits) S->samp_slot[ns++] = S->batch_slot[k];
+         * and its logits row); argmax-only rows already hold their token. Then hand the
+         * tokens over in slot order. */
+        int ns = 0, na = 0;
+        for (int k = 0; k < nb; k++) {
+            struct slot *sl = &S->slots[S->batch_slot[k]];
+            if (S->batch[k].logits) {
+                S->samp_slot[ns++] = S->batch_slot[k];
+            } else if (S->batch[k].argmax) {
+                sl->res = (struct sample_result){.token = sl->argmax};
+                na++;
+            }
+        }
         threadpool_run(S->pool, ns, sample_item, S);
-        for (int i = 0; i < ns; i++) {
-            struct slot *sl = &S->slots[S->samp_slot[i]];
+        if (na) metrics_argmax_tokens(na);
+        for (int k = 0; k < nb; k++) {
+            if (!S->batch[k].logits && !S->batch[k].argmax) continue;
+            struct slot *sl = &S->slots[S->batch_slot[k]];
             struct job *j = sl->job;
-            if (!take_token(S, sl, j, &S->samp_res[i])) j->next_tok = S->samp_res[i].token;
+            if (!take_token(S, sl, j, &sl->res)) j->next_tok = sl->res.token;
         }
     }
     /* stopping: cancel everything */
@@ -578,7 +608,6 @@ void sched_free(struct sched *S) {
     free(S->batch_slot);
     threadpool_destroy(S->pool);
     free(S->samp_slot);
-    free(S->samp_res);
     free(S->q);
     free(S->tmp);
     pthread_mutex_destroy(&S->mu);

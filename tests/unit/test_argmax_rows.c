@@ -3,7 +3,8 @@
  * sampler_argmax of the row's logits, for rows that keep their logits and for rows
  * whose logits are not wanted (NULL destination, computed into the backend's
  * scratch), mixed in one batch; the engine's batch_seq.argmax carries the same ids
- * (last token and all_logits) and the greedy host loop uses it.
+ * (last token and all_logits) and the greedy host loop uses it; sampler_argmax_only
+ * holds exactly for the samplers whose choice is that argmax.
  * Model: $ORCHID_TEST_MODEL or .cache/models/tiny-0. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,9 +175,44 @@ static void test_engine(const char *dir) {
     engine_close(e);
 }
 
+/* sampler_argmax_only: exactly the samplers whose sampler_sample is the argmax of the
+ * raw row (ties to the lowest id, NaN never wins, all-NaN 0) with nothing reported. */
+static void test_sampler_predicate(void) {
+    enum { V = 64 };
+    struct { const char *what; struct sampler_params p; bool only; } cases[8];
+    for (int i = 0; i < 8; i++) cases[i].p = sampler_params_default();
+    cases[0].what = "defaults (greedy)", cases[0].only = true;
+    cases[1].what = "top_k 1 at temperature 0.7", cases[1].p.temperature = 0.7f, cases[1].p.top_k = 1, cases[1].only = true;
+    cases[2].what = "logprobs", cases[2].p.logprobs = true, cases[2].only = false;
+    cases[3].what = "top_logprobs", cases[3].p.top_logprobs = 2, cases[3].only = false;
+    cases[4].what = "presence penalty", cases[4].p.presence_penalty = 0.5f, cases[4].only = false;
+    cases[5].what = "repetition penalty", cases[5].p.repetition_penalty = 1.1f, cases[5].only = false;
+    cases[6].what = "temperature 0.7", cases[6].p.temperature = 0.7f, cases[6].only = false;
+    cases[7].what = "frequency penalty", cases[7].p.frequency_penalty = -0.5f, cases[7].only = false;
+    char err[256];
+    float row[V], copy[V];
+    for (int c = 0; c < 8; c++) {
+        sampler *s = NULL;
+        CHECK(sampler_new(&s, V, &cases[c].p, err, sizeof err) == 0, "%s: %s", cases[c].what, err);
+        if (!s) continue;
+        CHECK(sampler_argmax_only(s) == cases[c].only, "%s: argmax_only %d", cases[c].what, sampler_argmax_only(s));
+        for (int r = 0; r < 4 && cases[c].only; r++) { /* ties, NaN first, all NaN */
+            for (int i = 0; i < V; i++) row[i] = (float)(hash_id(i + 31 * r, 7));
+            if (r == 1) row[0] = row[1] = 0.0f / 0.0f;
+            if (r == 3)
+                for (int i = 0; i < V; i++) row[i] = 0.0f / 0.0f;
+            const int32_t a = sampler_argmax(row, V), want = a < 0 ? 0 : a;
+            memcpy(copy, row, sizeof row);
+            CHECK(sampler_sample(s, copy, NULL) == want, "%s row %d: sample vs argmax %d", cases[c].what, r, want);
+        }
+        sampler_free(s);
+    }
+}
+
 int main(void) {
     const char *dir = getenv("ORCHID_TEST_MODEL");
     if (!dir) dir = ".cache/models/tiny-0";
+    test_sampler_predicate();
     test_backend(dir);
     test_engine(dir);
     return check_summary();
