@@ -1,12 +1,17 @@
 /* cuda/cuda_internal.h — helpers shared by the .cu files (CUDA C++ only):
- * launch checking in the status.h convention, bf16 conversion, warp
- * reductions, and the MLX affine dequantization of packed codes. */
+ * launch checking in the status.h convention, Programmatic Dependent Launch
+ * (launch_k, pdl_wait, pdl_trigger), bf16 conversion, warp reductions, and the
+ * MLX affine dequantization of packed codes. */
 #ifndef ORCHID_CUDA_INTERNAL_H
 #define ORCHID_CUDA_INTERNAL_H
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <utility>
 
 #include "cuda/cuda_ops.h"
 
@@ -34,7 +39,88 @@ extern "C" {
                           cudaGetErrorString(e_));                                                     \
     } while (0)
 
+/* Checks a launch_k launch: its returned error, else the sticky one (cleared either way);
+ * returns from the calling launcher on failure only. */
+#define LAUNCH_TRY(c, call, what)                                                                      \
+    do {                                                                                               \
+        cudaError_t r_ = (call);                                                                       \
+        const cudaError_t l_ = cudaGetLastError();                                                     \
+        if (r_ == cudaSuccess) r_ = l_;                                                                \
+        if (r_ != cudaSuccess)                                                                         \
+            return errorf((c)->err, (c)->errlen, ST_DEVICE, "CUDA launch of %s failed: %s", (what),    \
+                          cudaGetErrorString(r_));                                                     \
+    } while (0)
+
+/* LAUNCH_TRY, then return 0 from the launcher (the LAUNCH_CHECK of a launch_k launch). */
+#define LAUNCH_CHECK_RC(c, call, what)                                                                 \
+    do {                                                                                               \
+        LAUNCH_TRY(c, call, what);                                                                     \
+        return 0;                                                                                      \
+    } while (0)
+
 static inline cudaStream_t cstream(const struct cuda_ctx *c) { return (cudaStream_t)c->stream; }
+
+/* ---- Programmatic Dependent Launch (PDL, sm_90+) ----
+ * A kernel launched by launch_k may be scheduled while the kernel before it in the
+ * stream is still running (once every block of that one has called pdl_trigger or
+ * exited). Rules for every kernel launched by launch_k (docs/ARCHITECTURE.md, traps):
+ *  (a) before pdl_wait() it reads only immutable data (weights, scales, biases, gains,
+ *      its parameters) and writes nothing; everything an earlier kernel wrote, and every
+ *      write (outputs, last_block_done counters, KV / conv / GDN state), comes after it;
+ *  (b) every thread calls pdl_wait() on every path, early exits included: a grid that
+ *      completes without waiting would let its own dependent run beside its predecessor;
+ *  (c) it calls pdl_trigger() early (at its start): the dependent's pdl_wait still waits
+ *      for this grid's completion, the trigger only lets it be scheduled and prefetch;
+ *  (d) both compile to nothing below sm_90, and the launch attribute is set only on
+ *      devices of compute capability >= 9.0 with ORCHID_PDL != "0" (pdl_enabled()).
+ * Without the attribute (old GPU, ORCHID_PDL=0, or a plain <<<>>> launch) pdl_wait returns
+ * at once and pdl_trigger does nothing. */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* True when launches get the PDL attribute: device 9.0+ and ORCHID_PDL not "0" (read once,
+ * on the first launch; cuda_attn_init asks first, outside any graph capture). */
+inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char *e = getenv("ORCHID_PDL");
+        if (e && !strcmp(e, "0")) return false;
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        return major >= 9;
+    }();
+    return on;
+}
+
+/* kern<<<grid, block, smem, st>>>(args...) through cudaLaunchKernelEx, with programmatic
+ * stream serialisation when pdl_enabled(); kern must follow rules (a)-(c) above. Returns
+ * the launch's error (check with LAUNCH_TRY / LAUNCH_CHECK_RC). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_k(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                   Args &&...args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ uint16_t f2bf(float f) {
@@ -207,6 +293,17 @@ __device__ __forceinline__ float qdot_f(const uint4 w, const float *xf) {
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* The same for weight loads issued before pdl_wait(): without .nc, because ptxas sinks
+ * non-coherent loads below griddepcontrol.wait (it keeps coherent ones above it), which
+ * would delay them to after the previous kernel's end. */
+__device__ __forceinline__ uint4 ld_stream_pre(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
