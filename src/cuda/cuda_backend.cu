@@ -87,6 +87,7 @@ struct cuda_backend {
     size_t meta_cap;
     /* scratch */
     float *x, *xn32, *proj, *zb, *kb, *vb, *gab, *conv_out, *y, *rlog, *seg, *mw, *ed, *sd, *part, *logits;
+    float *gdn_qk, *gdn_gates; /* prefill-form GDN preparation (NULL: shape not supported, one-launch scan) */
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
@@ -287,8 +288,12 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             P("gdn_in_gemm", cuda_gemm_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
         }
         P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
-        P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
-                                cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
+        if (!small && cb->gdn_qk)
+            P("gdn_scan", cuda_gdn_scan_prefill(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs,
+                                                m.n_seqs, d->ord, T, cb->Hk, Hv, cb->Dk, cb->Dv, cb->gdn_qk, cb->gdn_gates, cb->y));
+        else
+            P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs,
+                                        d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
         P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
         if (small) P("gdn_out_proj+norm", cuda_gemv_acc_norm(c, &d->out, cb->ybf, T, cb->vd, cb->x, H, &post));
         else P("gdn_out_proj", cuda_qmatmul(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
@@ -719,7 +724,8 @@ static void cuda_destroy(struct backend *base) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     void *bufs[] = {cb->warena, cb->d_meta, cb->x, cb->xn32, cb->xlo, cb->proj, cb->zb, cb->kb, cb->vb, cb->gab, cb->conv_out, cb->y,
                     cb->rlog, cb->seg, cb->mw, cb->ed, cb->sd, cb->part, cb->logits, cb->xn, cb->ybf, cb->act, cb->sact,
-                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters};
+                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters,
+                    cb->gdn_qk, cb->gdn_gates};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     if (cb->h_meta) cudaFreeHost(cb->h_meta);
     if (cb->h_amax_ids) cudaFreeHost(cb->h_amax_ids);
@@ -853,6 +859,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
             FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: cudaEventCreate failed: %s", cudaGetErrorString(e)));
     FAIL(cuda_gemm_init(err, errlen));
     FAIL(cuda_skinny_init(err, errlen));
+    FAIL(cuda_gdn_prefill_init(err, errlen));
     const char *pe = getenv("ORCHID_CUDA_PROFILE");
     if (pe && atoi(pe)) FAIL(cuda_backend_set_profile(&cb->base, 1, err, errlen));
     FAIL(cuda_attn_init(c->n_heads, c->n_kv_heads, c->head_dim, err, errlen));
@@ -886,6 +893,10 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     FAIL(cuda_malloc((void **)&cb->gab, T * 2 * cb->Hv * 4, "gdn gates", err, errlen));
     FAIL(cuda_malloc((void **)&cb->conv_out, T * cb->C * 4, "conv out", err, errlen));
     FAIL(cuda_malloc((void **)&cb->y, T * cb->vd * 4, "gdn out", err, errlen));
+    if (cb->n_lin && cuda_gdn_prefill_supported(cb->Hk, cb->Hv, cb->Dk, cb->Dv)) {
+        FAIL(cuda_malloc((void **)&cb->gdn_qk, T * cb->Hk * 2 * cb->Dk * 4, "gdn q/k", err, errlen));
+        FAIL(cuda_malloc((void **)&cb->gdn_gates, T * cb->Hv * 2 * 4, "gdn gates", err, errlen));
+    }
     FAIL(cuda_malloc((void **)&cb->ybf, T * ybw * 2, "mixer out", err, errlen));
     FAIL(cuda_malloc((void **)&cb->rlog, T * cb->E * 4, "router logits", err, errlen));
     FAIL(cuda_malloc((void **)&cb->seg, T * 4, "shared gate", err, errlen));

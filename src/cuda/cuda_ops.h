@@ -147,6 +147,14 @@ int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const float *w, cons
 int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                   const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
                   int Hk, int Hv, int Dk, int Dv, float *y);
+/* The same recurrence for prefill chunks (cuda_gdn_prefill.cu): a parallel preparation
+ * launch (l2-normalised q, k into qk [T][Hk][2][Dk], gates into [Hv][T][2]) and the scan
+ * with double-buffered chunks; results equal cuda_gdn_scan bit for bit. */
+int cuda_gdn_prefill_init(char *err, size_t errlen);
+int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv);
+int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
+                          const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
+                          int T, int Hk, int Hv, int Dk, int Dv, float *qk, float *gates, float *y);
 /* out[t, h*Dv + d] = bf16(w[d] * y / rms(y over the head) * silu(z)) */
 int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const float *z, int ldz, const float *w, int T, int Hv,
                     int Dv, float eps, uint16_t *out);

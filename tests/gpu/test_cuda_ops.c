@@ -461,7 +461,34 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
     H2D(dA, Alog, (size_t)Hv * 4); H2D(ddt, dtb, (size_t)Hv * 4); H2D(dnw, nw, (size_t)Dv * 4); H2D(dts, tseq, (size_t)T * 4);
     H2D(dseq, seqs, (size_t)n_seqs * sizeof *seqs);
     OK(cuda_conv1d(&ctx, dqkv, dw, dts, dseq, n_seqs, 0, T, C, K, dco));
+    /* the prefill form (cuda_gdn_prefill.cu) on a copy of the initial states: must equal the
+     * one-launch scan bit for bit (same arithmetic, only the preparation moved) */
+    const int pre = cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv);
+    float *dS2 = NULL, *dy2 = NULL, *dqk = NULL, *dgt = NULL;
+    struct cuda_seq *dseq2 = NULL;
+    if (pre) {
+        struct cuda_seq *seqs2 = malloc((size_t)n_seqs * sizeof *seqs2);
+        DEV(dS2, (size_t)n_seqs * Hv * Dv * Dk * 4); DEV(dy2, (size_t)T * vd * 4); DEV(dseq2, (size_t)n_seqs * sizeof *seqs2);
+        DEV(dqk, (size_t)T * Hk * 2 * Dk * 4); DEV(dgt, (size_t)Hv * T * 2 * 4);
+        H2D(dS2, S, (size_t)n_seqs * Hv * Dv * Dk * 4);
+        for (int q = 0; q < n_seqs; q++) { seqs2[q] = seqs[q]; seqs2[q].state = dS2 + (size_t)q * Hv * Dv * Dk; }
+        H2D(dseq2, seqs2, (size_t)n_seqs * sizeof *seqs2);
+        free(seqs2);
+    }
     OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq, n_seqs, 0, Hk, Hv, Dk, Dv, dy));
+    if (pre) {
+        OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq2, n_seqs, 0, T, Hk, Hv, Dk, Dv, dqk, dgt, dy2));
+        const size_t big = (size_t)n_seqs * Hv * Dv * Dk > (size_t)T * vd ? (size_t)n_seqs * Hv * Dv * Dk : (size_t)T * vd;
+        float *a1 = malloc(big * 4), *a2 = malloc(big * 4);
+        D2H(a1, dy, (size_t)T * vd * 4); D2H(a2, dy2, (size_t)T * vd * 4);
+        int dy_diff = memcmp(a1, a2, (size_t)T * vd * 4) != 0;
+        D2H(a1, dS, (size_t)n_seqs * Hv * Dv * Dk * 4); D2H(a2, dS2, (size_t)n_seqs * Hv * Dv * Dk * 4);
+        int ds_diff = memcmp(a1, a2, (size_t)n_seqs * Hv * Dv * Dk * 4) != 0;
+        CHECK(!dy_diff && !ds_diff, "gdn_scan_prefill Dk=%d Dv=%d T=%d seqs=%d: y %s, state %s the one-launch scan", Dk, Dv, T,
+              n_seqs, dy_diff ? "differs from" : "equals", ds_diff ? "differs from" : "equals");
+        free(a1); free(a2);
+        cuda_free(dS2); cuda_free(dy2); cuda_free(dseq2); cuda_free(dqk); cuda_free(dgt);
+    }
     OK(cuda_gated_norm(&ctx, dy, dz, vd, dnw, T, Hv, Dv, 1e-6f, dout));
     /* CPU: conv exactly as cpu_backend conv_item, recurrence as gdn_head_item */
     float *co = malloc((size_t)T * C * 4), *y = malloc((size_t)T * vd * 4);
@@ -1040,6 +1067,7 @@ int main(void) {
     ctx.err = errbuf;
     ctx.errlen = sizeof errbuf;
     if (cuda_gemm_init(errbuf, sizeof errbuf) || cuda_skinny_init(errbuf, sizeof errbuf) ||
+        cuda_gdn_prefill_init(errbuf, sizeof errbuf) ||
         cuda_attn_init(16, 2, 256, errbuf, sizeof errbuf) ||
         cuda_attn_init(4, 2, 64, errbuf, sizeof errbuf)) {
         CHECK(0, "init: %s", errbuf);
@@ -1099,6 +1127,8 @@ int main(void) {
         test_gdn(16, 32, 128, 128, 1, a);
         test_gdn(16, 32, 128, 128, 3, b);
         test_gdn(4, 8, 32, 32, 2, c);
+        const int d2[] = {5, 77};
+        test_gdn(2, 4, 64, 64, 2, d2);
     }
     test_moe(256, 8, 2048, 512, 1, 0);
     test_moe(256, 8, 2048, 512, 5, 0);

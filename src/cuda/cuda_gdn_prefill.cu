@@ -1,0 +1,222 @@
+// cuda/cuda_gdn_prefill.cu — the Gated DeltaNet recurrence for long runs of tokens
+// (prefill chunks), split in two launches so the sequential part never waits on
+// per-token preparation:
+//
+//   1. gdn_prep: fully parallel over tokens — l2-normalised q (times 1/sqrt(Dk)) and k of
+//      every key head into qk [T][Hk][2][Dk] fp32, and the gates of every value head
+//      into gates [Hv][T][2] = (alpha = exp(-exp(A_log) softplus(a + dt_bias)),
+//      beta = sigmoid(b)). Before, every block of the scan redid this for its head
+//      (8 blocks per head) in the prologue of each 32-token chunk, with dependent global
+//      loads: ~12 µs per chunk, more than half of the scan (docs/PERFORMANCE.md).
+//   2. gdn_scan_prefill: the recurrence of cuda_gdn.cu (same state layout, same per-lane
+//      split of a value row over Dk/8 lanes, same arithmetic order, so results match
+//      the decode form bit for bit) with the next chunk's q, k, v and gates fetched by
+//      cp.async into the other half of a double buffer while the current chunk runs.
+#include <math.h>
+
+#include "cuda/cuda_internal.h"
+
+#define GDNP_CH 32
+
+/* ---- 1. preparation ---- */
+
+/* Block per token: warp w normalises (key head, q|k) pairs w, w+8, ...; then threads
+ * compute the gates of the value heads. */
+template <int DK>
+static __global__ void __launch_bounds__(256) gdn_prep_kernel(const float *conv_out, const float *ga, const float *gb, int ldab,
+                                                              const float *A_log, const float *dt_bias, int T, int Hk,
+                                                              int Hv, int Dv, float *qk, float *gates) {
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int key_dim = Hk * DK, C = 2 * key_dim + Hv * Dv;
+    const float *row = conv_out + (size_t)t * C;
+    const float qscale = rsqrtf((float)DK);
+    for (int p = warp; p < 2 * Hk; p += blockDim.x >> 5) {
+        const int kh = p >> 1, is_k = p & 1;
+        const float *src = row + (is_k ? key_dim : 0) + kh * DK;
+        float v[DK / 32];
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DK / 32; i++) {
+            v[i] = src[lane + 32 * i];
+            ss += v[i] * v[i];
+        }
+        ss = warp_sum(ss);
+        const float inv = rsqrtf(ss + 1e-6f) * (is_k ? 1.0f : qscale);
+        float *dst = qk + (((size_t)t * Hk + kh) * 2 + is_k) * DK;
+#pragma unroll
+        for (int i = 0; i < DK / 32; i++) dst[lane + 32 * i] = v[i] * inv;
+    }
+    for (int h = threadIdx.x; h < Hv; h += blockDim.x) {
+        const float xa = ga[(size_t)t * ldab + h] + dt_bias[h];
+        const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+        float2 g;
+        g.x = expf(-__expf(A_log[h]) * sp);
+        g.y = 1.0f / (1.0f + expf(-gb[(size_t)t * ldab + h]));
+        reinterpret_cast<float2 *>(gates)[(size_t)h * T + t] = g;
+    }
+}
+
+/* ---- 2. the scan with a double-buffered chunk ---- */
+
+__device__ __forceinline__ void cpa16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cpa8(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <int DK>
+struct gdnp_buf {
+    float q[GDNP_CH][DK];
+    float k[GDNP_CH][DK];
+    float v[GDNP_CH][256 / (DK / 8)];
+    float g[GDNP_CH][2];
+};
+
+/* Issues the copies of chunk [c0, c0 + n) of head h / row block rb into buffer b. */
+template <int DK>
+__device__ __forceinline__ void gdnp_fetch(gdnp_buf<DK> &b, const float *qk, const float *conv_out, const float *gates,
+                                           int c0, int n, int T, int kh, int h, int rb, int Hk, int Hv, int Dv) {
+    constexpr int ROWS = 256 / (DK / 8), Q4 = DK / 4, V4 = ROWS / 4;
+    const int key_dim = Hk * DK, C = 2 * key_dim + Hv * Dv;
+    for (int i = threadIdx.x; i < n * 2 * Q4; i += blockDim.x) { /* q then k rows of each token */
+        const int tt = i / (2 * Q4), r = i % (2 * Q4), is_k = r / Q4, j = (r % Q4) * 4;
+        cpa16(is_k ? &b.k[tt][j] : &b.q[tt][j], qk + (((size_t)(c0 + tt) * Hk + kh) * 2 + is_k) * DK + j);
+    }
+    for (int i = threadIdx.x; i < n * V4; i += blockDim.x) {
+        const int tt = i / V4, j = (i % V4) * 4;
+        cpa16(&b.v[tt][j], conv_out + (size_t)(c0 + tt) * C + 2 * key_dim + (size_t)h * Dv + rb * ROWS + j);
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) cpa8(&b.g[i][0], gates + ((size_t)h * T + c0 + i) * 2);
+    cpa_commit();
+}
+
+template <int DK>
+static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const float *qk, const float *conv_out,
+                                                                      const float *gates, const cuda_seq *seqs,
+                                                                      int layer_ord, int T, int Hk, int Hv, int Dv,
+                                                                      float *y) {
+    constexpr int LPR = DK / 8, ROWS = 256 / LPR;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    gdnp_buf<DK> *buf = reinterpret_cast<gdnp_buf<DK> *>(smem_raw);
+    float(*ys)[ROWS] = reinterpret_cast<float(*)[ROWS]>(smem_raw + 2 * sizeof(gdnp_buf<DK>));
+    const int rblocks = Dv / ROWS;
+    const int h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks;
+    const int kh = h / (Hv / Hk);
+    const cuda_seq s = seqs[blockIdx.y];
+    const int tid = threadIdx.x;
+    const int rloc = tid / LPR, sub = tid % LPR;
+    const int row = rb * ROWS + rloc;
+    float *S = s.state + (((size_t)layer_ord * Hv + h) * Dv + row) * DK;
+    float st[8];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const float4 v4 = *reinterpret_cast<const float4 *>(S + 4 * LPR * u + 4 * sub);
+        st[4 * u] = v4.x; st[4 * u + 1] = v4.y; st[4 * u + 2] = v4.z; st[4 * u + 3] = v4.w;
+    }
+    if (s.t0 < s.t1) gdnp_fetch<DK>(buf[0], qk, conv_out, gates, s.t0, min(GDNP_CH, s.t1 - s.t0), T, kh, h, rb, Hk, Hv, Dv);
+    int cur = 0;
+    for (int c0 = s.t0; c0 < s.t1; c0 += GDNP_CH, cur ^= 1) {
+        const int n = min(GDNP_CH, s.t1 - c0);
+        __syncthreads(); /* everyone is done with buffer cur^1 (the chunk before) and ys */
+        if (c0 + GDNP_CH < s.t1) {
+            gdnp_fetch<DK>(buf[cur ^ 1], qk, conv_out, gates, c0 + GDNP_CH, min(GDNP_CH, s.t1 - c0 - GDNP_CH), T, kh, h, rb,
+                           Hk, Hv, Dv);
+            cpa_wait<1>();
+        } else {
+            cpa_wait<0>();
+        }
+        __syncthreads();
+        const gdnp_buf<DK> &b = buf[cur];
+        for (int tt = 0; tt < n; tt++) {
+            const float a = b.g[tt][0], be = b.g[tt][1];
+            const float4 k0 = *reinterpret_cast<const float4 *>(&b.k[tt][4 * sub]);
+            const float4 k1 = *reinterpret_cast<const float4 *>(&b.k[tt][4 * LPR + 4 * sub]);
+            const float4 q0 = *reinterpret_cast<const float4 *>(&b.q[tt][4 * sub]);
+            const float4 q1 = *reinterpret_cast<const float4 *>(&b.q[tt][4 * LPR + 4 * sub]);
+            const float kv[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+            const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+            float ma = 0.0f, mb = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                st[e] *= a;
+                st[e + 4] *= a;
+                ma = fmaf(st[e], kv[e], ma);
+                mb = fmaf(st[e + 4], kv[e + 4], mb);
+            }
+            float mk = ma + mb;
+#pragma unroll
+            for (int o = LPR / 2; o > 0; o >>= 1) mk += __shfl_xor_sync(0xffffffffu, mk, o);
+            const float delta = (b.v[tt][rloc] - mk) * be;
+            float oa = 0.0f, ob = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                st[e] = fmaf(kv[e], delta, st[e]);
+                st[e + 4] = fmaf(kv[e + 4], delta, st[e + 4]);
+                oa = fmaf(st[e], qv[e], oa);
+                ob = fmaf(st[e + 4], qv[e + 4], ob);
+            }
+            float o = oa + ob;
+#pragma unroll
+            for (int off = LPR / 2; off > 0; off >>= 1) o += __shfl_xor_sync(0xffffffffu, o, off);
+            if (sub == 0) ys[tt][rloc] = o;
+        }
+        __syncthreads();
+        for (int i = tid; i < n * ROWS; i += blockDim.x) {
+            const int tt = i / ROWS, r = i % ROWS;
+            y[(size_t)(c0 + tt) * Hv * Dv + (size_t)h * Dv + rb * ROWS + r] = ys[tt][r];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+        *reinterpret_cast<float4 *>(S + 4 * LPR * u + 4 * sub) = make_float4(st[4 * u], st[4 * u + 1], st[4 * u + 2], st[4 * u + 3]);
+}
+
+template <int DK>
+static size_t gdnp_smem() {
+    return 2 * sizeof(gdnp_buf<DK>) + (size_t)GDNP_CH * (256 / (DK / 8)) * 4;
+}
+
+extern "C" int cuda_gdn_prefill_init(char *err, size_t errlen) {
+    cudaError_t e = cudaFuncSetAttribute(gdn_scan_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdnp_smem<128>());
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gdn_scan_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdnp_smem<64>());
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gdn_scan_prefill_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdnp_smem<32>());
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gdn prefill: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+/* Which shapes the two-launch form takes (the rest use cuda_gdn_scan). */
+extern "C" int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv) {
+    return (Dk == 128 || Dk == 64 || Dk == 32) && Hv % Hk == 0 && Dv % (256 / (Dk / 8)) == 0;
+}
+
+extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
+                                     const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs,
+                                     int layer_ord, int T, int Hk, int Hv, int Dk, int Dv, float *qk, float *gates, float *y) {
+    if (n_seqs <= 0 || T <= 0) return 0;
+    if (!cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv))
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn prefill: Hk %d Hv %d Dk %d Dv %d", Hk, Hv, Dk, Dv);
+    const int rows = 256 / (Dk / 8);
+    const dim3 grid(Hv * (Dv / rows), n_seqs);
+#define GDNP_LAUNCH(DK)                                                                                                \
+    do {                                                                                                               \
+        gdn_prep_kernel<DK><<<T, 256, 0, cstream(c)>>>(conv_out, a, b, ldab, A_log, dt_bias, T, Hk, Hv, Dv, qk, gates); \
+        cudaError_t e_ = cudaGetLastError();                                                                           \
+        if (e_ != cudaSuccess)                                                                                         \
+            return errorf(c->err, c->errlen, ST_DEVICE, "CUDA launch of gdn_prep failed: %s", cudaGetErrorString(e_)); \
+        gdn_scan_prefill_kernel<DK><<<grid, 256, gdnp_smem<DK>(), cstream(c)>>>(qk, conv_out, gates, seqs, layer_ord, T, Hk, \
+                                                                               Hv, Dv, y);                             \
+    } while (0)
+    if (Dk == 128) GDNP_LAUNCH(128);
+    else if (Dk == 64) GDNP_LAUNCH(64);
+    else GDNP_LAUNCH(32);
+#undef GDNP_LAUNCH
+    LAUNCH_CHECK(c, "gdn_scan_prefill");
+}
