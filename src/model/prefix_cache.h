@@ -11,7 +11,9 @@
  *
  * Token equality alone decides a hit. Memory is bounded (max_bytes); when a save
  * would exceed it, least-recently-used leaves are evicted (a checkpoint with children
- * is kept while they live). Only the scheduler thread may use a cache.
+ * is kept while they live). The host buffers are the engine's (pinned under CUDA);
+ * an evicted checkpoint's buffers are kept for reuse by later saves, inside the same
+ * max_bytes. Only the scheduler thread may use a cache.
  */
 #ifndef ORCHID_PREFIX_CACHE_H
 #define ORCHID_PREFIX_CACHE_H
@@ -25,7 +27,9 @@ typedef struct prefix_cache prefix_cache;
 
 struct prefix_cache_stats {
     uint64_t lookups, hits, hit_tokens, saves, evictions, skipped;
+    uint64_t host_allocs; /* host buffers allocated (not taken from the pool) */
     size_t entries, bytes, max_bytes;
+    size_t pooled;        /* bytes of free buffers kept for reuse; bytes + pooled <= max_bytes */
 };
 
 int prefix_cache_create(prefix_cache **out, engine *e, size_t max_bytes, char *err, size_t errlen);

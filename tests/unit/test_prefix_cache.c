@@ -1,7 +1,9 @@
 /* tests/unit/test_prefix_cache.c — prefix checkpoints on the tiny mlx-lm model:
  * a resumed sequence gives the same logits as one fed from scratch; two branches off
  * one prompt both reuse it and share its KV; eviction under a tiny budget stays
- * correct (a miss, never a wrong hit). Model: $ORCHID_TEST_MODEL or .cache/models/tiny-0. */
+ * correct (a miss, never a wrong hit), and an evicted checkpoint's host buffers are
+ * reused by the next saves inside the budget. Model: $ORCHID_TEST_MODEL or
+ * .cache/models/tiny-0. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,10 +104,14 @@ int main(void) {
         CHECK(resumed_logits(pc, s, t, 20, a) == 0, "unrelated sequences must miss");
         CHECK(prefix_cache_save(pc, s, err, sizeof err) == 0, "%s", err);
         prefix_cache_get_stats(pc, &st);
-        CHECK(st.bytes <= st.max_bytes && st.entries <= 2, "budget: %zu bytes, %zu entries", st.bytes, st.entries);
+        CHECK(st.bytes + st.pooled <= st.max_bytes && st.entries <= 2, "budget: %zu + %zu pooled bytes, %zu entries",
+              st.bytes, st.pooled, st.entries);
     }
     prefix_cache_get_stats(pc, &st);
     CHECK(st.evictions == 2, "evictions %llu", (unsigned long long)st.evictions);
+    /* saves 3 and 4 took the evicted checkpoints' state and KV buffers */
+    CHECK(st.host_allocs == 4 && st.pooled == 0, "host buffers allocated %llu (want 4), pooled %zu",
+          (unsigned long long)st.host_allocs, st.pooled);
     for (int k = 0; k < 4; k++) { /* the two newest hit, the two oldest miss; all give exact-feed logits */
         int32_t t[24];
         for (int i = 0; i < 20; i++) t[i] = (toks[i] + 1000 * (k + 1)) % V;
@@ -115,6 +121,19 @@ int main(void) {
         fresh_logits(t, 24, b);
         CHECK(rel_err(a, b, V) < 1e-5, "after eviction, sequence %d: %.3g", k, rel_err(a, b, V));
     }
+    /* a shorter checkpoint: reuses the evicted state buffer; the evicted 20-row KV buffer
+     * does not fit 10 rows and stays pooled, inside the budget (freed with the cache) */
+    int32_t t10[14];
+    for (int i = 0; i < 14; i++) t10[i] = (toks[i] + 7000) % V;
+    CHECK(resumed_logits(pc, s, t10, 10, a) == 0, "10-token sequence must miss");
+    CHECK(prefix_cache_save(pc, s, err, sizeof err) == 0, "%s", err);
+    prefix_cache_get_stats(pc, &st);
+    CHECK(st.evictions == 3 && st.host_allocs == 5 && st.pooled == 20 * row && st.bytes + st.pooled <= st.max_bytes,
+          "evictions %llu, allocs %llu, pooled %zu, bytes %zu", (unsigned long long)st.evictions,
+          (unsigned long long)st.host_allocs, st.pooled, st.bytes);
+    CHECK(resumed_logits(pc, s, t10, 14, a) == 10, "the 10-token checkpoint must hit");
+    fresh_logits(t10, 14, b);
+    CHECK(rel_err(a, b, V) < 1e-5, "10-token checkpoint: %.3g", rel_err(a, b, V));
     prefix_cache_free(pc);
     session_close(s);
     free(a);
