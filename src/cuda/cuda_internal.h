@@ -69,12 +69,15 @@ static inline cudaStream_t cstream(const struct cuda_ctx *c) { return (cudaStrea
  *      write (outputs, last_block_done counters, KV / conv / GDN state), comes after it;
  *  (b) every thread calls pdl_wait() on every path, early exits included: a grid that
  *      completes without waiting would let its own dependent run beside its predecessor;
- *  (c) it calls pdl_trigger() early (at its start): the dependent's pdl_wait still waits
- *      for this grid's completion, the trigger only lets it be scheduled and prefetch;
+ *  (c) it calls pdl_trigger() early (at its start, or where only a tail is left): the
+ *      dependent's pdl_wait still waits for this grid's completion, the trigger only lets
+ *      it be scheduled and prefetch;
  *  (d) both compile to nothing below sm_90, and the launch attribute is set only on
  *      devices of compute capability >= 9.0 with ORCHID_PDL != "0" (pdl_enabled()).
- * Without the attribute (old GPU, ORCHID_PDL=0, or a plain <<<>>> launch) pdl_wait returns
- * at once and pdl_trigger does nothing. */
+ * Without the attribute (old GPU, ORCHID_PDL=0, launch_k_pdl(false, ...) or a plain <<<>>>
+ * launch) pdl_wait returns at once and pdl_trigger does nothing. A kernel whose blocks
+ * are long-lived and few (the GDN scan, attention) can run slower when scheduled early
+ * (its blocks land unevenly on the SMs the previous kernel frees): measure both ways. */
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -104,11 +107,11 @@ inline bool pdl_enabled() {
 }
 
 /* kern<<<grid, block, smem, st>>>(args...) through cudaLaunchKernelEx, with programmatic
- * stream serialisation when pdl_enabled(); kern must follow rules (a)-(c) above. Returns
- * the launch's error (check with LAUNCH_TRY / LAUNCH_CHECK_RC). */
+ * stream serialisation when pdl && pdl_enabled(); kern must follow rules (a)-(c) above
+ * either way. Returns the launch's error (check with LAUNCH_TRY / LAUNCH_CHECK_RC). */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t launch_k(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                                   Args &&...args) {
+static inline cudaError_t launch_k_pdl(bool pdl, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                       cudaStream_t st, Args &&...args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -118,8 +121,13 @@ static inline cudaError_t launch_k(void (*kern)(KArgs...), dim3 grid, dim3 block
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = pdl && pdl_enabled() ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+}
+template <typename... KArgs, typename... Args>
+static inline cudaError_t launch_k(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                   Args &&...args) {
+    return launch_k_pdl(true, kern, grid, block, smem, st, std::forward<Args>(args)...);
 }
 
 __device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
