@@ -4,7 +4,11 @@
 
 #include "cuda/cuda_internal.h"
 
+/* PDL (every kernel here): trigger, then wait before the first read of tokens / x /
+ * logits / scratch (the rows to read depend on them). */
 static __global__ void embed_kernel(cuda_qmat m, const int32_t *tokens, float *x) {
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x;
     const size_t row = (size_t)tokens[t];
     const int per = 32 / m.bits, words = m.cols / per;
@@ -22,13 +26,14 @@ static __global__ void embed_kernel(cuda_qmat m, const int32_t *tokens, float *x
 
 extern "C" int cuda_embed(const struct cuda_ctx *c, const struct cuda_qmat *embed, const int32_t *tokens, int T, float *x) {
     if (T <= 0) return 0;
-    embed_kernel<<<T, 256, 0, cstream(c)>>>(*embed, tokens, x);
-    LAUNCH_CHECK(c, "embed");
+    LAUNCH_CHECK_RC(c, launch_k(embed_kernel, dim3(T), dim3(256), 0, cstream(c), *embed, tokens, x), "embed");
 }
 
 static __global__ void rmsnorm_kernel(const float *x, const float *gain, int n, float eps, const int32_t *rows,
                                       uint16_t *xn, float *xn32, uint16_t *xlo) {
     __shared__ float sh[32];
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x;
     const float *xr = x + (size_t)(rows ? rows[t] : t) * n;
     float ss = 0.0f;
@@ -49,22 +54,25 @@ static __global__ void rmsnorm_kernel(const float *x, const float *gain, int n, 
 extern "C" int cuda_rmsnorm(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
                             const int32_t *rows, uint16_t *xn) {
     if (T <= 0) return 0;
-    rmsnorm_kernel<<<T, 256, 0, cstream(c)>>>(x, gain, n, eps, rows, xn, NULL, NULL);
-    LAUNCH_CHECK(c, "rmsnorm");
+    LAUNCH_CHECK_RC(c, launch_k(rmsnorm_kernel, dim3(T), dim3(256), 0, cstream(c), x, gain, n, eps, rows, xn,
+                                (float *)NULL, (uint16_t *)NULL),
+                    "rmsnorm");
 }
 
 extern "C" int cuda_rmsnorm2(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
                              const int32_t *rows, uint16_t *xn, float *xn32) {
     if (T <= 0) return 0;
-    rmsnorm_kernel<<<T, 256, 0, cstream(c)>>>(x, gain, n, eps, rows, xn, xn32, NULL);
-    LAUNCH_CHECK(c, "rmsnorm");
+    LAUNCH_CHECK_RC(c, launch_k(rmsnorm_kernel, dim3(T), dim3(256), 0, cstream(c), x, gain, n, eps, rows, xn, xn32,
+                                (uint16_t *)NULL),
+                    "rmsnorm");
 }
 
 extern "C" int cuda_rmsnorm_split(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
                                   uint16_t *xn, uint16_t *xlo) {
     if (T <= 0) return 0;
-    rmsnorm_kernel<<<T, 256, 0, cstream(c)>>>(x, gain, n, eps, NULL, xn, NULL, xlo);
-    LAUNCH_CHECK(c, "rmsnorm_split");
+    LAUNCH_CHECK_RC(c, launch_k(rmsnorm_kernel, dim3(T), dim3(256), 0, cstream(c), x, gain, n, eps,
+                                (const int32_t *)NULL, xn, (float *)NULL, xlo),
+                    "rmsnorm_split");
 }
 
 #define ARGMAX_PARTS 128
@@ -106,6 +114,8 @@ __device__ __forceinline__ void amax_block(float &v, int &i) {
 }
 
 static __global__ void argmax_part_kernel(const float *logits, int n, int32_t *scratch) {
+    pdl_trigger();
+    pdl_wait();
     const int row = blockIdx.y, part = blockIdx.x;
     const int per = (n + ARGMAX_PARTS - 1) / ARGMAX_PARTS;
     const int lo = part * per, hi = min(n, lo + per);
@@ -121,6 +131,8 @@ static __global__ void argmax_part_kernel(const float *logits, int n, int32_t *s
 }
 
 static __global__ void argmax_final_kernel(const int32_t *scratch, int32_t *ids) {
+    pdl_trigger();
+    pdl_wait();
     const int row = blockIdx.x;
     float v = -INFINITY;
     int idx = 0x7fffffff;
@@ -135,9 +147,7 @@ static __global__ void argmax_final_kernel(const int32_t *scratch, int32_t *ids)
 extern "C" int cuda_argmax(const struct cuda_ctx *c, const float *logits, int n_rows, int n, int32_t *ids,
                            int32_t *scratch) {
     if (n_rows <= 0) return 0;
-    argmax_part_kernel<<<dim3(ARGMAX_PARTS, n_rows), 256, 0, cstream(c)>>>(logits, n, scratch);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return errorf(c->err, c->errlen, ST_DEVICE, "CUDA launch of argmax_part failed: %s", cudaGetErrorString(e));
-    argmax_final_kernel<<<n_rows, 128, 0, cstream(c)>>>(scratch, ids);
-    LAUNCH_CHECK(c, "argmax_final");
+    LAUNCH_TRY(c, launch_k(argmax_part_kernel, dim3(ARGMAX_PARTS, n_rows), dim3(256), 0, cstream(c), logits, n, scratch),
+               "argmax_part");
+    LAUNCH_CHECK_RC(c, launch_k(argmax_final_kernel, dim3(n_rows), dim3(128), 0, cstream(c), scratch, ids), "argmax_final");
 }

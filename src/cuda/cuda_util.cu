@@ -56,7 +56,10 @@ extern "C" int cuda_device_name(char *buf, size_t len) {
     return 0;
 }
 
+/* PDL: both kernels trigger, then wait before touching anything. */
 static __global__ void f32_to_bf16_kernel(const float *x, size_t n, uint16_t *y) {
+    pdl_trigger();
+    pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = f2bf(x[i]);
 }
@@ -65,11 +68,13 @@ extern "C" int cuda_f32_to_bf16(const struct cuda_ctx *c, const float *x, size_t
     size_t blocks = (n + 255) / 256;
     if (blocks > 4096) blocks = 4096;
     if (blocks == 0) return 0;
-    f32_to_bf16_kernel<<<(unsigned)blocks, 256, 0, cstream(c)>>>(x, n, y);
-    LAUNCH_CHECK(c, "f32_to_bf16");
+    LAUNCH_CHECK_RC(c, launch_k(f32_to_bf16_kernel, dim3((unsigned)blocks), dim3(256), 0, cstream(c), x, n, y),
+                    "f32_to_bf16");
 }
 
 static __global__ void decode_advance_kernel(int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids) {
+    pdl_trigger();
+    pdl_wait();
     const int s = step[0];
     out_ids[s] = tok[0];
     step[0] = s + 1;
@@ -78,8 +83,8 @@ static __global__ void decode_advance_kernel(int32_t *pos, int32_t *step, const 
 
 extern "C" int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok,
                                    int32_t *out_ids) {
-    decode_advance_kernel<<<1, 1, 0, cstream(c)>>>(pos, step, tok, out_ids);
-    LAUNCH_CHECK(c, "decode_advance");
+    LAUNCH_CHECK_RC(c, launch_k(decode_advance_kernel, dim3(1), dim3(1), 0, cstream(c), pos, step, tok, out_ids),
+                    "decode_advance");
 }
 
 /* Device-to-device copy bandwidth (bytes read + written per second), for benchmarks. */
