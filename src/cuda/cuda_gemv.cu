@@ -3,7 +3,8 @@
 // in flight per lane), the affine form
 // Σ_g s_g Σ q x + b_g Σ x in fp32. Up to 4 matrices sharing one input run in a
 // single launch (fused projections). Also cuda_qmatmul, the dispatcher between
-// this GEMV and the tensor-core GEMM of cuda_gemm.cu.
+// this GEMV, the skinny tensor-core kernel of cuda_skinny.cu (2..64 tokens, 4-bit) and the
+// tensor-core GEMM of cuda_gemm.cu.
 #include "cuda/cuda_internal.h"
 
 #define GEMV_WARPS 8
@@ -21,6 +22,10 @@ struct gemv_args {
 #define GEMV_R 2
 #define GEMV_U 2
 
+/* The first round trip of weight loads is issued before pdl_wait() (weights are
+ * immutable): for K = 2048 at 4 bits (64 chunks a row) it is the whole row, so the
+ * weight stream starts while the previous kernel finishes; x (and y when accumulating)
+ * are read only after the wait. The caller's other warps wait on their own. */
 template <int MAXT, int BITS>
 __device__ __forceinline__ void gemv_rows(const cuda_gemv_seg &g, int row0, const uint16_t *x, int T, int ldx, int lane) {
     const cuda_qmat &m = g.m;
@@ -42,16 +47,16 @@ __device__ __forceinline__ void gemv_rows(const cuda_gemv_seg &g, int row0, cons
     for (int t = 0; t < MAXT; t++)
 #pragma unroll
         for (int r = 0; r < GEMV_R; r++) acc[t][r] = 0.0f;
-    for (int base = lane; base < nch; base += 32 * GEMV_U) {
-        uint4 w[GEMV_U][GEMV_R];
-        float s[GEMV_U][GEMV_R], bb[GEMV_U][GEMV_R];
+    uint4 w[GEMV_U][GEMV_R];
+    float s[GEMV_U][GEMV_R], bb[GEMV_U][GEMV_R];
+    auto load_round = [&](int base, bool pre) {
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
             const int ch = base + 32 * u;
 #pragma unroll
             for (int r = 0; r < GEMV_R; r++) {
                 if (ch < nch && ok[r]) {
-                    w[u][r] = ld_stream(crow[r] + ch);
+                    w[u][r] = pre ? ld_stream_pre(crow[r] + ch) : ld_stream(crow[r] + ch);
                     s[u][r] = bf(sc[r][ch * per / QGROUP]);
                     bb[u][r] = bf(bi[r][ch * per / QGROUP]);
                 } else {
@@ -60,6 +65,11 @@ __device__ __forceinline__ void gemv_rows(const cuda_gemv_seg &g, int row0, cons
                 }
             }
         }
+    };
+    load_round(lane, true); /* weights only: before the wait */
+    pdl_wait();
+    for (int base = lane; base < nch; base += 32 * GEMV_U) {
+        if (base != lane) load_round(base, false);
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
             const int ch = base + 32 * u;
@@ -91,8 +101,11 @@ __device__ __forceinline__ void gemv_rows(const cuda_gemv_seg &g, int row0, cons
     }
 }
 
+/* PDL: gemv_rows waits after its first weight loads; warps without rows wait here; the
+ * tail's counter and reads come after every warp's wait. */
 template <int MAXT>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a, const uint16_t *x, int T, int ldx) {
+    pdl_trigger();
     const int blk = blockIdx.x;
     int s = 0;
     while (s + 1 < a.n && blk >= a.blk0[s + 1]) s++;
@@ -102,6 +115,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args 
     if (row < g.m.rows) {
         if (g.m.bits == 4) gemv_rows<MAXT, 4>(g, row, x, T, ldx, lane);
         else gemv_rows<MAXT, 8>(g, row, x, T, ldx, lane);
+    } else {
+        pdl_wait();
     }
     if (a.tail.counter && last_block_done(a.tail.counter)) tail_rmsnorm(g.y, g.ldy, T, g.m.rows, a.tail);
 }
@@ -124,12 +139,12 @@ static int gemv_launch(const struct cuda_ctx *c, const struct cuda_gemv_seg *seg
     }
     a.blk0[n_segs] = blocks;
     const dim3 grid(blocks), block(GEMV_WARPS * 32);
-    if (T == 1) gemv_kernel<1><<<grid, block, 0, cstream(c)>>>(a, x, T, ldx);
-    else if (T == 2) gemv_kernel<2><<<grid, block, 0, cstream(c)>>>(a, x, T, ldx);
-    else if (T <= 4) gemv_kernel<4><<<grid, block, 0, cstream(c)>>>(a, x, T, ldx);
-    else if (T <= 8) gemv_kernel<8><<<grid, block, 0, cstream(c)>>>(a, x, T, ldx);
-    else gemv_kernel<16><<<grid, block, 0, cstream(c)>>>(a, x, T, ldx);
-    LAUNCH_CHECK(c, "gemv");
+    void (*kern)(gemv_args, const uint16_t *, int, int) = T == 1   ? gemv_kernel<1>
+                                                          : T == 2 ? gemv_kernel<2>
+                                                          : T <= 4 ? gemv_kernel<4>
+                                                          : T <= 8 ? gemv_kernel<8>
+                                                                   : gemv_kernel<16>;
+    LAUNCH_CHECK_RC(c, launch_k(kern, grid, block, 0, cstream(c), a, x, T, ldx), "gemv");
 }
 
 extern "C" int cuda_gemv_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs,
@@ -159,6 +174,8 @@ static cuda_qmat qmat_at(const cuda_qmat *m, int mat) {
 
 extern "C" int cuda_qmatmul(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T,
                             int ldx, float *y, int ldy, int accumulate) {
+    if (T >= 2 && T <= 64 && cuda_skinny_supported(m) && ldx % 8 == 0)
+        return cuda_skinny_dense(c, m, mat, x, T, ldx, y, ldy, accumulate);
     if (T <= 16) {
         cuda_gemv_seg s;
         s.m = qmat_at(m, mat);
