@@ -1,4 +1,6 @@
-/* cpu/cpu_ops.c — scalar reference kernels (see cpu_ops.h). */
+/* cpu/cpu_ops.c — the CPU kernels (see cpu_ops.h): scalar reference math, and the
+ * quantized matmul in two forms, generic C and AVX2+FMA, each batch-invariant (a
+ * token's outputs never depend on how many tokens share the call). */
 #include "cpu/cpu_ops.h"
 
 #include <math.h>
@@ -54,53 +56,10 @@ struct qmm_job {
     float *y;
     int ldy;
     int rows_per_item;
-    const float *xp;   /* small-T 4-bit path: x permuted per group, [T, cols] */
-    const float *xsum; /* small-T 4-bit path: Σx per group, [T, cols/group] */
 };
 
-#define QMM_SMALL_T 4
-
-#ifdef HAVE_AVX2
-/* Small-T 4-bit path: y = Σ_g s_g·(Σ_i q_i x_i) + b_g·(Σ_i x_i) without materialising the
- * row. Word j of a group holds elements 8j..8j+7 (nibble k = element 8j+k), so with x
- * permuted to xp[g·G + 8k + j] = x[g·G + 8j + k], nibble plane k of the group's 8 words
- * (one 256-bit load, shifted by 4k and masked) lines up with xp[8k .. 8k+7]. */
-static void qmm_item_q4_small(void *ctx, int item) {
-    const struct qmm_job *j = ctx;
-    const struct qmat *m = j->m;
-    const int G = m->group, ng = m->cols / G, wpg = G / 8;
-    const int r0 = item * j->rows_per_item;
-    const int r1 = r0 + j->rows_per_item < m->rows ? r0 + j->rows_per_item : m->rows;
-    const __m256i mask = _mm256_set1_epi32(15);
-    for (int r = r0; r < r1; r++) {
-        const size_t row = (size_t)j->mat * (size_t)m->rows + (size_t)r;
-        const uint32_t *w = m->codes + row * qmat_row_words(m);
-        const uint16_t *sc = m->scales + row * (size_t)ng, *bi = m->biases + row * (size_t)ng;
-        float acc[QMM_SMALL_T] = {0};
-        for (int g = 0; g < ng; g++) {
-            const float s = bf16_to_f32(sc[g]), b = bf16_to_f32(bi[g]);
-            for (int c = 0; c < wpg; c += 8) { /* 8 words = 64 elements */
-                const __m256i words = _mm256_loadu_si256((const __m256i *)(w + (size_t)g * wpg + c));
-                for (int t = 0; t < j->T; t++) {
-                    const float *xp = j->xp + (size_t)t * m->cols + (size_t)g * G + (size_t)c * 8;
-                    __m256 d = _mm256_setzero_ps();
-                    for (int k = 0; k < 8; k++) {
-                        const __m256 q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words, 4 * k), mask));
-                        d = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp + 8 * k), d);
-                    }
-                    __m128 h = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
-                    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-                    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-                    acc[t] += s * _mm_cvtss_f32(h);
-                }
-            }
-            for (int t = 0; t < j->T; t++) acc[t] += b * j->xsum[(size_t)t * ng + g];
-        }
-        for (int t = 0; t < j->T; t++) j->y[(size_t)t * j->ldy + r] = acc[t];
-    }
-}
-#endif
-
+/* Generic path (any bits/group; the only path without AVX2): dequantize the row, then
+ * dot it with each token. Token t's value never depends on T. */
 static void qmm_item(void *ctx, int item) {
     const struct qmm_job *j = ctx;
     const struct qmat *m = j->m;
@@ -113,7 +72,131 @@ static void qmm_item(void *ctx, int item) {
     }
 }
 
+#ifdef HAVE_AVX2
+/* AVX2 path for 4- and 8-bit rows. Batch invariance (issue 6): y[t, r] comes from one
+ * fixed sequence of float operations whatever T is and wherever t sits in the batch,
+ * so a token's result is bit-identical alone or in any batch:
+ *   w[c]  = fma(q[c], s_g, b_g)                      8 lanes at a time, natural order
+ *   acc_a = fma(w[c..c+8), x[c..c+8), acc_a)         a = (c / 8) mod QMM_NA, c ascending
+ *   y     = hsum8(acc_0 + acc_1)                     fixed lane order
+ * Tokens are grouped QMM_TB at a time (the last group shorter) only to share each weight
+ * vector; every token keeps its own accumulators, so grouping changes no rounding. The
+ * first group dequantizes the row in registers; when more tokens follow it also stores
+ * w, and the other groups read it back (the same values). */
+#define QMM_NA 2 /* accumulators per output element */
+#define QMM_TB 4 /* tokens per register block */
+
+static inline float hsum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+
+/* The codes of chunk k (elements 8k..8k+7) of a group as floats; wg: the group's words. */
+static inline __attribute__((always_inline)) __m256 codes8(const uint32_t *wg, size_t k, const int bits) {
+    if (bits == 4) { /* word k, nibble i = element 8k+i */
+        const __m256i v = _mm256_set1_epi32((int)wg[k]);
+        const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, sh), _mm256_set1_epi32(15)));
+    }
+    /* 8 bits: LSB-first words, little-endian: byte 8k+i is element 8k+i */
+    const __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)wg + 8 * k));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+}
+
+/* y[t * ldy] = w_row · x_t for the TB tokens at x; w_row dequantized from the codes
+ * (and stored to wout when STORE). TB, BITS, STORE are constants after inlining. */
+static inline __attribute__((always_inline)) void dot_codes(const struct qmat *m, size_t row, const float *x, size_t ldx,
+                                                            float *y, size_t ldy, float *wout, const int TB,
+                                                            const int BITS, const int STORE) {
+    const int G = m->group, ng = m->cols / G;
+    const uint16_t *sc = m->scales + row * (size_t)ng, *bi = m->biases + row * (size_t)ng;
+    const uint32_t *wd = m->codes + row * qmat_row_words(m);
+    __m256 acc[QMM_TB][QMM_NA];
+#pragma GCC unroll 4
+    for (int t = 0; t < TB; t++)
+        for (int a = 0; a < QMM_NA; a++) acc[t][a] = _mm256_setzero_ps();
+    const size_t chunks = (size_t)G / 8, gwords = (size_t)G * BITS / 32;
+    for (int g = 0; g < ng; g++) {
+        const __m256 s = _mm256_set1_ps(bf16_to_f32(sc[g])), b = _mm256_set1_ps(bf16_to_f32(bi[g]));
+        const uint32_t *wg = wd + (size_t)g * gwords;
+        const float *xg = x + (size_t)g * G;
+        for (size_t k = 0; k < chunks; k += QMM_NA) {
+#pragma GCC unroll 2
+            for (int a = 0; a < QMM_NA; a++) {
+                const __m256 wv = _mm256_fmadd_ps(codes8(wg, k + a, BITS), s, b);
+                if (STORE) _mm256_storeu_ps(wout + (size_t)g * G + 8 * (k + a), wv);
+#pragma GCC unroll 4
+                for (int t = 0; t < TB; t++)
+                    acc[t][a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xg + (size_t)t * ldx + 8 * (k + a)), acc[t][a]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < TB; t++) y[(size_t)t * ldy] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+
+/* The same for a row already in w (floats). */
+static inline __attribute__((always_inline)) void dot_floats(const float *w, int C, const float *x, size_t ldx, float *y,
+                                                             size_t ldy, const int TB) {
+    __m256 acc[QMM_TB][QMM_NA];
+#pragma GCC unroll 4
+    for (int t = 0; t < TB; t++)
+        for (int a = 0; a < QMM_NA; a++) acc[t][a] = _mm256_setzero_ps();
+    for (int c = 0; c < C; c += 8 * QMM_NA) {
+#pragma GCC unroll 2
+        for (int a = 0; a < QMM_NA; a++) {
+            const __m256 wv = _mm256_loadu_ps(w + c + 8 * a);
+#pragma GCC unroll 4
+            for (int t = 0; t < TB; t++)
+                acc[t][a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)t * ldx + c + 8 * a), acc[t][a]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < TB; t++) y[(size_t)t * ldy] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+
+/* One row for every token: the first block from the codes, the rest from w. */
+static inline __attribute__((always_inline)) void qmm_row_avx2(const struct qmm_job *j, size_t row, int r, float *w,
+                                                               const int BITS) {
+    const struct qmat *m = j->m;
+    const size_t ldx = (size_t)j->ldx, ldy = (size_t)j->ldy;
+    const int T = j->T;
+    float *y = j->y + r;
+    switch (T) {
+    case 1: dot_codes(m, row, j->x, ldx, y, ldy, NULL, 1, BITS, 0); return;
+    case 2: dot_codes(m, row, j->x, ldx, y, ldy, NULL, 2, BITS, 0); return;
+    case 3: dot_codes(m, row, j->x, ldx, y, ldy, NULL, 3, BITS, 0); return;
+    case 4: dot_codes(m, row, j->x, ldx, y, ldy, NULL, 4, BITS, 0); return;
+    default: dot_codes(m, row, j->x, ldx, y, ldy, w, QMM_TB, BITS, 1); break;
+    }
+    int t = QMM_TB;
+    for (; t + QMM_TB <= T; t += QMM_TB) dot_floats(w, m->cols, j->x + t * ldx, ldx, y + t * ldy, ldy, QMM_TB);
+    switch (T - t) {
+    case 3: dot_floats(w, m->cols, j->x + t * ldx, ldx, y + t * ldy, ldy, 3); break;
+    case 2: dot_floats(w, m->cols, j->x + t * ldx, ldx, y + t * ldy, ldy, 2); break;
+    case 1: dot_floats(w, m->cols, j->x + t * ldx, ldx, y + t * ldy, ldy, 1); break;
+    default: break;
+    }
+}
+
+static void qmm_item_avx2(void *ctx, int item) {
+    const struct qmm_job *j = ctx;
+    const struct qmat *m = j->m;
+    float w[m->cols]; /* the dequantized row, when more than one token block reads it */
+    const int r0 = item * j->rows_per_item;
+    const int r1 = r0 + j->rows_per_item < m->rows ? r0 + j->rows_per_item : m->rows;
+    for (int r = r0; r < r1; r++) {
+        const size_t row = (size_t)j->mat * (size_t)m->rows + (size_t)r;
+        if (m->bits == 4) qmm_row_avx2(j, row, r, w, 4);
+        else qmm_row_avx2(j, row, r, w, 8);
+    }
+}
+#endif
+
 void cpu_qmatmul(threadpool *pool, const struct qmat *m, int mat, const float *x, int T, int ldx, float *y, int ldy) {
+    if (T <= 0) return;
     struct qmm_job j = {.m = m, .mat = mat, .x = x, .T = T, .ldx = ldx, .y = y, .ldy = ldy};
     /* Aim for several items per thread so uneven rows balance; at least 4 rows an item. */
     const int threads = pool ? threadpool_size(pool) : 1;
@@ -123,29 +206,7 @@ void cpu_qmatmul(threadpool *pool, const struct qmat *m, int mat, const float *x
     const int items = (m->rows + rpi - 1) / rpi;
     threadpool_fn fn = qmm_item;
 #ifdef HAVE_AVX2
-    /* permuted x and group sums for the fused small-T path (stack: T·cols floats) */
-    const int small = m->bits == 4 && T <= QMM_SMALL_T && m->group % 64 == 0 && m->cols <= 16384;
-    float xp[small ? T * m->cols : 1], xs[small ? T * (m->cols / m->group) : 1];
-    if (small) {
-        const int G = m->group;
-        for (int t = 0; t < T; t++) {
-            const float *xt = x + (size_t)t * ldx;
-            for (int g = 0; g < m->cols / G; g++) {
-                float sum = 0;
-                for (int c = 0; c < G / 64; c++)
-                    for (int k = 0; k < 8; k++)
-                        for (int jj = 0; jj < 8; jj++) {
-                            const float v = xt[g * G + c * 64 + 8 * jj + k];
-                            xp[(size_t)t * m->cols + g * G + c * 64 + 8 * k + jj] = v;
-                            sum += v;
-                        }
-                xs[t * (m->cols / G) + g] = sum;
-            }
-        }
-        j.xp = xp;
-        j.xsum = xs;
-        fn = qmm_item_q4_small;
-    }
+    if ((m->bits == 4 || m->bits == 8) && m->group % (8 * QMM_NA) == 0) fn = qmm_item_avx2;
 #endif
     if (pool) threadpool_run(pool, items, fn, &j);
     else

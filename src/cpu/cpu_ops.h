@@ -2,7 +2,8 @@
  *
  * These functions are the definition other backends are tested against: plain
  * loops, no fusion beyond what reads naturally. Quantized matrices are
- * dequantized in registers (one row at a time) and never materialised.
+ * dequantized one row at a time (in registers, or into a one-row buffer) and never
+ * materialised.
  * Shapes are given as [rows, cols] row-major with explicit leading dimensions.
  */
 #ifndef ORCHID_CPU_OPS_H
@@ -16,7 +17,12 @@
 /* Dequantizes row `row` of matrix `mat` of m into out[m->cols] (float32: s*q + b). */
 void qmat_dequant_row(const struct qmat *m, int mat, int row, float *out);
 
-/* y[t, r] = Σ_c x[t, c] · W_mat[r, c] for t < T, r < m->rows. x: [T, ldx], y: [T, ldy]. */
+/* y[t, r] = Σ_c x[t, c] · W_mat[r, c] for t < T, r < m->rows. x: [T, ldx], y: [T, ldy].
+ * Batch-invariant: y[t, r] is bit-identical whatever T is and wherever token t sits in
+ * the batch (the same operations in the same order for every T; a thread count does not
+ * change it either), so batching never changes a sequence's results. With AVX2+FMA,
+ * 4/8-bit rows dequantize as fma(q, s, b) and dot with two 8-lane accumulators (fast for
+ * one token and for many); otherwise the generic dequantize-then-dot_f32 path. */
 void cpu_qmatmul(threadpool *pool, const struct qmat *m, int mat, const float *x, int T, int ldx, float *y, int ldy);
 
 float dot_f32(const float *a, const float *b, int n);

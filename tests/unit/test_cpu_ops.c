@@ -1,8 +1,10 @@
 /* tests/unit/test_cpu_ops.c — the CPU reference kernels against independent
  * formulations: hand-packed MLX affine codes (4- and 8-bit, negative scales), the
  * quantized matmul against dequantize-then-multiply in double, RoPE against
- * complex rotation, routing against brute force, and the gated delta step
- * against the closed form S' = α S (I − β k kᵀ) + β v kᵀ. */
+ * complex rotation, routing against brute force, the gated delta step
+ * against the closed form S' = α S (I − β k kᵀ) + β v kᵀ, and batch invariance: a
+ * token's cpu_qmatmul outputs are bit-identical whatever the batch size and its
+ * place in the batch (issue 6). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 #include "check.h"
 #include "cpu/cpu_ops.h"
 #include "runtime/bf16.h"
+#include "runtime/threadpool.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double urand(void) { /* splitmix64 → [0, 1) */
@@ -132,6 +135,49 @@ static void test_rmsnorm(void) {
     for (int i = 0; i < 128; i++) CHECK_CLOSE(out[i], x[i] / sqrt(ss / 128 + 1e-6) * g[i], 1e-6, 1e-5, "rmsnorm");
 }
 
+/* Every token's outputs bit-identical alone (T = 1) and in batches of 3, 4, 5, 17 and
+ * 64 at every place in the batch; strided x and y; the second of two stacked matrices;
+ * with and without a thread pool. */
+static void test_batch_invariance(int bits, int group, threadpool *pool) {
+    enum { ROWS = 37, COLS = 512, NT = 64, LDX = COLS + 8, LDY = ROWS + 3, MATS = 2 };
+    const int n = 1 << bits, ng = COLS / group;
+    int *codes = malloc(sizeof(int) * MATS * ROWS * COLS);
+    uint16_t *s = malloc(2 * MATS * ROWS * ng), *b = malloc(2 * MATS * ROWS * ng);
+    for (int i = 0; i < MATS * ROWS * COLS; i++) codes[i] = (int)(urand() * n) % n;
+    for (int i = 0; i < MATS * ROWS * ng; i++) {
+        s[i] = f32_to_bf16(nrand() * 0.05f);
+        b[i] = f32_to_bf16(nrand() * 0.05f);
+    }
+    uint32_t *w = pack(codes, MATS * ROWS, COLS, bits);
+    struct qmat m = {.codes = w, .scales = s, .biases = b, .rows = ROWS, .cols = COLS, .n_mats = MATS, .bits = bits, .group = group};
+    float *x = malloc(sizeof(float) * NT * LDX), *alone = malloc(sizeof(float) * NT * LDY), *y = malloc(sizeof(float) * NT * LDY);
+    for (int i = 0; i < NT * LDX; i++) x[i] = nrand();
+    for (int t = 0; t < NT; t++) cpu_qmatmul(pool, &m, 1, x + (size_t)t * LDX, 1, LDX, alone + (size_t)t * LDY, LDY);
+    const int sizes[] = {1, 3, 4, 5, 17, 64};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int T = sizes[si];
+        /* batches starting at several offsets, so each token sits at different places */
+        for (int off = 0; off + T <= NT; off += T > 1 ? (T + 1) / 2 : 7) {
+            memset(y, 0xff, sizeof(float) * NT * LDY);
+            cpu_qmatmul(pool, &m, 1, x + (size_t)off * LDX, T, LDX, y, LDY);
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                bad += memcmp(y + (size_t)t * LDY, alone + (size_t)(off + t) * LDY, sizeof(float) * ROWS) != 0;
+            CHECK(bad == 0, "bits %d group %d pool %d: T %d offset %d: %d tokens differ from alone", bits, group,
+                  pool != NULL, T, off, bad);
+        }
+    }
+    /* and alone is the right product (double reference) */
+    float row[COLS];
+    for (int r = 0; r < ROWS; r++) {
+        qmat_dequant_row(&m, 1, r, row);
+        double acc = 0, mag = 0;
+        for (int c = 0; c < COLS; c++) { acc += (double)row[c] * x[5 * LDX + c]; mag += fabs((double)row[c] * x[5 * LDX + c]); }
+        CHECK(fabs(alone[5 * LDY + r] - acc) <= 1e-5 * mag + 1e-30, "bits %d r %d: %g vs %g", bits, r, alone[5 * LDY + r], acc);
+    }
+    free(codes); free(s); free(b); free(w); free(x); free(alone); free(y);
+}
+
 int main(void) {
     test_dequant(4, 64);
     test_dequant(8, 64);
@@ -141,5 +187,14 @@ int main(void) {
     test_route();
     test_gdn_step();
     test_rmsnorm();
+    threadpool *pool = NULL;
+    char err[256];
+    CHECK(threadpool_create(&pool, 3, err, sizeof err) == 0, "threadpool: %s", err);
+    const int shapes[][2] = {{4, 64}, {8, 64}, {4, 32}, {8, 128}};
+    for (int i = 0; i < 4; i++) {
+        test_batch_invariance(shapes[i][0], shapes[i][1], NULL);
+        test_batch_invariance(shapes[i][0], shapes[i][1], pool);
+    }
+    threadpool_destroy(pool);
     return check_summary();
 }
