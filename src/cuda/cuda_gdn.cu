@@ -9,10 +9,17 @@
 
 #include "cuda/cuda_internal.h"
 
+/* PDL (every kernel here): trigger at the start; wait before the first read of
+ * activations, seqs or state (the early exits come after it). Only gdn_scan reads
+ * anything first: its per-head constants A_log and dt_bias (and it is launched without
+ * the attribute: see cuda_gdn_scan). */
+
 /* ---- conv1d ---- */
 
 static __global__ void conv1d_kernel(const float *qkv, const float *w, const int32_t *tok_seq, const cuda_seq *seqs,
                                      int layer_ord, int T, int C, int K, float *out) {
+    pdl_trigger();
+    pdl_wait();
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)T * C) return;
     const int t = (int)(i / C), c = (int)(i % C);
@@ -30,6 +37,8 @@ static __global__ void conv1d_kernel(const float *qkv, const float *w, const int
 }
 
 static __global__ void conv_state_kernel(const float *qkv, const cuda_seq *seqs, int layer_ord, int C, int K) {
+    pdl_trigger();
+    pdl_wait(); /* also orders its state writes after conv1d_kernel's state reads */
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const cuda_seq s = seqs[blockIdx.y];
@@ -47,6 +56,8 @@ static __global__ void conv_state_kernel(const float *qkv, const cuda_seq *seqs,
  * (sequence, channel). */
 static __global__ void conv1d_step_kernel(const float *qkv, const float *w, const cuda_seq *seqs, int layer_ord, int T,
                                           int C, int K, float *out) {
+    pdl_trigger();
+    pdl_wait();
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)T * C) return;
     const int t = (int)(i / C), c = (int)(i % C);
@@ -67,14 +78,16 @@ extern "C" int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const flo
     if (K < 1 || K > 16) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "conv1d: kernel size %d", K);
     const size_t n = (size_t)T * C;
     if (T == n_seqs) { /* one token per sequence: fused conv + state step */
-        conv1d_step_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cstream(c)>>>(qkv, w, seqs, layer_ord, T, C, K, out);
-        LAUNCH_CHECK(c, "conv1d_step");
+        LAUNCH_CHECK_RC(c, launch_k(conv1d_step_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cstream(c), qkv, w,
+                                    seqs, layer_ord, T, C, K, out),
+                        "conv1d_step");
     }
-    conv1d_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cstream(c)>>>(qkv, w, tok_seq, seqs, layer_ord, T, C, K, out);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return errorf(c->err, c->errlen, ST_DEVICE, "CUDA launch of conv1d failed: %s", cudaGetErrorString(e));
-    conv_state_kernel<<<dim3((C + 255) / 256, n_seqs), 256, 0, cstream(c)>>>(qkv, seqs, layer_ord, C, K);
-    LAUNCH_CHECK(c, "conv_state");
+    LAUNCH_TRY(c, launch_k(conv1d_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cstream(c), qkv, w, tok_seq, seqs,
+                           layer_ord, T, C, K, out),
+               "conv1d");
+    LAUNCH_CHECK_RC(c, launch_k(conv_state_kernel, dim3((C + 255) / 256, n_seqs), dim3(256), 0, cstream(c), qkv, seqs,
+                                layer_ord, C, K),
+                    "conv_state");
 }
 
 /* ---- recurrence ---- */
@@ -95,9 +108,12 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
     __shared__ float vs[GDN_CH][ROWS];
     __shared__ float ys[GDN_CH][ROWS];
     __shared__ float al[GDN_CH], be[GDN_CH];
+    pdl_trigger();
     const int rblocks = (Dv + ROWS - 1) / ROWS;
     const int h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks;
     const int kh = h / (Hv / Hk);
+    const float A = __expf(A_log[h]), dtb = dt_bias[h]; /* weights: before the wait */
+    pdl_wait();
     const cuda_seq s = seqs[blockIdx.y];
     const int C = 2 * Hk * DK + Hv * Dv, key_dim = Hk * DK;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -111,7 +127,6 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
         const float4 v4 = row_ok ? *reinterpret_cast<const float4 *>(S + 4 * LPR * u + 4 * sub) : make_float4(0, 0, 0, 0);
         st[4 * u] = v4.x; st[4 * u + 1] = v4.y; st[4 * u + 2] = v4.z; st[4 * u + 3] = v4.w;
     }
-    const float A = __expf(A_log[h]), dtb = dt_bias[h];
     const float qscale = rsqrtf((float)DK);
 
     for (int c0 = s.t0; c0 < s.t1; c0 += GDN_CH) {
@@ -202,11 +217,20 @@ extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, co
     if (Hv % Hk) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn: %d value heads over %d key heads", Hv, Hk);
     const int rows = 256 / (Dk / 8);
     const dim3 grid(Hv * ((Dv + rows - 1) / rows), n_seqs);
-    if (Dk == 128) gdn_scan_kernel<128><<<grid, 256, 0, cstream(c)>>>(conv_out, a, b, ldab, A_log, dt_bias, seqs, layer_ord, Hk, Hv, Dv, y);
-    else if (Dk == 64) gdn_scan_kernel<64><<<grid, 256, 0, cstream(c)>>>(conv_out, a, b, ldab, A_log, dt_bias, seqs, layer_ord, Hk, Hv, Dv, y);
-    else if (Dk == 32) gdn_scan_kernel<32><<<grid, 256, 0, cstream(c)>>>(conv_out, a, b, ldab, A_log, dt_bias, seqs, layer_ord, Hk, Hv, Dv, y);
-    else return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn: key head dim %d (32, 64 or 128)", Dk);
-    LAUNCH_CHECK(c, "gdn_scan");
+    void (*kern)(const float *, const float *, const float *, int, const float *, const float *, const cuda_seq *, int, int,
+                 int, int, float *) = Dk == 128 ? gdn_scan_kernel<128>
+                                      : Dk == 64 ? gdn_scan_kernel<64>
+                                      : Dk == 32 ? gdn_scan_kernel<32>
+                                                 : NULL;
+    if (!kern) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn: key head dim %d (32, 64 or 128)", Dk);
+    /* Launched without the PDL attribute (it still triggers, so gated_norm after it may
+     * start early): scheduled early, its long-lived latency-bound blocks land on whatever
+     * SMs the previous kernel's last blocks leave free, unevenly, and run slower there —
+     * measured on the H200 (when prefill still used this kernel): prefill at 4,096 tokens
+     * 214 -> 256 ms with it, and batch-1 decode 2.94 ms per token without it, 2.98 with. */
+    LAUNCH_CHECK_RC(c, launch_k_pdl(false, kern, grid, dim3(256), 0, cstream(c), conv_out, a, b, ldab, A_log, dt_bias, seqs, layer_ord,
+                                Hk, Hv, Dv, y),
+                    "gdn_scan");
 }
 
 /* ---- gated RMSNorm ---- */
@@ -214,6 +238,8 @@ extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, co
 static __global__ void gated_norm_kernel(const float *y, const float *z, int ldz, const float *w, int Hv, int Dv, float eps,
                                          uint16_t *out) {
     __shared__ float sh[32];
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y;
     const float *yr = y + (size_t)t * Hv * Dv + (size_t)h * Dv;
     float ss = 0.0f;
@@ -230,6 +256,6 @@ extern "C" int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const f
                                int Hv, int Dv, float eps, uint16_t *out) {
     if (T <= 0) return 0;
     int threads = Dv < 128 ? ((Dv + 31) / 32) * 32 : 128;
-    gated_norm_kernel<<<dim3(T, Hv), threads, 0, cstream(c)>>>(y, z, ldz, w, Hv, Dv, eps, out);
-    LAUNCH_CHECK(c, "gated_norm");
+    LAUNCH_CHECK_RC(c, launch_k(gated_norm_kernel, dim3(T, Hv), dim3(threads), 0, cstream(c), y, z, ldz, w, Hv, Dv, eps, out),
+                    "gated_norm");
 }
