@@ -46,6 +46,8 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     uint16_t *Qs = fsm;                 /* [FQ][DS] */
     uint16_t *Ks = Qs + FQ * DS;        /* [2][FK][DS] */
     uint16_t *Vs = Ks + 2 * FK * DS;    /* [2][FK][DS] */
+    pdl_trigger();
+    pdl_wait(); /* PDL: tiles, seqs, q, pos and the KV cache all come from earlier work */
     const int group = nh / kvh;
     const int tile_i = blockIdx.x / kvh, g = blockIdx.x % kvh, split = blockIdx.y;
     const cuda_attn_tile tl = tiles[tile_i];
@@ -216,9 +218,11 @@ extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, c
     if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
     const dim3 grid(n_tiles * kv_heads, n_split);
     const size_t smem = flash_smem(D);
-    if (D == 256) flash_kernel<256><<<grid, 128, smem, cstream(c)>>>(qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, part);
-    else if (D == 128) flash_kernel<128><<<grid, 128, smem, cstream(c)>>>(qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, part);
-    else flash_kernel<64><<<grid, 128, smem, cstream(c)>>>(qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, part);
+    void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, float *) =
+        D == 256 ? flash_kernel<256> : D == 128 ? flash_kernel<128> : flash_kernel<64>;
     *launched = 1;
-    LAUNCH_CHECK(c, "flash_attention");
+    /* without the PDL attribute: see launch_attn in cuda_attn.cu */
+    LAUNCH_CHECK_RC(c, launch_k_pdl(false, kern, grid, dim3(128), smem, cstream(c), qg, pos, seqs, tiles, layer_ord, n_heads,
+                                    kv_heads, n_split, part),
+                    "flash_attention");
 }
