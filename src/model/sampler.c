@@ -1,6 +1,7 @@
 /* model/sampler.c — the per-request token sampler (see sampler.h for the
  * semantics). It owns the request's RNG (xoshiro256** seeded by splitmix64, so
- * the same seed gives the same draws on every platform), the penalty
+ * the same seed gives the same draws on every platform), its copy of the
+ * logit_bias list (in its params, validated at sampler_new), the penalty
  * bookkeeping (counts + a list of distinct ids so applying penalties costs
  * O(distinct tokens), not O(vocab)), and scratch buffers sized to the
  * vocabulary at sampler_new. Filters run in O(vocab) expected time: top_k and
@@ -30,7 +31,7 @@ struct sampler {
     /* sampling scratch (allocated only when temperature > 0) */
     float *probs;  /* [vocab] */
     int32_t *idx;  /* [vocab] */
-    /* raw logits copy for logprobs when penalties modify logits */
+    /* copy of the (biased) logits for logprobs when penalties modify logits */
     float *raw;    /* [vocab] or NULL */
 };
 
@@ -94,6 +95,18 @@ int sampler_new(sampler **out, int vocab, const struct sampler_params *p, char *
         return errorf(err, errlen, ST_INVALID, "repetition_penalty must be a finite number > 0");
     if (p->top_logprobs < 0 || p->top_logprobs > SAMPLER_MAX_TOP_LOGPROBS)
         return errorf(err, errlen, ST_INVALID, "top_logprobs must be in [0, %d]", SAMPLER_MAX_TOP_LOGPROBS);
+    if (p->n_logit_bias < 0 || p->n_logit_bias > SAMPLER_MAX_LOGIT_BIAS)
+        return errorf(err, errlen, ST_INVALID, "logit_bias may hold at most %d entries", SAMPLER_MAX_LOGIT_BIAS);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        const struct logit_bias *b = &p->logit_bias[i];
+        if (b->token < 0 || b->token >= vocab)
+            return errorf(err, errlen, ST_INVALID, "logit_bias: token id %d is outside the vocabulary [0, %d)", b->token, vocab);
+        if (!(b->bias >= -SAMPLER_MAX_BIAS && b->bias <= SAMPLER_MAX_BIAS))
+            return errorf(err, errlen, ST_INVALID, "logit_bias: the bias of token %d must be in [-100, 100]", b->token);
+        for (int k = 0; k < i; k++)
+            if (p->logit_bias[k].token == b->token)
+                return errorf(err, errlen, ST_INVALID, "logit_bias: token id %d appears twice", b->token);
+    }
 
     sampler *s = calloc(1, sizeof *s);
     if (!s) return errorf(err, errlen, ST_NOMEM, "sampler: out of memory");
@@ -171,7 +184,8 @@ int32_t sampler_argmax(const float *logits, int n) {
 bool sampler_argmax_only(const sampler *s) {
     /* mirrors sampler_sample: no logprobs, no penalties, and its greedy branch */
     const bool want_lp = s->p.logprobs || s->p.top_logprobs > 0;
-    return !want_lp && !s->penalties && (s->p.temperature <= 0.0f || s->p.top_k == 1 || !s->probs);
+    return !want_lp && !s->penalties && s->p.n_logit_bias == 0 &&
+           (s->p.temperature <= 0.0f || s->p.top_k == 1 || !s->probs);
 }
 
 /* Log-sum-exp of the raw logits (NaN ignored) and the top-n ids by logit. */
@@ -297,6 +311,7 @@ int32_t sampler_sample(sampler *s, float *logits, struct sample_result *res) {
     bool want_lp = s->p.logprobs || s->p.top_logprobs > 0;
     double lse = 0.0;
     const float *raw = logits;
+    for (int i = 0; i < s->p.n_logit_bias; i++) logits[s->p.logit_bias[i].token] += s->p.logit_bias[i].bias;
     if (want_lp) {
         lse = logsumexp(logits, V);
         if (res) {

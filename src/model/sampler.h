@@ -4,6 +4,11 @@
  * token plus the top-N alternatives.
  *
  * Semantics (the usual OpenAI / vLLM meaning):
+ *   - logit_bias (OpenAI): l[id] += bias for each listed id, first, on the raw model
+ *     logits, before logprobs, penalties, temperature and every filter. The math is
+ *     purely additive, as OpenAI documents it: -100 makes a token practically never
+ *     chosen and +100 practically always (not a hard -inf / +inf). Greedy picks the
+ *     argmax of the biased logits.
  *   - repetition_penalty (HF style, 1 = off) applies to every token seen so far,
  *     prompt included: l > 0 ? l / r : l * r.
  *   - presence_penalty / frequency_penalty (OpenAI style, 0 = off) apply to the
@@ -12,8 +17,12 @@
  *     NaN never wins. Otherwise logits / T, then top_k, min_p (relative to the
  *     most likely token) and top_p (smallest set whose mass >= top_p) filters,
  *     then one draw from the renormalised rest.
- *   - logprobs are log-softmax of the raw model logits (before penalties and
- *     temperature), as vLLM reports them by default.
+ *   - logprobs are log-softmax of the model logits plus logit_bias (before penalties
+ *     and temperature): the distribution the token was actually drawn from, minus
+ *     the request's shaping knobs. With a bias this matches what OpenAI's API
+ *     reported when logit_bias was introduced (a +100 token gets logprob ~0) and
+ *     vLLM's V0 engine; vLLM V1's default (raw_logprobs) and llama.cpp report the
+ *     unbiased ones instead. Without a bias both readings are the same.
  * All buffers are sized at sampler_init; sampler_sample/accept never allocate.
  * A sampler belongs to one thread at a time.
  */
@@ -25,6 +34,13 @@
 #include <stdint.h>
 
 #define SAMPLER_MAX_TOP_LOGPROBS 20
+#define SAMPLER_MAX_LOGIT_BIAS 300 /* entries of logit_bias (OpenAI documents no limit) */
+#define SAMPLER_MAX_BIAS 100.0f    /* |bias| bound, OpenAI's [-100, 100] */
+
+struct logit_bias {
+    int32_t token;
+    float bias;
+};
 
 struct sampler_params {
     float temperature;        /* 0 = greedy */
@@ -38,9 +54,11 @@ struct sampler_params {
     bool has_seed;            /* false: seeded from a process-wide counter + clock */
     int top_logprobs;         /* 0..SAMPLER_MAX_TOP_LOGPROBS alternatives to report */
     bool logprobs;            /* report the chosen token's logprob */
+    int n_logit_bias;         /* 0..SAMPLER_MAX_LOGIT_BIAS entries below, distinct tokens */
+    struct logit_bias logit_bias[SAMPLER_MAX_LOGIT_BIAS]; /* held inline: a job owns its copy */
 };
 
-/* Defaults: greedy, no filters, no penalties, no logprobs. */
+/* Defaults: greedy, no filters, no penalties, no logprobs, no logit_bias. */
 struct sampler_params sampler_params_default(void);
 
 struct sample_result {
@@ -70,7 +88,7 @@ int32_t sampler_argmax(const float *logits, int n);
 
 /* True when sampler_sample would return sampler_argmax of the raw logits (0 for an
  * all-NaN row) and report nothing else: greedy (temperature 0 or top_k 1), no
- * penalties, no logprobs, and no RNG draw. The logits row is then not needed, only
+ * penalties, no logit_bias, no logprobs, and no RNG draw. The logits row is then not needed, only
  * its argmax (which a device backend computes without copying the row out). */
 bool sampler_argmax_only(const sampler *s);
 

@@ -90,7 +90,45 @@ static int get_bool(const cJSON *o, const char *name, bool *out, struct api_erro
     return 1;
 }
 
-static int parse_sampling(const cJSON *root, struct api_request *r, struct api_error *e) {
+/* logit_bias: {"<token id>": bias, ...} (OpenAI). Keys are decimal token ids in
+ * [0, vocab); values numbers in [-100, 100]; at most SAMPLER_MAX_LOGIT_BIAS entries. A
+ * token named twice ("5" and "05") keeps the last value, as a JSON object read into a
+ * dict does. */
+static int parse_logit_bias(const cJSON *lb, int vocab, struct api_request *r, struct api_error *e) {
+    if (!cJSON_IsObject(lb))
+        return BAD("logit_bias", "'logit_bias' must be an object mapping token ids to bias values"), -1;
+    if (cJSON_GetArraySize(lb) > SAMPLER_MAX_LOGIT_BIAS)
+        return BAD("logit_bias", "'logit_bias' may hold at most %d entries; got %d", SAMPLER_MAX_LOGIT_BIAS,
+                   cJSON_GetArraySize(lb)),
+               -1;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb) {
+        const char *k = it->string ? it->string : "";
+        size_t n = strlen(k);
+        long long id = 0;
+        bool ok = n > 0 && n <= 12;
+        for (size_t i = 0; ok && i < n; i++) {
+            ok = k[i] >= '0' && k[i] <= '9';
+            id = id * 10 + (k[i] - '0');
+        }
+        if (!ok || id >= vocab)
+            return BAD("logit_bias", "'logit_bias' keys must be token ids (integers in [0, %d)); got \"%.40s\"", vocab, k),
+                   -1;
+        if (!cJSON_IsNumber(it))
+            return BAD("logit_bias", "'logit_bias' values must be numbers in [-100, 100]; the value for token %lld is not one", id),
+                   -1;
+        const double v = it->valuedouble;
+        if (!isfinite(v) || v < -SAMPLER_MAX_BIAS || v > SAMPLER_MAX_BIAS)
+            return BAD("logit_bias", "'logit_bias' values must be numbers in [-100, 100]; got %g for token %lld", v, id), -1;
+        int j = 0;
+        while (j < r->sp.n_logit_bias && r->sp.logit_bias[j].token != (int32_t)id) j++;
+        if (j == r->sp.n_logit_bias) r->sp.n_logit_bias++;
+        r->sp.logit_bias[j] = (struct logit_bias){.token = (int32_t)id, .bias = (float)v};
+    }
+    return 0;
+}
+
+static int parse_sampling(const cJSON *root, int vocab, struct api_request *r, struct api_error *e) {
     double d;
     long long ll;
     int rc;
@@ -168,7 +206,7 @@ static int parse_sampling(const cJSON *root, struct api_request *r, struct api_e
         if (rc) r->include_usage = b;
     }
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
-    if (present(lb) && !cJSON_IsObject(lb)) return BAD("logit_bias", "'logit_bias' must be an object"), -1;
+    if (present(lb) && parse_logit_bias(lb, vocab, r, e)) return -1;
     const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
     if (present(user) && !cJSON_IsString(user)) return BAD("user", "'user' must be a string"), -1;
     return 0;
@@ -522,7 +560,7 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
     if (strcmp(model->valuestring, model_id) != 0)
         return api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
                              "The model '%.100s' does not exist; this server serves '%s'", model->valuestring, model_id);
-    if (parse_sampling(r->root, r, e)) return e->status;
+    if (parse_sampling(r->root, vocab, r, e)) return e->status;
     if (kind == API_CHAT) {
         bool b = false;
         int rc = get_bool(r->root, "logprobs", &b, e);

@@ -7,7 +7,8 @@
  * unsupported values (n > 1, image parts, json_schema, echo) are 400s saying
  * so. response_format json_object is best effort: it adds "Respond only with
  * a single valid JSON object." to the system message (no constrained
- * decoding). tool_choice "required" / a named function is enforced by ending
+ * decoding). logit_bias keys must be token ids inside the vocabulary and values
+ * numbers in [-100, 100], at most SAMPLER_MAX_LOGIT_BIAS entries. tool_choice "required" / a named function is enforced by ending
  * the prompt inside an opened "<tool_call>\n<function=" (thinking off). The parse does no tokenization: the HTTP layer renders and encodes the
  * request afterwards (api_prepare_prompt) and checks the context budget.
  */
@@ -70,7 +71,7 @@ int api_error_set(struct api_error *e, int status, const char *type, const char 
 char *api_error_json(const struct api_error *e);
 
 /* Parses and validates a body. model_id: the only model served; vocab: for
- * token-id prompts. Returns 0 or an HTTP status (e filled). */
+ * token-id prompts and logit_bias keys. Returns 0 or an HTTP status (e filled). */
 int api_parse(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
               int default_thinking, struct api_request *r, struct api_error *e);
 void api_request_free(struct api_request *r);

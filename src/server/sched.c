@@ -5,7 +5,7 @@
  * except for the amortised doubling of a job's text buffer.
  *
  * A job whose sampler would pick exactly the argmax (greedy, no logprobs, no
- * penalties: sampler_argmax_only) asks the forward for the argmax alone, so no
+ * penalties, no logit_bias: sampler_argmax_only) asks the forward for the argmax alone, so no
  * logits row is copied to the host and nothing is sampled there; the token is the
  * one sampler_sample would have chosen. ORCHID_NO_DEVICE_ARGMAX=1 (read once at
  * start) turns this off: every token then comes from a host-sampled logits row. */

@@ -179,8 +179,9 @@ static void test_engine(const char *dir) {
  * raw row (ties to the lowest id, NaN never wins, all-NaN 0) with nothing reported. */
 static void test_sampler_predicate(void) {
     enum { V = 64 };
-    struct { const char *what; struct sampler_params p; bool only; } cases[8];
-    for (int i = 0; i < 8; i++) cases[i].p = sampler_params_default();
+    enum { NC = 9 };
+    struct { const char *what; struct sampler_params p; bool only; } cases[NC];
+    for (int i = 0; i < NC; i++) cases[i].p = sampler_params_default();
     cases[0].what = "defaults (greedy)", cases[0].only = true;
     cases[1].what = "top_k 1 at temperature 0.7", cases[1].p.temperature = 0.7f, cases[1].p.top_k = 1, cases[1].only = true;
     cases[2].what = "logprobs", cases[2].p.logprobs = true, cases[2].only = false;
@@ -189,9 +190,11 @@ static void test_sampler_predicate(void) {
     cases[5].what = "repetition penalty", cases[5].p.repetition_penalty = 1.1f, cases[5].only = false;
     cases[6].what = "temperature 0.7", cases[6].p.temperature = 0.7f, cases[6].only = false;
     cases[7].what = "frequency penalty", cases[7].p.frequency_penalty = -0.5f, cases[7].only = false;
+    cases[8].what = "logit_bias", cases[8].p.n_logit_bias = 1, cases[8].only = false;
+    cases[8].p.logit_bias[0] = (struct logit_bias){.token = 3, .bias = 0.5f};
     char err[256];
     float row[V], copy[V];
-    for (int c = 0; c < 8; c++) {
+    for (int c = 0; c < NC; c++) {
         sampler *s = NULL;
         CHECK(sampler_new(&s, V, &cases[c].p, err, sizeof err) == 0, "%s: %s", cases[c].what, err);
         if (!s) continue;

@@ -1,5 +1,6 @@
 /* tests/unit/test_sampler.c — sampler semantics: greedy tie/NaN rules, seeded
- * reproducibility, top_k / top_p / min_p support sets, penalties, logprobs. */
+ * reproducibility, top_k / top_p / min_p support sets, penalties, logprobs,
+ * logit_bias (forcing, banning, logprobs of the biased distribution, validation). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,126 @@ static void fill(void) {
 static int32_t draw(sampler *s, struct sample_result *r) {
     memcpy(buf, base, sizeof buf);
     return sampler_sample(s, buf, r);
+}
+
+/* log Σ exp(l) over base[] with bias b added to token k (double) */
+static double lse_biased(int k, double b) {
+    double m = 0;
+    for (int i = 0; i < V; i++) m = fmax(m, base[i] + (i == k ? b : 0));
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp(base[i] + (i == k ? b : 0) - m);
+    return m + log(z);
+}
+
+static void test_logit_bias(int32_t best) {
+    char err[256];
+    sampler *s;
+    struct sample_result r;
+    int32_t low = 0; /* base[0] == 0: the least likely token */
+    for (int i = 0; i < V; i++)
+        if (base[i] < base[low]) low = i;
+
+    /* greedy: +100 forces the least likely token; -100 bans the argmax (the runner-up wins) */
+    struct sampler_params p = sampler_params_default();
+    p.n_logit_bias = 1;
+    p.logit_bias[0] = (struct logit_bias){.token = low, .bias = 100.0f};
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(!sampler_argmax_only(s), "a logit_bias must disable the argmax-only path");
+    CHECK(draw(s, NULL) == low && draw(s, NULL) == low, "+100 forces token %d under greedy", low);
+    sampler_free(s);
+    p.logit_bias[0] = (struct logit_bias){.token = best, .bias = -100.0f};
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    int32_t second = draw(s, NULL);
+    CHECK(second != best && base[second] == 9.98f, "-100 bans the argmax: got %d (%g)", second, base[second]);
+    sampler_free(s);
+    /* a zero bias is still a bias: no argmax-only path, same token */
+    p.logit_bias[0].bias = 0.0f;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0 && !sampler_argmax_only(s) && draw(s, NULL) == best, "zero bias");
+    sampler_free(s);
+
+    /* sampling: the forced token always, the banned one never */
+    p = sampler_params_default();
+    p.temperature = 1.0f;
+    p.has_seed = true;
+    p.seed = 3;
+    p.n_logit_bias = 2;
+    p.logit_bias[0] = (struct logit_bias){.token = low, .bias = 100.0f};
+    p.logit_bias[1] = (struct logit_bias){.token = best, .bias = -100.0f};
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    int forced = 0;
+    for (int i = 0; i < 200; i++) forced += draw(s, NULL) == low;
+    CHECK(forced == 200, "+100 under sampling: %d / 200", forced);
+    sampler_free(s);
+    p.n_logit_bias = 1;
+    p.logit_bias[0] = (struct logit_bias){.token = best, .bias = -100.0f};
+    p.top_k = 3;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    int banned = 0;
+    for (int i = 0; i < 500; i++) banned += draw(s, NULL) == best;
+    CHECK(banned == 0, "-100 under top_k 3 sampling: the argmax drawn %d times", banned);
+    sampler_free(s);
+
+    /* logprobs describe the biased distribution (before penalties and temperature) */
+    int32_t k = 0; /* base[k] == 6: with +4 it becomes the argmax (10 > 9.99) */
+    while (k < V - 1 && base[k] != 6.0f) k++;
+    p = sampler_params_default();
+    p.logprobs = true;
+    p.top_logprobs = 3;
+    p.n_logit_bias = 1;
+    p.logit_bias[0] = (struct logit_bias){.token = k, .bias = 4.0f};
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    draw(s, &r);
+    double lse = lse_biased(k, 4.0);
+    const int32_t want = base[k] + 4.0f > 9.99f ? k : best;
+    CHECK(r.token == want, "biased greedy token %d want %d", r.token, want);
+    CHECK_CLOSE(r.logprob, base[want] + (want == k ? 4.0 : 0) - lse, 1e-4, 0, "chosen logprob is biased");
+    int found = 0;
+    for (int i = 0; i < r.n_top; i++)
+        if (r.top_ids[i] == k) {
+            found = 1;
+            CHECK_CLOSE(r.top_logprobs[i], base[k] + 4.0 - lse, 1e-4, 0, "top logprob of the biased token");
+        }
+    CHECK(found && want == k, "biased token %d (%g) missing from the top list", k, base[k] + 4.0f);
+    sampler_free(s);
+    /* +100: the forced token's logprob is ~0; the others' drop by ~100 */
+    p.logit_bias[0] = (struct logit_bias){.token = low, .bias = 100.0f};
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    draw(s, &r);
+    CHECK(r.token == low && r.top_ids[0] == low && r.logprob > -1e-3f && r.logprob <= 0.0f, "forced logprob %g", r.logprob);
+    CHECK(r.n_top == 3 && r.top_ids[1] == best && r.top_logprobs[1] < -90.0f, "runner-up logprob %g", r.top_logprobs[1]);
+    sampler_free(s);
+    /* with a penalty as well (the sampler keeps a copy of the biased row): the bias counts, the penalty does not */
+    p.logit_bias[0] = (struct logit_bias){.token = k, .bias = 4.0f};
+    p.repetition_penalty = 3.0f;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    sampler_accept(s, &k, 1, true);
+    draw(s, &r);
+    CHECK(r.token == best, "penalised biased token not chosen: %d", r.token);
+    CHECK_CLOSE(r.logprob, base[best] - lse, 1e-4, 0, "logprob with bias and penalty");
+    for (int i = 0; i < r.n_top; i++)
+        if (r.top_ids[i] == k) CHECK_CLOSE(r.top_logprobs[i], base[k] + 4.0 - lse, 1e-4, 0, "top logprob, penalty ignored");
+    sampler_free(s);
+
+    /* validation names logit_bias */
+    const struct { int32_t token; float bias; int n; } bad[] = {
+        {-1, 1, 1}, {V, 1, 1}, {3, 100.5f, 1}, {3, -101, 1}, {3, NAN, 1}, {3, INFINITY, 1}, {3, 1, SAMPLER_MAX_LOGIT_BIAS + 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = sampler_params_default();
+        p.n_logit_bias = bad[i].n > SAMPLER_MAX_LOGIT_BIAS ? bad[i].n : 1;
+        p.logit_bias[0] = (struct logit_bias){.token = bad[i].token, .bias = bad[i].bias};
+        s = NULL;
+        CHECK(sampler_new(&s, V, &p, err, sizeof err) != 0 && !s && strstr(err, "logit_bias"), "bad logit_bias %zu: %s", i, err);
+    }
+    p = sampler_params_default();
+    p.n_logit_bias = 2;
+    p.logit_bias[0] = p.logit_bias[1] = (struct logit_bias){.token = 5, .bias = 1};
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) != 0 && strstr(err, "twice"), "duplicate token: %s", err);
+    p.n_logit_bias = SAMPLER_MAX_LOGIT_BIAS;
+    for (int i = 0; i < SAMPLER_MAX_LOGIT_BIAS; i++) p.logit_bias[i] = (struct logit_bias){.token = i, .bias = -100.0f};
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%d entries: %s", SAMPLER_MAX_LOGIT_BIAS, err);
+    int32_t g = draw(s, NULL);
+    CHECK(g >= SAMPLER_MAX_LOGIT_BIAS, "every biased id banned: got %d", g);
+    sampler_free(s);
 }
 
 int main(void) {
@@ -171,5 +292,6 @@ int main(void) {
     CHECK_CLOSE(r.logprob, base[r.token] - 9.99 - log(z), 1e-4, 0, "raw logprob after penalty");
     sampler_free(s);
 
+    test_logit_bias(best);
     return check_summary();
 }

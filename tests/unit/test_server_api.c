@@ -91,6 +91,52 @@ int main(void) {
     expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"ignore_eos\":1}", 400,
                "ignore_eos");
 
+    /* logit_bias: token-id keys (a token named twice keeps the last value), numbers in [-100, 100] */
+    rc = parse(API_COMPLETION, "{\"model\":\"" MODEL "\",\"prompt\":[1],"
+                               "\"logit_bias\":{\"65\":100,\"263\":-100,\"7\":0.5,\"007\":-2.25,\"0\":0}}", &r, &e);
+    CHECK(rc == 0 && r.sp.n_logit_bias == 4, "logit_bias: rc %d n %d: %s", rc, r.sp.n_logit_bias, e.message);
+    CHECK(r.sp.logit_bias[0].token == 65 && r.sp.logit_bias[0].bias == 100.0f && r.sp.logit_bias[1].token == 263 &&
+              r.sp.logit_bias[1].bias == -100.0f && r.sp.logit_bias[2].token == 7 && r.sp.logit_bias[2].bias == -2.25f &&
+              r.sp.logit_bias[3].token == 0 && r.sp.logit_bias[3].bias == 0.0f,
+          "logit_bias entries");
+    api_request_free(&r);
+    rc = parse(API_CHAT, "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                         "\"logit_bias\":{}}", &r, &e);
+    CHECK(rc == 0 && r.sp.n_logit_bias == 0, "empty logit_bias: %s", e.message);
+    api_request_free(&r);
+    rc = parse(API_CHAT, "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                         "\"logit_bias\":null}", &r, &e);
+    CHECK(rc == 0 && r.sp.n_logit_bias == 0, "null logit_bias: %s", e.message);
+    api_request_free(&r);
+    {
+        const char *bad[] = {"[]", "{\"264\":1}", "{\"-1\":1}", "{\"1.0\":1}", "{\"\":1}", "{\" 5\":1}",
+                             "{\"abc\":1}", "{\"99999999999999999999\":1}", "{\"5\":100.5}", "{\"5\":-101}",
+                             "{\"5\":\"1\"}", "{\"5\":null}", "{\"5\":true}", "{\"5\":[1]}", "1"};
+        char body[512];
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            snprintf(body, sizeof body, "{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                        "\"logit_bias\":%s}", bad[i]);
+            expect_bad(body, 400, "logit_bias");
+        }
+        /* more than SAMPLER_MAX_LOGIT_BIAS entries (the vocabulary is 264: repeat ids with leading zeros) */
+        char big[8192];
+        size_t o = (size_t)snprintf(big, sizeof big, "{\"model\":\"" MODEL "\",\"prompt\":[1],\"logit_bias\":{"), o300 = 0;
+        for (int i = 0; i <= SAMPLER_MAX_LOGIT_BIAS; i++) {
+            if (i == SAMPLER_MAX_LOGIT_BIAS) o300 = o;
+            o += (size_t)snprintf(big + o, sizeof big - o, "%s\"%s%d\":1", i ? "," : "", i >= 200 ? "0" : "", i % 200);
+        }
+        snprintf(big + o, sizeof big - o, "}}");
+        rc = parse(API_COMPLETION, big, &r, &e);
+        CHECK(rc == 400 && !strcmp(e.param, "logit_bias") && strstr(e.message, "at most 300"), "301 entries: %d %s", rc,
+              e.message);
+        api_request_free(&r);
+        snprintf(big + o300, sizeof big - o300, "}}"); /* without the last entry: exactly 300 */
+        rc = parse(API_COMPLETION, big, &r, &e);
+        CHECK(rc == 0 && r.sp.n_logit_bias == 200, "300 entries (200 distinct ids): %d %s n %d", rc, e.message,
+              r.sp.n_logit_bias);
+        api_request_free(&r);
+    }
+
     expect_bad("{", 400, "");
     expect_bad("{\"model\":\"" MODEL "\"} x", 400, "");
     expect_bad("{\"model\":\"other\",\"messages\":[]}", 404, "model");
