@@ -5,7 +5,8 @@ the ones the host sampler picks: outputs are identical with the path on and forc
 (ORCHID_NO_DEVICE_ARGMAX=1), also when greedy, logprobs, penalised and seeded sampling
 requests share a batch, and orchid_argmax_only_tokens_total counts exactly the plain
 greedy requests' tokens. The mock model first (exact, ties included: its noise logits
-repeat values), then the tiny real model on the CPU engine.
+repeat values), then the tiny real model on the CPU engine, where the same requests sent
+all at once (sharing batches) must also give what each gave alone.
 """
 
 import threading
@@ -69,6 +70,10 @@ def check_logprobs(r):
         assert e.top_logprobs[0].logprob == e.logprob
 
 
+def lp_values(r):
+    return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in r.choices[0].logprobs.content]
+
+
 def summary(out):
     return {n: (r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens)
             for n, r in out.items()}
@@ -109,31 +114,45 @@ def test_tiny_model_greedy_identical_on_and_off():
     prompts = ["Hello", "Count to three", "Write a word"]
     res = {}
     for mode, env in (("on", {}), ("off", {"ORCHID_NO_DEVICE_ARGMAX": "1"})):
-        with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "512", "--parallel", "4", "--quiet"],
+        with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "512", "--parallel", "4", "--quiet", "--backend", "cpu"],
                     env=env) as srv:
             client = srv.client(timeout=120)
-            # one at a time: each request alone in its batch, so the runs compute the same rows
+            # one at a time: each request alone in its batch
             greedy = [ask(client, p, dict(temperature=0, max_tokens=8)) for p in prompts]
-            lp = ask(client, prompts[0], dict(temperature=0, max_tokens=8, logprobs=True, top_logprobs=3))
-            check_logprobs(lp)
-            assert lp.choices[0].message.content == greedy[0].choices[0].message.content
+            lps = [ask(client, p, dict(temperature=0, max_tokens=8, logprobs=True, top_logprobs=3))
+                   for p in prompts[:2]]
+            for lp, g in zip(lps, greedy):
+                check_logprobs(lp)
+                assert lp.choices[0].message.content == g.choices[0].message.content
             n_fast = srv.metric(METRIC)
-            # greedy and logprobs requests sharing batches
+            # the same requests all at once, with logprobs ones: prefills of different lengths
+            # and decode steps share batches, and the CPU engine's rows are batch-invariant
+            # (issue 6), so every greedy output is the one the request got alone
             both = {}
+            jobs = [(f"g{i}", p, dict(temperature=0, max_tokens=8)) for i, p in enumerate(prompts)]
+            jobs += [(f"lp{i}", p, dict(temperature=0, max_tokens=8, logprobs=True, top_logprobs=3))
+                     for i, p in enumerate(prompts[:2])]
+            barrier = threading.Barrier(len(jobs))
 
-            def one(name, fields):
-                both[name] = ask(srv.client(timeout=120), prompts[1], fields)
+            def one(name, prompt, fields):
+                c = srv.client(timeout=120)
+                barrier.wait()
+                both[name] = ask(c, prompt, fields)
 
-            ts = [threading.Thread(target=one, args=("g", dict(temperature=0, max_tokens=8))),
-                  threading.Thread(target=one, args=("lp", dict(temperature=0, max_tokens=8, logprobs=True,
-                                                                top_logprobs=3)))]
+            ts = [threading.Thread(target=one, args=job) for job in jobs]
             for t in ts:
                 t.start()
             for t in ts:
                 t.join()
-            assert set(both) == {"g", "lp"}
-            check_logprobs(both["lp"])
-            assert both["g"].usage.completion_tokens >= 1
+            assert set(both) == {name for name, _, _ in jobs}
+            for i, alone in enumerate(greedy):
+                want = (alone.choices[0].message.content, alone.usage.completion_tokens)
+                assert (both[f"g{i}"].choices[0].message.content, both[f"g{i}"].usage.completion_tokens) == want
+                if f"lp{i}" in both:
+                    check_logprobs(both[f"lp{i}"])
+                    assert both[f"lp{i}"].choices[0].message.content == want[0]
+                    # the logprobs too, to the printed digit
+                    assert lp_values(both[f"lp{i}"]) == lp_values(lps[i])
             res[mode] = ([(r.choices[0].message.content, r.usage.completion_tokens) for r in greedy], n_fast)
     assert res["on"][0] == res["off"][0]
     assert res["on"][1] == sum(n for _, n in res["on"][0]) > 0
