@@ -3,7 +3,11 @@
 // grouped by expert. The CUDA-core GEMV of cuda_gemv.cu re-does the dequantization per
 // token and turns compute-bound from T ≈ 2; the prefill GEMM of cuda_gemm.cu stages
 // 64 × 128 tiles through shared memory and idles at this size. Here every weight is
-// read once from DRAM straight into mma.sync fragments:
+// read once from DRAM and enters mma.sync. A block copies its whole weight tile and the
+// tokens of the pass to shared memory with independent cp.async loads, then computes
+// from shared memory only (measured on the H200, docs/PERFORMANCE.md: fragments loaded
+// straight from DRAM one group at a time, and tokens read from L2 per group, left every
+// warp waiting on one round trip per group — 0.45–1.1 TB/s):
 //
 //   * A = the weights (16 rows per m-tile), B = the tokens (8 per n-tile), C fp32.
 //   * The codes enter the tensor core as exact integers q ∈ [0, 15] in bf16 (built
@@ -14,11 +18,12 @@
 //   * The k order inside a group is permuted (a dot product does not care) so that
 //     lane (g, c) = (lane/4, lane%4) reads words 2c, 2c+1 of its rows' group — one
 //     8-byte load per row per group, 32 contiguous bytes per row per 4 lanes — and the
-//     16 x values x[t][16c .. 16c+15] of the same k, two 16-byte loads. Logical k pair
+//     16 x values x[t][16c .. 16c+15] of the same k, two 16-byte loads; Σx of each
+//     (token, group) is summed once per pass into shared memory. Logical k pair
 //     (2c, 2c+1) of step s ↔ actual (8w + j, 8w + j + 4) with w = 2c + s/2, j = 2(s%2)
 //     (nibbles j and j+4 of one word form one bf16x2); (2c+8, 2c+9) ↔ j + 1.
-//   * A block is KSPLIT warps that split the groups of one 16-row (or gate+up 2×16-row)
-//     tile; partial sums meet in shared memory in a fixed order (deterministic, so
+//   * A block is 8 warps over a tile of 32–128 rows × all K; warps split the m-tiles and
+//     the groups; partial sums meet in shared memory in a fixed order (deterministic, so
 //     a sequence's result does not depend on what else is in the batch).
 //   * Grouped: block y is a (expert, slot range) tile of the route of cuda_moe.cu
 //     (≤ 64 slots); tokens are gathered through row_of_slot; output rows are slots.
@@ -26,7 +31,7 @@
 #include "cuda/cuda_internal.h"
 
 #define SK_MAX_T 64
-#define SK_MAX_SMEM (64 * 1024)
+#define SK_MAX_SMEM (200 * 1024)
 #define SK_MAX_SEG 4
 
 struct sk_args {
@@ -50,12 +55,6 @@ struct sk_args {
     int ldyseg[SK_MAX_SEG];
 };
 
-__device__ __forceinline__ uint2 ld_stream2(const void *p) {
-    uint2 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-    return r;
-}
-
 /* Codes j and j+4 of a word as the bf16x2 (q_j, q_{j+4}), exact. */
 __device__ __forceinline__ uint32_t q_pair(uint32_t w, int j) {
     const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; /* bf16 128 + q */
@@ -78,19 +77,6 @@ struct sk_w {
     float s0, s1, b0, b1;
 };
 
-__device__ __forceinline__ void sk_load_w(sk_w &w, const cuda_qmat &m, size_t row_base, int rows, int r0, int grp, int c) {
-    const int G = m.cols / QGROUP;
-    const int wpr = m.cols / 8; /* 32-bit words per row */
-    const bool ok0 = r0 < rows, ok1 = r0 + 8 < rows;
-    const size_t a0 = row_base + (ok0 ? r0 : 0), a1 = row_base + (ok1 ? r0 + 8 : 0);
-    w.q0 = ok0 ? ld_stream2(m.codes + a0 * wpr + grp * 8 + 2 * c) : make_uint2(0, 0);
-    w.q1 = ok1 ? ld_stream2(m.codes + a1 * wpr + grp * 8 + 2 * c) : make_uint2(0, 0);
-    w.s0 = ok0 ? bf(__ldg(m.scales + a0 * G + grp)) : 0.0f;
-    w.b0 = ok0 ? bf(__ldg(m.biases + a0 * G + grp)) : 0.0f;
-    w.s1 = ok1 ? bf(__ldg(m.scales + a1 * G + grp)) : 0.0f;
-    w.b1 = ok1 ? bf(__ldg(m.biases + a1 * G + grp)) : 0.0f;
-}
-
 /* A fragments of the 4 k16 steps of one group. */
 __device__ __forceinline__ void sk_frags(const sk_w &w, uint32_t (&a)[4][4]) {
 #pragma unroll
@@ -104,10 +90,44 @@ __device__ __forceinline__ void sk_frags(const sk_w &w, uint32_t (&a)[4][4]) {
     }
 }
 
-template <int NT, int MR, bool SWIGLU, bool GROUPED>
-static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a) {
-    extern __shared__ __align__(16) float red[]; /* [KSPLIT][MR*NT*4][32] */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ksplit = blockDim.x >> 5;
+__device__ __forceinline__ void cpa16(void *smem, const void *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+}
+
+/* Shared-memory layout of a block (RB weight rows × K, NT n-tiles of tokens):
+ *   codes  [RB][K/8 + 8] words (row stride ≡ 8 mod 32 words for K % 256 == 0: the 8-byte
+ *          fragment loads of a half-warp — 4 rows × 4 lanes — hit distinct banks)
+ *   scales, biases [RB][G] bf16 each
+ *   x      [NT*8][K + 8] bf16 (the pass's tokens; +16 bytes a row spreads the quarter-warp
+ *          16-byte loads over all banks)
+ *   xsum   [NT*8][G] fp32 (Σx of each token over each group, for the bias term)
+ *   red    [8 warps][NT*4][32] fp32 (split-K partials) */
+struct sk_layout {
+    size_t scales, x, xsum, red, total;
+};
+__host__ __device__ __forceinline__ int sk_stride(int K) { return K / 8 + 8; }
+__host__ __device__ __forceinline__ sk_layout sk_lay(int RB, int K, int NT) {
+    const int G = K / QGROUP;
+    sk_layout l;
+    l.scales = (size_t)RB * sk_stride(K) * 4;
+    l.x = (l.scales + (size_t)4 * RB * G + 15) & ~(size_t)15;
+    l.xsum = l.x + (size_t)NT * 8 * (K + 8) * 2;
+    l.red = (l.xsum + (size_t)NT * 8 * G * 4 + 15) & ~(size_t)15;
+    l.total = l.red + (size_t)8 * NT * 4 * 32 * 4;
+    return l;
+}
+
+/* Block = 8 warps over a tile of RB = 16·MT weight rows (MT = 2 or 4 m-tiles) × all K:
+ * the whole tile is copied to shared memory at once (cp.async, every load independent:
+ * a block has 16–64 KB in flight), then warp w multiplies m-tile w % MT over the k-slice
+ * w / MT of the groups against NT n-tiles of tokens per pass, and the slices meet in
+ * shared memory in a fixed order. SwiGLU tiles hold RB/2 gate rows then the same RB/2
+ * up rows. */
+template <int NT, bool SWIGLU, bool GROUPED>
+static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, c = lane & 3;
     int expert = 0, m0 = 0, count = a.T;
     if (GROUPED) {
@@ -127,182 +147,210 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a) {
         ldy = a.ldyseg[sg];
         blk -= a.blk0[sg];
     }
-    const int rows = w0.rows, K = w0.cols, G = K / QGROUP;
-    const int rbase = blk * 16;
+    const int rows = w0.rows, K = w0.cols, G = K / QGROUP, stride = sk_stride(K);
+    const int MT = RB / 16, KS = 8 / MT;
+    const int orows = SWIGLU ? RB / 2 : RB;   /* output rows of the tile */
+    const int rbase = blk * orows;
     const size_t erow = (size_t)expert * rows; /* absolute row of the expert's row 0 */
-    const int gper = G / ksplit, g0 = warp * gper;
+    const sk_layout L = sk_lay(RB, K, NT);
+    const int xstride = K + 8;
+    uint32_t *codes = reinterpret_cast<uint32_t *>(sm);
+    uint16_t *scs = reinterpret_cast<uint16_t *>(sm + L.scales);
+    uint16_t *bis = scs + RB * G;
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm + L.x);
+    float *xsum = reinterpret_cast<float *>(sm + L.xsum);
+    float *red = reinterpret_cast<float *>(sm + L.red);
 
-    for (int p0 = 0; p0 < count; p0 += NT * 8) { /* passes of NT n-tiles (grouped tiles can exceed NT) */
-        /* x rows of this lane's tokens (one per n-tile): token p0 + nt*8 + gq */
-        const uint16_t *xr[NT];
-        bool xok[NT];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int j = p0 + nt * 8 + gq;
-            xok[nt] = j < count;
-            int row = xok[nt] ? j : 0;
-            if (GROUPED) row = a.x_rows ? a.x_rows[m0 + row] : m0 + row;
-            xr[nt] = a.x + (size_t)row * a.ldx + 16 * c;
+    /* stage the tile: tile row i is matrix row rbase + i (SwiGLU: gate rows, then up rows) */
+    {
+        const int chunks = K / 32; /* 16-byte chunks per row */
+        for (int idx = threadIdx.x; idx < RB * chunks; idx += blockDim.x) {
+            const int i = idx / chunks, ch = idx % chunks;
+            const bool up = SWIGLU && i >= orows;
+            const int r = rbase + (up ? i - orows : i);
+            if (r < rows) {
+                const cuda_qmat &m = up ? a.w1 : w0;
+                cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + r) * (size_t)(K / 8) + ch * 4);
+            }
         }
-        float acc[MR][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MR; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+        asm volatile("cp.async.commit_group;\n" ::);
+        for (int idx = threadIdx.x; idx < RB * G; idx += blockDim.x) {
+            const int i = idx / G, g = idx % G;
+            const bool up = SWIGLU && i >= orows;
+            const int r = rbase + (up ? i - orows : i);
+            uint16_t sv = 0, bv = 0;
+            if (r < rows) {
+                const cuda_qmat &m = up ? a.w1 : w0;
+                sv = __ldg(m.scales + (erow + r) * G + g);
+                bv = __ldg(m.biases + (erow + r) * G + g);
+            }
+            scs[idx] = sv;
+            bis[idx] = bv;
+        }
+    }
 
-        sk_w cur[MR], nxt[MR];
+    const int mt = warp % MT, ks = warp / MT;
+    const int gper = G / KS, g0 = ks * gper; /* KS divides G (sk_rb) */
+    const int tr0 = mt * 16 + gq, tr1 = tr0 + 8; /* tile rows of this lane */
+    const bool ok0 = rbase + (SWIGLU ? tr0 % orows : tr0) < rows, ok1 = rbase + (SWIGLU ? tr1 % orows : tr1) < rows;
+    for (int p0 = 0; p0 < count; p0 += NT * 8) { /* passes of NT n-tiles over the staged tile */
+        /* stage this pass's tokens (only the valid ones: a column of garbage stays in its
+         * own column of the mma and is never written), then their group sums */
+        const int nrows = min(NT * 8, count - p0), chunks = K / 8;
+        if (p0 > 0) __syncthreads(); /* the previous pass is done with xs */
+        for (int idx = threadIdx.x; idx < nrows * chunks; idx += blockDim.x) {
+            const int j = idx / chunks, ch = idx % chunks;
+            int row = p0 + j;
+            if (GROUPED) row = a.x_rows ? a.x_rows[m0 + row] : m0 + row;
+            cpa16(xs + (size_t)j * xstride + ch * 8, a.x + (size_t)row * a.ldx + ch * 8);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < nrows * G; idx += blockDim.x) {
+            const int j = idx / G, g = idx % G;
+            const uint4 *xp = reinterpret_cast<const uint4 *>(xs + (size_t)j * xstride + g * QGROUP);
+            float sum = 0.0f;
 #pragma unroll
-        for (int mt = 0; mt < MR; mt++)
-            sk_load_w(cur[mt], mt == 0 ? w0 : a.w1, erow, rows, rbase + (SWIGLU ? 0 : mt * 16) + gq, g0, c);
+            for (int v = 0; v < 8; v++) {
+                const uint4 q = xp[v];
+                sum += bf_lo(q.x) + bf_hi(q.x) + bf_lo(q.y) + bf_hi(q.y) + bf_lo(q.z) + bf_hi(q.z) + bf_lo(q.w) + bf_hi(q.w);
+            }
+            xsum[j * G + g] = sum;
+        }
+        __syncthreads();
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
         for (int gi = 0; gi < gper; gi++) {
             const int grp = g0 + gi;
-            if (gi + 1 < gper) {
-#pragma unroll
-                for (int mt = 0; mt < MR; mt++)
-                    sk_load_w(nxt[mt], mt == 0 ? w0 : a.w1, erow, rows, rbase + (SWIGLU ? 0 : mt * 16) + gq, grp + 1, c);
-            }
-            uint4 xv[NT][2];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (xok[nt]) {
-                    const uint4 *xp = reinterpret_cast<const uint4 *>(xr[nt] + grp * QGROUP);
-                    xv[nt][0] = __ldg(xp);
-                    xv[nt][1] = __ldg(xp + 1);
-                } else {
-                    xv[nt][0] = xv[nt][1] = make_uint4(0, 0, 0, 0);
-                }
-            }
-            uint32_t af[MR][4][4];
-#pragma unroll
-            for (int mt = 0; mt < MR; mt++) sk_frags(cur[mt], af[mt]);
+            sk_w w;
+            w.q0 = ok0 ? *reinterpret_cast<const uint2 *>(codes + (size_t)tr0 * stride + grp * 8 + 2 * c) : make_uint2(0, 0);
+            w.q1 = ok1 ? *reinterpret_cast<const uint2 *>(codes + (size_t)tr1 * stride + grp * 8 + 2 * c) : make_uint2(0, 0);
+            w.s0 = bf(scs[tr0 * G + grp]);
+            w.b0 = bf(bis[tr0 * G + grp]);
+            w.s1 = bf(scs[tr1 * G + grp]);
+            w.b1 = bf(bis[tr1 * G + grp]);
+            uint32_t af[4][4];
+            sk_frags(w, af);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const uint32_t e[8] = {xv[nt][0].x, xv[nt][0].y, xv[nt][0].z, xv[nt][0].w,
-                                       xv[nt][1].x, xv[nt][1].y, xv[nt][1].z, xv[nt][1].w};
-                /* Σx over the group for token gq of this n-tile, then the sums of the C
-                 * columns 2c and 2c+1 (held by lanes 8c and 8c + 4) */
-                float sx = 0.0f;
+                const uint4 *xp = reinterpret_cast<const uint4 *>(xs + (size_t)(nt * 8 + gq) * xstride + grp * QGROUP + 16 * c);
+                const uint4 x0 = xp[0], x1 = xp[1];
+                const uint32_t e[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                /* Σx of the group for the C columns 2c and 2c + 1 */
+                const float sxa = xsum[(nt * 8 + 2 * c) * G + grp], sxb = xsum[(nt * 8 + 2 * c + 1) * G + grp];
+                float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int i = 0; i < 8; i++) sx += bf_lo(e[i]) + bf_hi(e[i]);
-                sx += __shfl_xor_sync(0xffffffffu, sx, 1);
-                sx += __shfl_xor_sync(0xffffffffu, sx, 2);
-                const float sxa = __shfl_sync(0xffffffffu, sx, 8 * c), sxb = __shfl_sync(0xffffffffu, sx, 8 * c + 4);
-                uint32_t b0[4], b1[4];
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    const int ai = (s >> 1) * 4 + (s & 1);
-                    b0[s] = __byte_perm(e[ai], e[ai + 2], 0x5410);
-                    b1[s] = __byte_perm(e[ai], e[ai + 2], 0x7632);
+                for (int st = 0; st < 4; st++) {
+                    const int ai = (st >> 1) * 4 + (st & 1);
+                    mma16816(cg, af[st], __byte_perm(e[ai], e[ai + 2], 0x5410), __byte_perm(e[ai], e[ai + 2], 0x7632));
                 }
-#pragma unroll
-                for (int mt = 0; mt < MR; mt++) {
-                    float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int s = 0; s < 4; s++) mma16816(cg, af[mt][s], b0[s], b1[s]);
-                    const sk_w &w = cur[mt];
-                    acc[mt][nt][0] += fmaf(w.s0, cg[0], w.b0 * sxa);
-                    acc[mt][nt][1] += fmaf(w.s0, cg[1], w.b0 * sxb);
-                    acc[mt][nt][2] += fmaf(w.s1, cg[2], w.b1 * sxa);
-                    acc[mt][nt][3] += fmaf(w.s1, cg[3], w.b1 * sxb);
-                }
-            }
-            if (gi + 1 < gper) {
-#pragma unroll
-                for (int mt = 0; mt < MR; mt++) cur[mt] = nxt[mt];
+                acc[nt][0] += fmaf(w.s0, cg[0], w.b0 * sxa);
+                acc[nt][1] += fmaf(w.s0, cg[1], w.b0 * sxb);
+                acc[nt][2] += fmaf(w.s1, cg[2], w.b1 * sxa);
+                acc[nt][3] += fmaf(w.s1, cg[3], w.b1 * sxb);
             }
         }
 
-        /* split-K: warp partials meet in shared memory, summed in warp order */
-        constexpr int PER = MR * NT * 4;
+        /* the k-slices meet in shared memory, summed in slice order */
 #pragma unroll
-        for (int mt = 0; mt < MR; mt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) red[((size_t)warp * PER + (mt * NT + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i];
+            for (int i = 0; i < 4; i++) red[((size_t)warp * NT * 4 + nt * 4 + i) * 32 + lane] = acc[nt][i];
         __syncthreads();
-        for (int q = threadIdx.x; q < NT * 4 * 32; q += blockDim.x) {
-            const int l = q & 31, i = (q >> 5) & 3, nt = q >> 7;
+        const int per_mt = NT * 4 * 32;
+        for (int q = threadIdx.x; q < (SWIGLU ? MT / 2 : MT) * per_mt; q += blockDim.x) {
+            const int m = q / per_mt, e = q % per_mt; /* m-tile (SwiGLU: of the gate half) and its element */
+            const int l = e & 31, i = (e >> 5) & 3, nt = e >> 7;
             const int j = p0 + nt * 8 + 2 * (l & 3) + (i & 1); /* token / slot index in the tile */
-            const int r = rbase + (l >> 2) + (i >= 2 ? 8 : 0);
-            float v[MR];
-#pragma unroll
-            for (int mt = 0; mt < MR; mt++) {
-                float s = 0.0f;
-                for (int w = 0; w < ksplit; w++) s += red[((size_t)w * PER + (mt * NT + nt) * 4 + i) * 32 + l];
-                v[mt] = s;
-            }
-            if (j >= count) continue;
+            const int r = rbase + m * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+            float v = 0.0f, u = 0.0f;
+            for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + m) * NT * 4 + nt * 4 + i) * 32 + l];
+            if (SWIGLU)
+                for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * NT * 4 + nt * 4 + i) * 32 + l];
+            if (j >= count || r >= rows) continue;
             const size_t orow = (size_t)(GROUPED ? m0 + j : j);
             if (SWIGLU) {
-                if (r < rows) a.act[orow * a.ld_act + r] = f2bf(silu(v[0]) * v[MR - 1]);
+                a.act[orow * a.ld_act + r] = f2bf(silu(v) * u);
             } else {
-#pragma unroll
-                for (int mt = 0; mt < MR; mt++) {
-                    const int rr = r + mt * 16;
-                    if (rr < rows) {
-                        float *dst = y + orow * ldy + rr;
-                        *dst = a.accumulate ? *dst + v[mt] : v[mt];
-                    }
-                }
+                float *dst = y + orow * ldy + r;
+                *dst = a.accumulate ? *dst + v : v;
             }
         }
         __syncthreads(); /* red is reused by the next pass */
     }
 }
 
-static int sk_ksplit(int G, int nt) {
-    (void)nt;
-    for (int k = 8; k > 1; k >>= 1)
-        if (G % k == 0) return k;
+/* Rows per block RB: 64 (4 m-tiles × 2 k-slices: G even), 32 (2 × 4: G % 4 == 0) or 128
+ * (8 × 1: any G); the largest that leaves room for two blocks per SM, else one that fits
+ * at all; 0 = none fits. */
+static int sk_rb(int K, int NT) {
+    const int G = K / QGROUP;
+    const int cand[3] = {64, 32, 128};
+    const bool ok[3] = {G % 2 == 0, G % 4 == 0, true};
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < 3; i++)
+            if (ok[i] && sk_lay(cand[i], K, NT).total <= (size_t)(pass == 0 ? SK_MAX_SMEM / 2 : SK_MAX_SMEM)) return cand[i];
+    return 0;
+}
+
+/* n-tiles per pass: the grouped forms take 8 slots a pass (most experts have a few
+ * tokens); the dense ones up to 4 n-tiles when two blocks still fit an SM, else 1 and
+ * more passes over the staged weights. */
+static int sk_nt(int K, int want, bool grouped) {
+    if (grouped || want <= 1) return 1;
+    for (int nt = want >= 4 ? 4 : want >= 2 ? 2 : 1; nt > 1; nt >>= 1)
+        if (sk_rb(K, nt) == sk_rb(K, 1) && sk_lay(sk_rb(K, nt), K, nt).total <= SK_MAX_SMEM / 2)
+            return nt; /* same tile (same k-slices) as one token: batch-invariant sums */
     return 1;
 }
 
-template <int NT, int MR, bool SWIGLU, bool GROUPED>
-static int sk_launch(const struct cuda_ctx *c, const sk_args &a, dim3 grid, int ksplit, const char *what) {
-    const size_t smem = (size_t)ksplit * MR * NT * 4 * 32 * 4;
-    skinny_kernel<NT, MR, SWIGLU, GROUPED><<<grid, 32 * ksplit, smem, cstream(c)>>>(a);
+template <int NT, bool SWIGLU, bool GROUPED>
+static int sk_launch(const struct cuda_ctx *c, const sk_args &a, int n_rows, int grid_y, const char *what) {
+    const int RB = sk_rb(a.w0.cols, NT);
+    const int orows = SWIGLU ? RB / 2 : RB;
+    const dim3 grid((n_rows + orows - 1) / orows, grid_y);
+    skinny_kernel<NT, SWIGLU, GROUPED><<<grid, 256, sk_lay(RB, a.w0.cols, NT).total, cstream(c)>>>(a, RB);
     LAUNCH_CHECK(c, what);
 }
 
-/* nt = n-tiles wanted. Under the 128-register bound of 2 blocks per SM, two m-tiles
- * (SwiGLU) keep 2 n-tiles per pass and one m-tile 4 (more spill): larger batches take
- * several passes over the block's rows (the repeated weight reads hit L2), and the
- * grouped forms take the route's tiles 16 slots per pass. */
-template <int MR, bool SWIGLU, bool GROUPED>
-static int sk_dispatch(const struct cuda_ctx *c, const sk_args &a, int nt, dim3 grid, const char *what) {
-    const int ks = sk_ksplit(a.w0.cols / QGROUP, nt);
-    if (nt <= 1) return sk_launch<1, MR, SWIGLU, GROUPED>(c, a, grid, ks, what);
-    if constexpr (MR == 1 && !GROUPED) {
-        if (nt <= 2) return sk_launch<2, MR, SWIGLU, GROUPED>(c, a, grid, ks, what);
-        return sk_launch<4, MR, SWIGLU, GROUPED>(c, a, grid, sk_ksplit(a.w0.cols / QGROUP, 4), what);
-    }
-    return sk_launch<2, MR, SWIGLU, GROUPED>(c, a, grid, sk_ksplit(a.w0.cols / QGROUP, 2), what);
+/* n_rows: rows of the (per-expert) matrix, or for several matrices Σ blocks × RB. */
+template <bool SWIGLU, bool GROUPED>
+static int sk_dispatch(const struct cuda_ctx *c, const sk_args &a, int want_nt, int n_rows, int grid_y, const char *what) {
+    const int nt = sk_nt(a.w0.cols, want_nt, GROUPED);
+    if (nt == 1) return sk_launch<1, SWIGLU, GROUPED>(c, a, n_rows, grid_y, what);
+    if (nt == 2) return sk_launch<2, SWIGLU, GROUPED>(c, a, n_rows, grid_y, what);
+    return sk_launch<4, SWIGLU, GROUPED>(c, a, n_rows, grid_y, what);
 }
 
-#define SK_ATTR(NT, MR, SW, GR)                                                                                        \
+#define SK_ATTR(NT, SW, GR)                                                                                            \
     if (e == cudaSuccess)                                                                                              \
-        e = cudaFuncSetAttribute(skinny_kernel<NT, MR, SW, GR>, cudaFuncAttributeMaxDynamicSharedMemorySize, SK_MAX_SMEM);
+        e = cudaFuncSetAttribute(skinny_kernel<NT, SW, GR>, cudaFuncAttributeMaxDynamicSharedMemorySize, SK_MAX_SMEM);
 
 extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     cudaError_t e = cudaSuccess;
-    SK_ATTR(1, 1, false, false) SK_ATTR(2, 1, false, false) SK_ATTR(4, 1, false, false)
-    SK_ATTR(1, 2, true, false) SK_ATTR(2, 2, true, false)
-    SK_ATTR(1, 1, false, true) SK_ATTR(2, 1, false, true)
-    SK_ATTR(1, 2, true, true) SK_ATTR(2, 2, true, true)
+    SK_ATTR(1, false, false) SK_ATTR(2, false, false) SK_ATTR(4, false, false)
+    SK_ATTR(1, true, false) SK_ATTR(2, true, false) SK_ATTR(4, true, false)
+    SK_ATTR(1, false, true) SK_ATTR(2, false, true)
+    SK_ATTR(1, true, true) SK_ATTR(2, true, true)
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     return 0;
 }
 
-extern "C" int cuda_skinny_supported(const struct cuda_qmat *m) { return m->bits == 4 && m->cols % QGROUP == 0; }
+extern "C" int cuda_skinny_supported(const struct cuda_qmat *m) {
+    return m->bits == 4 && m->cols % QGROUP == 0 && sk_rb(m->cols, 1) != 0;
+}
 
 static int sk_check(const struct cuda_ctx *c, const struct cuda_qmat *m, int ldx, const char *what) {
     if (!cuda_skinny_supported(m))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "%s: %d-bit weights with %d columns (needs 4-bit, a multiple of 64)",
                       what, m->bits, m->cols);
     if (ldx % 8) return errorf(c->err, c->errlen, ST_INTERNAL, "%s: ldx %d not a multiple of 8", what, ldx);
+    if (!sk_rb(m->cols, 1))
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "%s: %d columns need too much shared memory", what, m->cols);
     return 0;
 }
 
@@ -324,7 +372,7 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
     a.w0.codes = m->codes + rows * (size_t)(m->cols / 8);
     a.w0.scales = m->scales + rows * (size_t)(m->cols / QGROUP);
     a.w0.biases = m->biases + rows * (size_t)(m->cols / QGROUP);
-    return sk_dispatch<1, false, false>(c, a, (T + 7) / 8, dim3((m->rows + 15) / 16), "skinny_dense");
+    return sk_dispatch<false, false>(c, a, (T + 7) / 8, m->rows, 1, "skinny_dense");
 }
 
 extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
@@ -338,6 +386,7 @@ extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gem
     a.T = T;
     a.accumulate = segs[0].accumulate;
     a.nseg = n_segs;
+    const int rb = sk_rb(segs[0].m.cols, sk_nt(segs[0].m.cols, (T + 7) / 8, false));
     int blocks = 0;
     for (int i = 0; i < n_segs; i++) {
         if ((rc = sk_check(c, &segs[i].m, ldx, "skinny_multi"))) return rc;
@@ -347,11 +396,11 @@ extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gem
         a.yseg[i] = segs[i].y;
         a.ldyseg[i] = segs[i].ldy;
         a.blk0[i] = blocks;
-        blocks += (segs[i].m.rows + 15) / 16;
+        blocks += (segs[i].m.rows + rb - 1) / rb;
     }
     a.blk0[n_segs] = blocks;
     a.w0 = segs[0].m; /* K for the split */
-    return sk_dispatch<1, false, false>(c, a, (T + 7) / 8, dim3(blocks), "skinny_multi");
+    return sk_dispatch<false, false>(c, a, (T + 7) / 8, blocks * rb, 1, "skinny_multi");
 }
 
 extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
@@ -370,7 +419,7 @@ extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qm
     a.T = T;
     a.act = act;
     a.ld_act = ld_act;
-    return sk_dispatch<2, true, false>(c, a, (T + 7) / 8, dim3((gate->rows + 15) / 16), "skinny_swiglu");
+    return sk_dispatch<true, false>(c, a, (T + 7) / 8, gate->rows, 1, "skinny_swiglu");
 }
 
 /* Grouped by the route's tiles: tiles hold at most 64 slots; the kernel takes them in
@@ -391,7 +440,7 @@ extern "C" int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct
     a.max_tiles = r->max_tiles;
     a.act = act;
     a.ld_act = gate->rows;
-    return sk_dispatch<2, true, true>(c, a, 2, dim3((gate->rows + 15) / 16, r->max_tiles), "skinny_grouped_swiglu");
+    return sk_dispatch<true, true>(c, a, 2, gate->rows, r->max_tiles, "skinny_grouped_swiglu");
 }
 
 extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
@@ -406,5 +455,5 @@ extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct c
     a.max_tiles = r->max_tiles;
     a.y = out;
     a.ldy = down->rows;
-    return sk_dispatch<1, false, true>(c, a, 2, dim3((down->rows + 15) / 16, r->max_tiles), "skinny_grouped_down");
+    return sk_dispatch<false, true>(c, a, 2, down->rows, r->max_tiles, "skinny_grouped_down");
 }
