@@ -79,10 +79,11 @@ static void qmm_item(void *ctx, int item) {
  *   w[c]  = fma(q[c], s_g, b_g)                      8 lanes at a time, natural order
  *   acc_a = fma(w[c..c+8), x[c..c+8), acc_a)         a = (c / 8) mod QMM_NA, c ascending
  *   y     = hsum8(acc_0 + acc_1)                     fixed lane order
- * Tokens are grouped QMM_TB at a time (the last group shorter) only to share each weight
- * vector; every token keeps its own accumulators, so grouping changes no rounding. The
- * first group dequantizes the row in registers; when more tokens follow it also stores
- * w, and the other groups read it back (the same values). */
+ * Tokens go in blocks of QMM_TB (the last one shorter) only to share each weight vector;
+ * every token keeps its own accumulators, so blocking changes no rounding. The first
+ * block dequantizes the row in registers; when more tokens follow it also stores w, and
+ * the other blocks read it back (the same values). Needs group % 16 == 0 (chunk parity
+ * is then the same counted per group or per row). */
 #define QMM_NA 2 /* accumulators per output element */
 #define QMM_TB 4 /* tokens per register block */
 
