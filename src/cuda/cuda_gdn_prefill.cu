@@ -134,36 +134,7 @@ static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const floa
         __syncthreads();
         const gdnp_buf<DK> &b = buf[cur];
         for (int tt = 0; tt < n; tt++) {
-            const float a = b.g[tt][0], be = b.g[tt][1];
-            const float4 k0 = *reinterpret_cast<const float4 *>(&b.k[tt][4 * sub]);
-            const float4 k1 = *reinterpret_cast<const float4 *>(&b.k[tt][4 * LPR + 4 * sub]);
-            const float4 q0 = *reinterpret_cast<const float4 *>(&b.q[tt][4 * sub]);
-            const float4 q1 = *reinterpret_cast<const float4 *>(&b.q[tt][4 * LPR + 4 * sub]);
-            const float kv[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
-            const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-            float ma = 0.0f, mb = 0.0f;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                st[e] *= a;
-                st[e + 4] *= a;
-                ma = fmaf(st[e], kv[e], ma);
-                mb = fmaf(st[e + 4], kv[e + 4], mb);
-            }
-            float mk = ma + mb;
-#pragma unroll
-            for (int o = LPR / 2; o > 0; o >>= 1) mk += __shfl_xor_sync(0xffffffffu, mk, o);
-            const float delta = (b.v[tt][rloc] - mk) * be;
-            float oa = 0.0f, ob = 0.0f;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                st[e] = fmaf(kv[e], delta, st[e]);
-                st[e + 4] = fmaf(kv[e + 4], delta, st[e + 4]);
-                oa = fmaf(st[e], qv[e], oa);
-                ob = fmaf(st[e + 4], qv[e + 4], ob);
-            }
-            float o = oa + ob;
-#pragma unroll
-            for (int off = LPR / 2; off > 0; off >>= 1) o += __shfl_xor_sync(0xffffffffu, o, off);
+            const float o = gdn_token<LPR>(st, b.k[tt], b.q[tt], sub, b.v[tt][rloc], b.g[tt][0], b.g[tt][1]);
             if (sub == 0) ys[tt][rloc] = o;
         }
         __syncthreads();

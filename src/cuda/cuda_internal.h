@@ -317,4 +317,44 @@ __device__ __forceinline__ uint4 ld_stream_pre(const uint4 *p) {
     return r;
 }
 
+/* One token of the gated delta rule for a value row whose Dk = 8·LPR state elements are
+ * spread over LPR lanes (lane `sub` holds j = 4·sub + 0..3 and 4·LPR + 4·sub + 0..3):
+ * S ← a·S; delta = (v − S·k)·β; S ← S + k·delta; returns S·q summed over the row's lanes.
+ * k and q are the token's rows in shared memory. Both scan forms (cuda_gdn.cu and
+ * cuda_gdn_prefill.cu) use it, so they agree bit for bit. */
+template <int LPR>
+__device__ __forceinline__ float gdn_token(float (&st)[8], const float *k, const float *q, int sub, float v, float a,
+                                           float beta) {
+    const float4 k0 = *reinterpret_cast<const float4 *>(k + 4 * sub);
+    const float4 k1 = *reinterpret_cast<const float4 *>(k + 4 * LPR + 4 * sub);
+    const float4 q0 = *reinterpret_cast<const float4 *>(q + 4 * sub);
+    const float4 q1 = *reinterpret_cast<const float4 *>(q + 4 * LPR + 4 * sub);
+    const float kv[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+    const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    float ma = 0.0f, mb = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        st[e] *= a;
+        st[e + 4] *= a;
+        ma = fmaf(st[e], kv[e], ma);
+        mb = fmaf(st[e + 4], kv[e + 4], mb);
+    }
+    float mk = ma + mb;
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) mk += __shfl_xor_sync(0xffffffffu, mk, o);
+    const float delta = (v - mk) * beta;
+    float oa = 0.0f, ob = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        st[e] = fmaf(kv[e], delta, st[e]);
+        st[e + 4] = fmaf(kv[e + 4], delta, st[e + 4]);
+        oa = fmaf(st[e], qv[e], oa);
+        ob = fmaf(st[e + 4], qv[e + 4], ob);
+    }
+    float o = oa + ob;
+#pragma unroll
+    for (int off = LPR / 2; off > 0; off >>= 1) o += __shfl_xor_sync(0xffffffffu, o, off);
+    return o;
+}
+
 #endif

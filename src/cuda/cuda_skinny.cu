@@ -354,15 +354,26 @@ static int sk_check(const struct cuda_ctx *c, const struct cuda_qmat *m, int ldx
     return 0;
 }
 
+/* The fields every launch sets: the (first) weight matrix and the tokens; grouped launches
+ * (r != NULL) also the route's tile list. */
+static sk_args sk_args_for(const struct cuda_qmat *w, const uint16_t *x, int ldx, const struct cuda_moe_route *r) {
+    sk_args a = {};
+    a.w0 = *w;
+    a.x = x;
+    a.ldx = ldx;
+    if (r) {
+        a.tiles = r->tiles;
+        a.max_tiles = r->max_tiles;
+    }
+    return a;
+}
+
 extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T,
                                  int ldx, float *y, int ldy, int accumulate) {
     int rc;
     if ((rc = sk_check(c, m, ldx, "skinny_dense"))) return rc;
     if (T < 1 || T > SK_MAX_T) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_dense: %d tokens (1..%d)", T, SK_MAX_T);
-    sk_args a = {};
-    a.w0 = *m;
-    a.x = x;
-    a.ldx = ldx;
+    sk_args a = sk_args_for(m, x, ldx, NULL);
     a.T = T;
     a.y = y;
     a.ldy = ldy;
@@ -380,9 +391,7 @@ extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gem
     int rc;
     if (n_segs < 1 || n_segs > SK_MAX_SEG) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_multi: %d matrices", n_segs);
     if (T < 1 || T > SK_MAX_T) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_multi: %d tokens (1..%d)", T, SK_MAX_T);
-    sk_args a = {};
-    a.x = x;
-    a.ldx = ldx;
+    sk_args a = sk_args_for(&segs[0].m, x, ldx, NULL); /* w0: K for the split */
     a.T = T;
     a.accumulate = segs[0].accumulate;
     a.nseg = n_segs;
@@ -399,7 +408,6 @@ extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gem
         blocks += (segs[i].m.rows + rb - 1) / rb;
     }
     a.blk0[n_segs] = blocks;
-    a.w0 = segs[0].m; /* K for the split */
     return sk_dispatch<false, false>(c, a, (T + 7) / 8, blocks * rb, 1, "skinny_multi");
 }
 
@@ -411,11 +419,8 @@ extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qm
     if (gate->rows != up->rows || gate->cols != up->cols)
         return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_swiglu: gate %dx%d vs up %dx%d", gate->rows, gate->cols, up->rows,
                       up->cols);
-    sk_args a = {};
-    a.w0 = *gate;
+    sk_args a = sk_args_for(gate, x, ldx, NULL);
     a.w1 = *up;
-    a.x = x;
-    a.ldx = ldx;
     a.T = T;
     a.act = act;
     a.ld_act = ld_act;
@@ -423,21 +428,16 @@ extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qm
 }
 
 /* Grouped by the route's tiles: tiles hold at most 64 slots; the kernel takes them in
- * passes of 16 (NT = 2), which covers the usual decode counts (a few tokens per expert)
+ * passes of 8 (NT = 1), which covers the usual decode counts (a few tokens per expert)
  * in one pass. */
 extern "C" int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                                           const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act) {
     int rc;
     if ((rc = sk_check(c, gate, ldx, "skinny_grouped_swiglu")) || (rc = sk_check(c, up, ldx, "skinny_grouped_swiglu")))
         return rc;
-    sk_args a = {};
-    a.w0 = *gate;
+    sk_args a = sk_args_for(gate, xn, ldx, r);
     a.w1 = *up;
-    a.x = xn;
-    a.ldx = ldx;
     a.x_rows = r->row_of_slot;
-    a.tiles = r->tiles;
-    a.max_tiles = r->max_tiles;
     a.act = act;
     a.ld_act = gate->rows;
     return sk_dispatch<true, true>(c, a, 2, gate->rows, r->max_tiles, "skinny_grouped_swiglu");
@@ -447,12 +447,7 @@ extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct c
                                         const struct cuda_moe_route *r, float *out) {
     int rc;
     if ((rc = sk_check(c, down, down->cols, "skinny_grouped_down"))) return rc;
-    sk_args a = {};
-    a.w0 = *down;
-    a.x = act;
-    a.ldx = down->cols;
-    a.tiles = r->tiles;
-    a.max_tiles = r->max_tiles;
+    sk_args a = sk_args_for(down, act, down->cols, r);
     a.y = out;
     a.ldy = down->rows;
     return sk_dispatch<false, true>(c, a, 2, down->rows, r->max_tiles, "skinny_grouped_down");
