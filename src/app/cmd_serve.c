@@ -26,7 +26,8 @@ static void usage(FILE *f) {
             "                    [--quiet] [--mock]\n"
             "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"
             "  --max-seq N     context per sequence, prompt + completion (default 8192)\n"
-            "  --parallel N    sequences generated concurrently (default 4)\n"
+            "  --parallel N    sequences generated concurrently, batched in one forward per step\n"
+            "                  (default 4; --max-running N is the same flag)\n"
             "  --max-queue N   requests waiting beyond those; more get 429 (default 256)\n"
             "  --prefix-cache-mb N  host memory for prefix checkpoints (default 2048; 0 = off)\n"
             "  --cache-mem GiB      the same budget in GiB (e.g. 0.5)\n"
@@ -76,7 +77,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port")) bad = parse_int(a, v, 0, 65535, &port);
         else if (!strcmp(a, "--max-seq")) bad = parse_int(a, v, 2, 1L << 24, &max_seq);
         else if (!strcmp(a, "--max-queue")) bad = parse_int(a, v, 1, 1L << 20, &max_queue);
-        else if (!strcmp(a, "--parallel")) bad = parse_int(a, v, 1, 256, &parallel);
+        else if (!strcmp(a, "--parallel") || !strcmp(a, "--max-running")) bad = parse_int(a, v, 1, 256, &parallel);
         else if (!strcmp(a, "--threads")) bad = parse_int(a, v, 0, 4096, &threads);
         else if (!strcmp(a, "--max-body")) bad = parse_int(a, v, 1024, 1L << 30, &max_body);
         else if (!strcmp(a, "--prefix-cache-mb")) bad = parse_int(a, v, 0, 1L << 24, &cache_mb);

@@ -138,6 +138,23 @@ def test_queue_full_429(serial):
     assert r.choices[0].message.content == "free"
 
 
+def test_max_running_caps_the_batch():
+    """--max-running N (the issue's name for --parallel N): three long streams, two run and
+    the third waits in the queue until one finishes."""
+    with Server(mock=True, args=["--max-running", "2", "--quiet"]) as srv:
+        client = srv.client()
+        streams = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "noise"}],
+                                                  max_tokens=4000, stream=True, **NOTHINK) for _ in range(3)]
+        for st in streams[:2]:
+            next(iter(st))
+        assert wait_for(lambda: srv.metric("orchid_running_requests") == 2 and srv.metric("orchid_queue_depth") == 1)
+        streams[0].close()
+        assert wait_for(lambda: srv.metric("orchid_running_requests") == 2 and srv.metric("orchid_queue_depth") == 0)
+        for st in streams[1:]:
+            st.close()
+        assert wait_for(lambda: srv.metric("orchid_running_requests") == 0, 3.0)
+
+
 def test_slow_client_does_not_stall_others():
     # a streaming client that never reads must not block the scheduler
     with Server(mock=True, args=["--parallel", "2"]) as srv:
