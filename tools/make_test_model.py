@@ -25,15 +25,27 @@ On top of that a few unquantized bf16 `vision_tower.*` tensors are written
 and the tokenizer files from .cache/tokenizer/ are copied in when present.
 
 The magnitudes are chosen so that activations stay O(1) and routing spreads
-over the experts: every projection is N(0, 1/fan_in) (unit gain, so each
-layer adds O(1) to the residual stream; o_proj gets gain 2.5 because averaging
-over positions and the sigmoid gate shrink the attention output), the
-embedding is N(0, 1), lm_head gives logits of std ~2, RMSNorm weights are
-1 + N(0, 0.1) (MLX checkpoints store 1 + w), the GDN output norm is
-1 + N(0, 0.1), A_log = log U(1, 16) in float32, and dt_bias spreads over
-[-5, 1] so the decays alpha = exp(-exp(A_log) softplus(a + dt_bias)) cover
-both fast-forgetting and long-memory heads (dt_bias == 1 everywhere would make
-every alpha < 0.3 and the recurrence would barely be exercised).
+over the experts: every projection that reads the residual stream is
+N(0, 1/fan_in), the embedding is N(0, 1), RMSNorm weights are 1 + N(0, 0.1)
+(MLX checkpoints store 1 + w), the GDN output norm is 1 + N(0, 0.1),
+A_log = log U(1, 16) in float32, and dt_bias spreads over [-5, 1] so the decays
+alpha = exp(-exp(A_log) softplus(a + dt_bias)) cover both fast-forgetting and
+long-memory heads (dt_bias == 1 everywhere would make every alpha < 0.3 and the
+recurrence would barely be exercised).
+
+On top of that, three pieces of the structure a trained model has, without which
+a random model is chaotic at the level of bf16 rounding (docs/PERFORMANCE.md,
+"Test models"; src/model/synth.c uses the same constants):
+- the residual branch outputs (GDN out_proj, routed and shared down_proj:
+  N(0, 1/fan_in); attention o_proj: 2.5/sqrt(fan_in), as averaging over
+  positions and the sigmoid gate shrink its output) are scaled by
+  RESID_GAIN / sqrt(2 n_layers) (GPT-2's depth scaling);
+- the router (mlp.gate) is N(0, ROUTER_GAIN^2 / fan_in): logits of std ~3, so
+  the experts at the top-k boundary carry little weight;
+- lm_head (logits of std ~2) holds a direct path: row j has cos
+  a = min(1, KAPPA / sqrt(H)) with embedding row tie_perm(j), so after token t the
+  token tie_perm^-1(t) stands ~8 standard deviations above the vocabulary (the
+  bigram term of a trained model), clear of the other 248k logits.
 """
 
 import argparse
@@ -154,7 +166,25 @@ def make_config(name):
 # Random parameter values
 
 
-def random_value(path, shape, rng):
+# Structure on top of "unit gain everywhere" (docs/PERFORMANCE.md, "Test models"):
+# residual branches scaled by RESID_GAIN / sqrt(2 n_layers) (GPT-2), router logits of std
+# ROUTER_GAIN, and the direct path: lm_head row j correlates (cos = min(1, KAPPA/sqrt(H)))
+# with the embedding row of tie_perm(j), so the token the current one "predicts" stands
+# out of the 248k-token bulk. src/model/synth.c uses the same constants.
+RESID_GAIN = 2.0
+ROUTER_GAIN = 3.0
+KAPPA = 12.0
+
+
+def tie_perm(n):
+    """The bijection of range(n) tying lm_head rows to embedding rows: j -> (A j + n//3) mod n."""
+    a = (0x9E3779B1 % n) | 1
+    while math.gcd(a, n) != 1:
+        a += 2
+    return (a * np.arange(n, dtype=np.int64) + n // 3) % n
+
+
+def random_value(path, shape, rng, n_layers):
     """float32 numpy values for the parameter at `path` (MLX module path)."""
 
     def normal(std):
@@ -165,11 +195,12 @@ def random_value(path, shape, rng):
     fan_in = shape[-1] if len(shape) >= 2 else 1
     leaf = path.rsplit(".", 1)[-1]
     module = path.rsplit(".", 1)[0]
+    resid = RESID_GAIN / math.sqrt(2 * n_layers)
 
     if path.endswith("embed_tokens.weight"):
         return normal(1.0)
     if path.endswith("lm_head.weight"):
-        # logits with std ~2: a peaked but not degenerate next-token distribution
+        # logits with std ~2 (the direct path is mixed in by tie_lm_head)
         return normal(2.0 / math.sqrt(fan_in))
     if leaf == "A_log":
         return np.log(rng.uniform(1.0, 16.0, size=shape)).astype(np.float32)
@@ -183,9 +214,23 @@ def random_value(path, shape, rng):
         # 1 + w in MLX checkpoints; the GDN gated norm is a plain gain ~1)
         return (1.0 + normal(0.1)).astype(np.float32)
     if module.endswith("o_proj"):
-        return normal(2.5 / math.sqrt(fan_in))
-    # q/k/v, in_proj_{qkv,z,a,b}, router, shared_expert_gate, gate/up projections
+        return normal(2.5 * resid / math.sqrt(fan_in))
+    if module.endswith("out_proj") or module.endswith("down_proj"):
+        # the other residual branch outputs: GDN out_proj, routed and shared down_proj
+        return normal(resid / math.sqrt(fan_in))
+    if module.endswith("mlp.gate"):
+        return normal(ROUTER_GAIN / math.sqrt(fan_in))
+    # q/k/v, in_proj_{qkv,z,a,b}, shared_expert_gate, gate/up projections
     return normal(1.0 / math.sqrt(fan_in))
+
+
+def tie_lm_head(lm_head, embed):
+    """lm_head row j := sigma (a e_perm(j) + sqrt(1 - a^2) r_j): cos a with that embedding row."""
+    hidden = embed.shape[-1]
+    a = min(1.0, KAPPA / math.sqrt(hidden))
+    sigma = 2.0 / math.sqrt(hidden)
+    e = embed[tie_perm(embed.shape[0])] / np.float32(np.sqrt(np.mean(embed * embed)))
+    return (sigma * a * e + math.sqrt(1.0 - a * a) * lm_head).astype(np.float32)
 
 
 def vision_tensors(rng, hidden, vdim=64):
@@ -305,11 +350,14 @@ def build(name, out, seed=0, quiet=False):
 
     # Random values in a fixed (sorted) order, so the bytes depend only on seed.
     params = dict(tree_flatten(model.parameters()))
+    n_layers = config["text_config"]["num_hidden_layers"]
     new = {}
     for path in sorted(params):
         v = params[path]
-        new[path] = mx.array(random_value(path, tuple(v.shape), rng))
-    model.update(tree_unflatten(list(new.items())))
+        new[path] = random_value(path, tuple(v.shape), rng, n_layers)
+    lm, emb = "language_model.lm_head.weight", "language_model.model.embed_tokens.weight"
+    new[lm] = tie_lm_head(new[lm], new[emb])
+    model.update(tree_unflatten([(k, mx.array(v)) for k, v in new.items()]))
 
     # convert: cast to the checkpoint dtype except where cast_predicate says no
     cast_predicate = model.cast_predicate

@@ -113,6 +113,9 @@ struct stensor {
     int bits;          /* quantized parts */
     float a, b;        /* NORMAL: mean, std; SCALES/BIASES: base |scale| */
     uint64_t stream;   /* RNG stream (module hash for quantized parts) */
+    int tied;          /* lm_head parts: 1 + plan index of the embedding tensor they derive from
+                          (its codes; its scales for both scales and biases), 0 = none */
+    float mix, ratio;  /* tied: fraction of codes copied from the embedding row, scale multiplier */
     bool vision;
     int shard;
     size_t off;        /* offset in the shard's data region */
@@ -202,10 +205,18 @@ static int add_norm(struct plan *p, const char *name, int n) {
     return add_vec(p, name, DT_BF16, 1, s, GK_NORMAL, 1.0f, 0.1f, false);
 }
 
+/* The structure on top of "unit gain everywhere" (synth.h; the same constants as
+ * tools/make_test_model.py): residual branch outputs scaled by RESID_GAIN / sqrt(2 layers),
+ * router logits of std ROUTER_GAIN, and the direct path tying lm_head to the embedding with
+ * cos min(1, KAPPA / sqrt(hidden)). */
+#define RESID_GAIN 2.0f
+#define ROUTER_GAIN 3.0f
+#define KAPPA 12.0f
+
 static int plan_tensors(struct plan *p) {
     const struct shape *s = p->sh;
     const int H = s->hidden;
-    const float inv = 1.0f / sqrtf((float)H);
+    const float inv = 1.0f / sqrtf((float)H), res = RESID_GAIN / sqrtf(2.0f * (float)s->layers);
     char m[160], n[192];
     int rc = 0;
     rc |= add_quant(p, "language_model.model.embed_tokens", 1, VOCAB, H, 4, 1.0f);
@@ -219,7 +230,7 @@ static int plan_tensors(struct plan *p) {
             rc |= add_quant(p, MOD("self_attn.q_proj"), 1, 2 * qd, H, 4, inv);
             rc |= add_quant(p, MOD("self_attn.k_proj"), 1, kvd, H, 4, inv);
             rc |= add_quant(p, MOD("self_attn.v_proj"), 1, kvd, H, 4, inv);
-            rc |= add_quant(p, MOD("self_attn.o_proj"), 1, H, qd, 4, 2.5f / sqrtf((float)qd));
+            rc |= add_quant(p, MOD("self_attn.o_proj"), 1, H, qd, 4, 2.5f * res / sqrtf((float)qd));
             rc |= add_norm(p, NAM("self_attn.q_norm.weight"), s->head_dim);
             rc |= add_norm(p, NAM("self_attn.k_norm.weight"), s->head_dim);
         } else {
@@ -228,7 +239,7 @@ static int plan_tensors(struct plan *p) {
             rc |= add_quant(p, MOD("linear_attn.in_proj_z"), 1, vd, H, 4, inv);
             rc |= add_quant(p, MOD("linear_attn.in_proj_b"), 1, s->lv_heads, H, 4, inv);
             rc |= add_quant(p, MOD("linear_attn.in_proj_a"), 1, s->lv_heads, H, 4, inv);
-            rc |= add_quant(p, MOD("linear_attn.out_proj"), 1, H, vd, 4, 1.0f / sqrtf((float)vd));
+            rc |= add_quant(p, MOD("linear_attn.out_proj"), 1, H, vd, 4, res / sqrtf((float)vd));
             int64_t conv[3] = {cd, CONV_K, 1}, hv[1] = {s->lv_heads};
             rc |= add_vec(p, NAM("linear_attn.conv1d.weight"), DT_BF16, 3, conv, GK_NORMAL, 0.0f, 0.5f, false);
             rc |= add_vec(p, NAM("linear_attn.A_log"), DT_F32, 1, hv, GK_ALOG, 0, 0, false);
@@ -236,19 +247,28 @@ static int plan_tensors(struct plan *p) {
             rc |= add_norm(p, NAM("linear_attn.norm.weight"), s->lv_dim);
         }
         rc |= add_norm(p, NAM("post_attention_layernorm.weight"), H);
-        rc |= add_quant(p, MOD("mlp.gate"), 1, s->experts, H, 8, inv);
+        rc |= add_quant(p, MOD("mlp.gate"), 1, s->experts, H, 8, ROUTER_GAIN * inv);
         rc |= add_quant(p, MOD("mlp.switch_mlp.gate_proj"), s->experts, s->moe_inter, H, 4, inv);
         rc |= add_quant(p, MOD("mlp.switch_mlp.up_proj"), s->experts, s->moe_inter, H, 4, inv);
-        rc |= add_quant(p, MOD("mlp.switch_mlp.down_proj"), s->experts, H, s->moe_inter, 4, 1.0f / sqrtf((float)s->moe_inter));
+        rc |= add_quant(p, MOD("mlp.switch_mlp.down_proj"), s->experts, H, s->moe_inter, 4, res / sqrtf((float)s->moe_inter));
         rc |= add_quant(p, MOD("mlp.shared_expert.gate_proj"), 1, s->sh_inter, H, 4, inv);
         rc |= add_quant(p, MOD("mlp.shared_expert.up_proj"), 1, s->sh_inter, H, 4, inv);
-        rc |= add_quant(p, MOD("mlp.shared_expert.down_proj"), 1, H, s->sh_inter, 4, 1.0f / sqrtf((float)s->sh_inter));
+        rc |= add_quant(p, MOD("mlp.shared_expert.down_proj"), 1, H, s->sh_inter, 4, res / sqrtf((float)s->sh_inter));
         rc |= add_quant(p, MOD("mlp.shared_expert_gate"), 1, 1, H, 8, inv);
 #undef MOD
 #undef NAM
     }
     rc |= add_norm(p, "language_model.model.norm.weight", H);
     rc |= add_quant(p, "language_model.lm_head", 1, VOCAB, H, 4, 2.0f * inv);
+    if (rc == 0) { /* the direct path: see synth.h */
+        const float mix = fminf(1.0f, KAPPA * inv);
+        for (int part = 0; part < 3; part++) {
+            struct stensor *t = &p->t[p->n - 3 + part];
+            t->tied = part == 0 ? 1 : 2; /* 1 + plan index: the embedding's codes (0) or scales (1) */
+            t->mix = mix;
+            t->ratio = 2.0f * inv; /* lm_head sigma / embedding sigma (1) */
+        }
+    }
     /* the 8 vision tensors make_test_model.py writes (vdim 64) */
     const int64_t vd = 64;
     const struct { const char *name; int nd; int64_t s[5]; } vis[] = {
@@ -362,6 +382,13 @@ static int plan_make(struct plan **out, const char *shape, uint64_t seed, char *
     if (!p) return errorf(err, errlen, ST_NOMEM, "out of memory");
     p->sh = sh;
     p->seed = seed;
+    /* the tied lm_head permutes rows inside one code chunk of rows, whose scales must lie
+     * inside one scale chunk (gen_tied): true for every hidden size that divides 2^16 */
+    const size_t row_bytes = (size_t)sh->hidden / 2, groups = (size_t)sh->hidden / GROUP;
+    if (CODE_CHUNK % row_bytes || ELEM_CHUNK % groups || (ELEM_CHUNK / groups) % (CODE_CHUNK / row_bytes)) {
+        free(p);
+        return errorf(err, errlen, ST_INVALID, "shape %s: hidden size %d does not fit the generator's chunks", shape, sh->hidden);
+    }
     if (plan_tensors(p) || plan_shards(p)) {
         plan_free(p);
         return errorf(err, errlen, ST_NOMEM, "out of memory planning the %s checkpoint", shape);
@@ -382,8 +409,74 @@ static void put_val(const struct stensor *t, uint8_t *dst, size_t i, float v) {
     else { uint16_t h = f32_to_bf16(v); memcpy(dst + 2 * i, &h, 2); }
 }
 
-static void gen_chunk(const struct plan *p, const struct stensor *t, size_t k, uint8_t *dst, size_t len) {
+static void gen_chunk(const struct plan *p, const struct stensor *t, size_t k, uint8_t *dst, size_t len, uint8_t *scratch);
+
+static uint64_t gcd_u64(uint64_t a, uint64_t b) {
+    while (b) { const uint64_t t = a % b; a = b; b = t; }
+    return a;
+}
+
+/* The bijection of [0, n) that maps an lm_head row (within its block) to the embedding
+ * row it is tied to: i -> (A i + n/3) mod n, A odd and coprime to n. */
+static size_t tie_perm(size_t i, size_t n) {
+    uint64_t A = (0x9E3779B1ull % n) | 1;
+    while (gcd_u64(A, n) != 1) A += 2;
+    return (size_t)((A * i + n / 3) % n);
+}
+
+/* Rows of the tied lm_head are permuted inside blocks of tie_block_rows(): one code chunk. */
+static size_t tie_block_rows(const struct stensor *codes) { return CODE_CHUNK / ((size_t)codes->shape[1] * 4); }
+
+/* Chunk k of a tied lm_head part (see synth.h): codes copy a fraction `mix` of the
+ * permuted embedding row's codes (the rest uniform), scales are the embedding row's
+ * times `ratio`, biases -2^(b-1) x scale. `src`: MAX_ITEM_BYTES of scratch for the
+ * embedding's chunk. */
+static void gen_tied(const struct plan *p, const struct stensor *t, size_t k, uint8_t *dst, size_t len, uint8_t *src) {
+    const struct stensor *e = &p->t[t->tied - 1];
+    const size_t rows = (size_t)t->shape[0], R = tie_block_rows(&p->t[0]); /* plan entry 0: the embedding's codes */
+    if (t->kind == GK_CODES) {
+        const size_t rb = (size_t)t->shape[1] * 4, n = len / rb;
+        gen_chunk(p, e, k, src, len, NULL); /* same shape and chunking as this tensor */
+        struct rng r;
+        rng_seed(&r, p->seed, t->stream, 4, k);
+        const unsigned thr = (unsigned)lrintf(t->mix * 256.0f);
+        for (size_t i = 0; i < n; i++) {
+            const uint8_t *s = src + tie_perm(i, n) * rb;
+            uint8_t *d = dst + i * rb;
+            for (size_t b = 0; b < rb; b++) {
+                const uint64_t x = rng_next(&r);
+                const unsigned m0 = x & 255, m1 = (x >> 8) & 255, c = (x >> 16) & 255;
+                const unsigned lo = m0 < thr ? s[b] & 15 : c & 15, hi = m1 < thr ? s[b] >> 4 : c >> 4;
+                d[b] = (uint8_t)(lo | hi << 4);
+            }
+        }
+    } else {
+        const size_t G = (size_t)t->shape[1], per = chunk_bytes(e) / 2 / G; /* rows per scale chunk */
+        const size_t n = len / 2 / G, row0 = k * per;
+        size_t have = SIZE_MAX;
+        const float mult = t->kind == GK_BIASES ? -(float)(1u << (t->bits - 1)) : 1.0f;
+        for (size_t i = 0; i < n; i++) {
+            const size_t row = row0 + i, b0 = row / R * R, bn = rows - b0 < R ? rows - b0 : R;
+            const size_t from = b0 + tie_perm(row - b0, bn), fk = from / per;
+            if (fk != have) {
+                const size_t flen = e->nbytes - fk * chunk_bytes(e) < chunk_bytes(e) ? e->nbytes - fk * chunk_bytes(e) : chunk_bytes(e);
+                gen_chunk(p, e, fk, src, flen, NULL);
+                have = fk;
+            }
+            for (size_t g = 0; g < G; g++) {
+                uint16_t h;
+                memcpy(&h, src + 2 * ((from - fk * per) * G + g), 2);
+                const uint16_t o = f32_to_bf16(round_bf16(t->ratio * bf16_to_f32(h)) * mult);
+                memcpy(dst + 2 * (i * G + g), &o, 2);
+            }
+        }
+    }
+}
+
+/* `scratch` (MAX_ITEM_BYTES) is needed only for tied tensors. */
+static void gen_chunk(const struct plan *p, const struct stensor *t, size_t k, uint8_t *dst, size_t len, uint8_t *scratch) {
     struct rng r;
+    if (t->tied) { gen_tied(p, t, k, dst, len, scratch); return; }
     switch (t->kind) {
     case GK_CODES: {
         rng_seed(&r, p->seed, t->stream, 1, k);
@@ -462,7 +555,7 @@ static int pwrite_all(int fd, const uint8_t *b, size_t len, off_t off) {
 
 static void *fill_worker(void *arg) {
     struct fill_job *j = arg;
-    uint8_t *buf = NULL;
+    uint8_t *buf = NULL, *scratch = NULL;
     if (j->fds && !(buf = malloc(MAX_ITEM_BYTES))) {
         pthread_mutex_lock(&j->mu);
         if (!atomic_exchange(&j->failed, 1)) snprintf(j->err, sizeof j->err, "out of memory for a write buffer");
@@ -478,8 +571,14 @@ static void *fill_worker(void *arg) {
         const size_t len = t->nbytes - begin < cb ? t->nbytes - begin : cb;
         const struct sshard *sh = &j->p->shards[t->shard];
         const size_t file_off = 8 + sh->header_len + t->off + begin;
+        if (t->tied && !scratch && !(scratch = malloc(MAX_ITEM_BYTES))) {
+            pthread_mutex_lock(&j->mu);
+            if (!atomic_exchange(&j->failed, 1)) snprintf(j->err, sizeof j->err, "out of memory for a scratch buffer");
+            pthread_mutex_unlock(&j->mu);
+            break;
+        }
         if (j->fds) {
-            gen_chunk(j->p, t, j->items[i].chunk, buf, len);
+            gen_chunk(j->p, t, j->items[i].chunk, buf, len, scratch);
             if (pwrite_all(j->fds[t->shard], buf, len, (off_t)file_off)) {
                 const int e = errno;
                 pthread_mutex_lock(&j->mu);
@@ -489,7 +588,7 @@ static void *fill_worker(void *arg) {
                 break;
             }
         } else {
-            gen_chunk(j->p, t, j->items[i].chunk, j->mem[t->shard] + file_off, len);
+            gen_chunk(j->p, t, j->items[i].chunk, j->mem[t->shard] + file_off, len, scratch);
         }
         const size_t before = atomic_fetch_add(&j->done, len);
         if (!j->quiet && j->total >= ((size_t)1 << 30) && (before + len) / step != before / step)
@@ -497,6 +596,7 @@ static void *fill_worker(void *arg) {
                     now_seconds() - j->t0);
     }
     free(buf);
+    free(scratch);
     return NULL;
 }
 
@@ -582,7 +682,7 @@ int synth_config_json(const char *shape, uint64_t seed, char **out, char *err, s
     cJSON *mark = cJSON_AddObjectToObject(root, "orchid_synth");
     cJSON_AddStringToObject(mark, "shape", s->name);
     cJSON_AddNumberToObject(mark, "seed", (double)seed);
-    cJSON_AddStringToObject(mark, "weights", "uniform random codes, scales from target std, bias = -2^(bits-1)*scale (src/model/synth.h)");
+    cJSON_AddStringToObject(mark, "weights", "uniform random codes, scales from target std, bias = -2^(bits-1)*scale; residual branches / sqrt(2 layers), router std 3, lm_head tied to a permutation of the embedding (src/model/synth.h)");
     cJSON *q = quant_block(s);
     cJSON_AddItemToObject(root, "quantization", q);
     cJSON_AddItemToObject(root, "quantization_config", cJSON_Duplicate(q, 1));

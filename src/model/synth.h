@@ -29,10 +29,23 @@
  * (exact in bf16). That is exactly what MLX's affine quantizer (MODEL.md §3)
  * produces for a group whose larger-magnitude edge is -8s (s > 0) or +8|s|
  * (s < 0): the bias is the edge, 0.0 is code 8, ŵ = s·q + β. Target sigmas
- * follow make_test_model.py: embed 1, lm_head 2/sqrt(H), o_proj 2.5/sqrt(in),
- * every other projection 1/sqrt(in); RMSNorm gains 1 + N(0, 0.1), conv taps
- * N(0, 0.5), A_log = log U(1, 16), dt_bias U(-5, 1). So activations stay O(1)
- * and the router's logits vary with the token (routing spreads over experts).
+ * follow make_test_model.py (the same constants): embed 1, every projection that
+ * reads the residual stream 1/sqrt(in); the residual branch outputs (GDN out_proj,
+ * routed and shared down_proj: 1/sqrt(in); attention o_proj: 2.5/sqrt(in)) times
+ * RESID_GAIN/sqrt(2·layers) = 2/sqrt(2L) (GPT-2's depth scaling: what the layers add
+ * to the stream does not grow with depth); the router 3/sqrt(H) (logits of std ~3,
+ * so the experts at the top-k boundary carry little weight and a near-tie there
+ * moves the output little); RMSNorm gains 1 + N(0, 0.1), conv taps N(0, 0.5),
+ * A_log = log U(1, 16), dt_bias U(-5, 1). lm_head (sigma 2/sqrt(H), logits of std
+ * ~2) carries a direct path (embedding -> unembedding, the bigram term of a trained
+ * model): row j copies each code of embedding row π(j) with probability
+ * a = min(1, 12/sqrt(H)) (else a uniform code) and takes that row's scales times
+ * 2/sqrt(H), so it has cos a with that embedding row; π is i -> (A·i + n/3) mod n
+ * (A odd, coprime to n) inside each block of rows of one code chunk (n rows, the last
+ * block shorter). The token π⁻¹(t) then stands ~8 standard deviations above the
+ * vocabulary after token t, clear of the largest of the other 248k logits (~4.7σ),
+ * so top-1 survives bf16-sized noise while the logits still depend on every layer
+ * (docs/PERFORMANCE.md, "Test models").
  *
  * Determinism: each tensor is cut into fixed chunks; chunk k of tensor "name"
  * draws from xoshiro256** seeded by splitmix64(seed, FNV-1a(module), k), so the

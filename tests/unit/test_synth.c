@@ -2,7 +2,8 @@
  * synth_write produces byte for byte, does not depend on the thread count, binds
  * with config_parse + weights_bind, and its quantized groups are what MLX's
  * affine quantizer would give (bias = -2^(bits-1) * scale exactly, both signs of
- * scale, codes spread over the whole range). */
+ * scale, codes spread over the whole range), and lm_head is tied to the permuted
+ * embedding rows as synth.h documents. */
 #include <glob.h>
 #include <math.h>
 #include <stdio.h>
@@ -73,6 +74,53 @@ static void check_quant(const safetensors *st, const char *module, int bits) {
     CHECK(k >= (1 << bits) * 9 / 10, "%s: only %d of %d codes occur", module, k, 1 << bits);
 }
 
+/* The direct path (synth.h): lm_head row j is tied to embedding row pi(j), pi a bijection
+ * inside blocks of rows of one 4 MiB code chunk, i -> (A i + n/3) mod n. Its scales are
+ * the embedding row's times 2/sqrt(H) (bf16), its biases -8 x scale, and a fraction
+ * a = min(1, 12/sqrt(H)) of its codes are the embedding row's (the rest uniform: the
+ * same code with probability 1/16). */
+static size_t perm(size_t i, size_t n) {
+    uint64_t A = (0x9E3779B1ull % n) | 1;
+    for (;;) {
+        uint64_t x = A, y = n;
+        while (y) { const uint64_t t = x % y; x = y; y = t; }
+        if (x == 1) break;
+        A += 2;
+    }
+    return (size_t)((A * i + n / 3) % n);
+}
+
+static void check_tied_lm_head(const safetensors *st, int H) {
+    const struct st_tensor *ec = safetensors_find(st, "language_model.model.embed_tokens.weight"),
+                           *es = safetensors_find(st, "language_model.model.embed_tokens.scales"),
+                           *lc = safetensors_find(st, "language_model.lm_head.weight"),
+                           *ls = safetensors_find(st, "language_model.lm_head.scales"),
+                           *lb = safetensors_find(st, "language_model.lm_head.biases");
+    CHECK(ec && es && lc && ls && lb, "lm_head / embedding parts missing");
+    if (!ec || !es || !lc || !ls || !lb) return;
+    const size_t rb = (size_t)H / 2, G = (size_t)H / 64, V = lc->nbytes / rb, R = ((size_t)4 << 20) / rb;
+    const uint8_t *e = ec->data, *l = lc->data;
+    const uint16_t *esv = es->data, *lsv = ls->data, *lbv = lb->data;
+    const float ratio = 2.0f / sqrtf((float)H), a = fminf(1.0f, 12.0f / sqrtf((float)H));
+    size_t bad_scale = 0, same = 0, total = 0;
+    for (size_t j = 0; j < V; j++) {
+        const size_t b0 = j / R * R, n = V - b0 < R ? V - b0 : R, src = b0 + perm(j - b0, n);
+        for (size_t g = 0; g < G; g++) {
+            const float want = round_bf16(ratio * bf16_to_f32(esv[src * G + g]));
+            bad_scale += bf16_to_f32(lsv[j * G + g]) != want || bf16_to_f32(lbv[j * G + g]) != -8.0f * want;
+        }
+        if (j % 16 == 0)
+            for (size_t b = 0; b < rb; b++) {
+                same += (l[j * rb + b] & 15) == (e[src * rb + b] & 15);
+                same += (l[j * rb + b] >> 4) == (e[src * rb + b] >> 4);
+                total += 2;
+            }
+    }
+    CHECK(bad_scale == 0, "lm_head: %zu groups whose scale/bias is not the tied embedding row's", bad_scale);
+    const double frac = (double)same / (double)total, expect = a + (1.0 - a) / 16.0;
+    CHECK(fabs(frac - expect) < 0.01, "lm_head: %.4f of codes equal the tied embedding row's, expected %.4f", frac, expect);
+}
+
 int main(void) {
     char err[1024];
     const char *shapes[] = {"tiny", "small"};
@@ -103,6 +151,7 @@ int main(void) {
         check_quant(st, "language_model.model.layers.0.mlp.gate", 8);
         check_quant(st, "language_model.model.layers.3.self_attn.q_proj", 4);
         check_quant(st, "language_model.model.layers.1.mlp.switch_mlp.down_proj", 4);
+        check_tied_lm_head(st, si == 0 ? 128 : 256);
 
         /* files == memory, and a different thread count gives the same bytes */
         char dir[] = "/tmp/orchid-test-synth-XXXXXX";
