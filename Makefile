@@ -181,7 +181,7 @@ GPU_SRC := $(sort $(wildcard tests/gpu/*.c))
 GPU_BIN := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 GPU_LIBS := -lcjson -lm -lpthread $(CUDA_LIBS)
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_common.h tests/unit/check.h $(BUILD)/liborchid.a
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_common.h tests/unit/check.h tests/unit/tmodel.h $(BUILD)/liborchid.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -Itests/gpu -o $@ $< $(BUILD)/liborchid.a $(GPU_LIBS)
 

@@ -20,6 +20,7 @@
 #include "runtime/safetensors.h"
 #include "runtime/status.h"
 #include "runtime/timing.h"
+#include "tmodel.h"
 
 int cuda_backend_load_stats(const struct backend *b, double *seconds, double *bytes);
 
@@ -78,37 +79,6 @@ static inline void rq_free(struct rq *m) {
 }
 
 /* ---- models ---- */
-
-struct tmodel {
-    struct model_config cfg;
-    safetensors *st;
-    struct model_weights w;
-    char *config_json;
-};
-
-/* dir: a checkpoint directory, or "synth:SHAPE" for an in-memory synthetic checkpoint. */
-static inline int tmodel_open(struct tmodel *m, const char *where, char *err, size_t errlen) {
-    memset(m, 0, sizeof *m);
-    int rc;
-    if (strncmp(where, "synth:", 6) == 0) {
-        struct synth_options so = {.shape = where + 6, .seed = 1, .threads = 0, .quiet = true};
-        struct synth_result res;
-        if ((rc = synth_build_memory(&so, &m->st, &m->config_json, &res, err, errlen))) return rc;
-        if ((rc = config_parse(&m->cfg, m->config_json, strlen(m->config_json), where, err, errlen))) return rc;
-    } else {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/config.json", where);
-        if ((rc = config_load(&m->cfg, path, err, errlen))) return rc;
-        if ((rc = safetensors_open(&m->st, where, err, errlen))) return rc;
-    }
-    return weights_bind(&m->w, &m->cfg, m->st, err, errlen);
-}
-
-static inline void tmodel_close(struct tmodel *m) {
-    weights_free(&m->w);
-    if (m->st) safetensors_close(m->st);
-    free(m->config_json);
-}
 
 /* Feeds tokens[0..n) at positions pos0.. to one session, in chunks the backend accepts;
  * logits of the rows in [want0, n) go to out (rows × vocab) when out != NULL. */

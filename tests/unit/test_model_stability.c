@@ -39,6 +39,7 @@
 #include "model/weights.h"
 #include "runtime/safetensors.h"
 #include "runtime/timing.h"
+#include "tmodel.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -57,43 +58,6 @@ struct opts {
     bool assert_criteria;
     unsigned perturb; /* bit mask of gain kinds perturbed: 1 input, 2 post-attention, 4 q/k, 8 GDN, 16 final */
 };
-
-/* ---- model ---- */
-
-struct tmodel {
-    struct model_config cfg;
-    safetensors *st;
-    struct model_weights w;
-    char *config_json;
-};
-
-static int tmodel_open(struct tmodel *m, const char *where, char *err, size_t errlen) {
-    memset(m, 0, sizeof *m);
-    int rc;
-    if (strncmp(where, "synth:", 6) == 0) {
-        char shape[64];
-        snprintf(shape, sizeof shape, "%s", where + 6);
-        uint64_t seed = 1;
-        char *colon = strchr(shape, ':');
-        if (colon) { *colon = 0; seed = strtoull(colon + 1, NULL, 10); }
-        struct synth_options so = {.shape = shape, .seed = seed, .threads = 0, .quiet = true};
-        struct synth_result res;
-        if ((rc = synth_build_memory(&so, &m->st, &m->config_json, &res, err, errlen))) return rc;
-        if ((rc = config_parse(&m->cfg, m->config_json, strlen(m->config_json), where, err, errlen))) return rc;
-    } else {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/config.json", where);
-        if ((rc = config_load(&m->cfg, path, err, errlen))) return rc;
-        if ((rc = safetensors_open(&m->st, where, err, errlen))) return rc;
-    }
-    return weights_bind(&m->w, &m->cfg, m->st, err, errlen);
-}
-
-static void tmodel_close(struct tmodel *m) {
-    weights_free(&m->w);
-    if (m->st) safetensors_close(m->st);
-    free(m->config_json);
-}
 
 /* ---- drivers ---- */
 
