@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +38,29 @@ def orchid_bin(asan=False):
     if os.environ.get("ORCHID_BIN"):
         return os.environ["ORCHID_BIN"]
     return str(REPO / "build" / "orchid")
+
+
+def run_together(jobs, timeout=None):
+    """Calls every job (name -> callable with no arguments) on its own thread, all released
+    at once by a barrier so their requests overlap in the server's batches; returns
+    name -> result. Fails the test with every job's exception if any raised."""
+    out, errors = {}, []
+    barrier = threading.Barrier(len(jobs))
+
+    def one(name):
+        try:
+            barrier.wait()
+            out[name] = jobs[name]()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"{name}: {e!r}")
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not errors, errors
+    return out
 
 
 class Server:

@@ -9,10 +9,9 @@ repeat values), then the tiny real model on the CPU engine, where the same reque
 all at once (sharing batches) must also give what each gave alone.
 """
 
-import threading
 
 from models import model_dir
-from serverproc import MODEL, Server
+from serverproc import MODEL, Server, run_together
 
 NOTHINK = {"chat_template_kwargs": {"enable_thinking": False}}
 METRIC = "orchid_argmax_only_tokens_total"
@@ -40,24 +39,7 @@ def ask(client, prompt, fields):
 
 def run_concurrently(srv, names):
     """All requests at once (one batch while they overlap); name -> response."""
-    out, errors = {}, []
-    barrier = threading.Barrier(len(names))
-
-    def one(name):
-        try:
-            client = srv.client(timeout=120)
-            barrier.wait()
-            out[name] = ask(client, MIX[name][0], MIX[name][1])
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(f"{name}: {e!r}")
-
-    threads = [threading.Thread(target=one, args=(n,)) for n in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    return out
+    return run_together({n: (lambda n=n: ask(srv.client(timeout=120), MIX[n][0], MIX[n][1])) for n in names})
 
 
 def check_logprobs(r):
@@ -128,22 +110,10 @@ def test_tiny_model_greedy_identical_on_and_off():
             # the same requests all at once, with logprobs ones: prefills of different lengths
             # and decode steps share batches, and the CPU engine's rows are batch-invariant
             # (issue 6), so every greedy output is the one the request got alone
-            both = {}
             jobs = [(f"g{i}", p, dict(temperature=0, max_tokens=8)) for i, p in enumerate(prompts)]
             jobs += [(f"lp{i}", p, dict(temperature=0, max_tokens=8, logprobs=True, top_logprobs=3))
                      for i, p in enumerate(prompts[:2])]
-            barrier = threading.Barrier(len(jobs))
-
-            def one(name, prompt, fields):
-                c = srv.client(timeout=120)
-                barrier.wait()
-                both[name] = ask(c, prompt, fields)
-
-            ts = [threading.Thread(target=one, args=job) for job in jobs]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
+            both = run_together({name: (lambda p=p, f=f: ask(srv.client(timeout=120), p, f)) for name, p, f in jobs})
             assert set(both) == {name for name, _, _ in jobs}
             for i, alone in enumerate(greedy):
                 want = (alone.choices[0].message.content, alone.usage.completion_tokens)

@@ -9,13 +9,12 @@ take the argmax-only path (the scheduler would skip the bias). Bad maps are 400s
 """
 
 import math
-import threading
 
 import openai
 import pytest
 
 from models import model_dir
-from serverproc import MODEL, Server
+from serverproc import MODEL, Server, run_together
 
 NOTHINK = {"chat_template_kwargs": {"enable_thinking": False}}
 ARGMAX = "orchid_argmax_only_tokens_total"
@@ -105,24 +104,9 @@ def test_logprobs_describe_the_biased_distribution(client):
 
 
 def test_biased_and_plain_requests_share_a_batch(srv):
-    out, errors = {}, []
     jobs = {"plain": None, "forced": {str(ord("q")): 100}, "banned": {str(ord("s")): -100}}
-    barrier = threading.Barrier(len(jobs))
-
-    def one(name):
-        try:
-            c = srv.client()
-            barrier.wait()
-            out[name] = chat(c, "SCRIPT:same script", jobs[name], max_tokens=11).choices[0].message.content
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(f"{name}: {e!r}")
-
-    ts = [threading.Thread(target=one, args=(n,)) for n in jobs]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert not errors, errors
+    out = run_together({n: (lambda n=n: chat(srv.client(), "SCRIPT:same script", jobs[n], max_tokens=11)
+                            .choices[0].message.content) for n in jobs}, timeout=60)
     assert out["plain"] == "same script"
     assert out["forced"] == "q" * 11
     assert out["banned"][0] != "s" and "s" not in out["banned"]
