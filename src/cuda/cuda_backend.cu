@@ -210,7 +210,16 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
 
 static void prof_mark(struct cuda_backend *cb, const char *name) {
     if (!cb->prof_on || cb->prof_n >= PROF_MAX) return;
-    if (cb->prof_n == 0) cudaEventRecord(cb->prof_ev[PROF_MAX], cb->stream);
+    if (cb->prof_n == 0) {
+        /* 30 ms of GPU idling first: the host queues the forward meanwhile, so the deltas
+         * are GPU time (outside graphs the host's launch rate would otherwise set them) */
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(cb->stream, &cap);
+        char e[64];
+        cuda_ctx c = {(cuda_stream_t)cb->stream, e, sizeof e};
+        if (cap == cudaStreamCaptureStatusNone) cuda_spin(&c, 30000);
+        cudaEventRecord(cb->prof_ev[PROF_MAX], cb->stream);
+    }
     cb->prof_name[cb->prof_n] = name;
     cudaEventRecord(cb->prof_ev[cb->prof_n++], cb->stream);
 }
@@ -240,8 +249,8 @@ extern "C" void cuda_backend_profile_dump(struct backend *b, FILE *f) {
     double tot = 0;
     for (int k = 0; k < cb->prof_nkeys; k++) tot += cb->prof_ms[k];
     for (int k = 0; k < cb->prof_nkeys; k++)
-        fprintf(f, "  %-22s %8ld calls %10.3f ms %5.1f%%\n", cb->prof_keys[k], cb->prof_calls[k], cb->prof_ms[k],
-                tot > 0 ? 100.0 * cb->prof_ms[k] / tot : 0.0);
+        fprintf(f, "  %-22s %8ld calls %10.3f ms %5.1f%% %8.2f us/call\n", cb->prof_keys[k], cb->prof_calls[k], cb->prof_ms[k],
+                tot > 0 ? 100.0 * cb->prof_ms[k] / tot : 0.0, cb->prof_calls[k] ? 1e3 * cb->prof_ms[k] / cb->prof_calls[k] : 0.0);
     fprintf(f, "  %-22s %25.3f ms\n", "total", tot);
     cb->prof_nkeys = 0;
 }

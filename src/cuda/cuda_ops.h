@@ -221,6 +221,8 @@ int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *d
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
 int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids);
+/* Holds the stream for `us` microseconds (per-op profiling: lets the host queue ahead). */
+int cuda_spin(const struct cuda_ctx *c, double us);
 
 #ifdef __cplusplus
 }

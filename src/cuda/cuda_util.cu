@@ -87,6 +87,24 @@ extern "C" int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32
                     "decode_advance");
 }
 
+/* Holds the stream for `ns` nanoseconds of GPU time (%globaltimer). The per-op profile puts
+ * it first so the host queues the whole forward (kernels and events) while the GPU waits:
+ * the event deltas are then GPU time per op with the stream's own launch gaps, not the
+ * host's launch rate (which otherwise dominates a single-token forward). */
+static __global__ void spin_kernel(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+extern "C" int cuda_spin(const struct cuda_ctx *c, double us) {
+    spin_kernel<<<1, 1, 0, cstream(c)>>>((unsigned long long)(us * 1e3));
+    LAUNCH_CHECK_RC(c, cudaGetLastError(), "spin");
+}
+
 /* Device-to-device copy bandwidth (bytes read + written per second), for benchmarks. */
 extern "C" int cuda_copy_bandwidth(size_t bytes, int reps, double *gbps, char *err, size_t errlen) {
     void *a = NULL, *b = NULL;

@@ -3,8 +3,9 @@
  * running sequences per step). Full-shape synthetic checkpoint in memory; B sessions,
  * each prefilled with --ctx tokens; then for each batch size T in --batches: T
  * sequences x one token, timed over --steps forwards (a) with every row's logits
- * downloaded, as the server does, and (b) with no logits (n_out = 0); then one profiled
- * forward (per-op GPU times, events between ops). Prints a table and the profiles.
+ * downloaded, as the server does, and (b) with no logits (n_out = 0); then
+ * five profiled forwards (per-op GPU times, events between ops, the host queued ahead
+ * behind a 30 ms GPU spin so the deltas are GPU time). Prints a table and the profiles.
  *
  *   bench_batch_decode [--shape 35b-a3b] [--ctx 512] [--batches 1,8,16,17,32,64] [--steps 8]
  */
@@ -91,8 +92,8 @@ int main(int argc, char **argv) {
     for (int k = 0; k < nT; k++) {
         const int T = Ts[k];
         if (T != 1 && T != 16 && T != 17 && T != maxT) continue;
-        step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err);
-        printf("\nprofile: one forward of %d sequences x 1 token (GPU time per op)\n", T);
+        for (int r = 0; r < 5; r++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err);
+        printf("\nprofile: 5 forwards of %d sequences x 1 token (GPU time per op, summed over the 5)\n", T);
         cuda_backend_profile_dump(be, stdout);
     }
     for (int i = 0; i < maxT; i++) be->session_destroy(be, ss[i]);

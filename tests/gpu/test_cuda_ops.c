@@ -16,13 +16,13 @@
  * every input-norm gain multiplied by (1 + 4e-3·N(0,1)) — about the combined size of a
  * GPU layer's bf16 roundings — and the GPU must stay within what that does to the CPU
  * (prompt mean logits error <= 2x + 5e-3, top-1 agreement >= the perturbed CPU's - 2,
- * no teacher-forced flip where the CPU's top-2 margin exceeds 0.1). The brief's
- * ">= 31 of 32 greedy tokens identical" is asserted whenever the perturbed CPU itself
- * keeps >= 31 (tiny does; the random small model does not: its greedy continuation
- * changes under 4e-3 noise, see docs/PERFORMANCE.md), and printed as INFO otherwise.
+ * no teacher-forced flip where the CPU's top-2 margin exceeds 0.1), and the brief's
+ * ">= 31 of 32 greedy tokens identical" holds (the test models are stable under that
+ * noise: docs/PERFORMANCE.md "Test models").
  * Part 3 (ORCHID_GPU_FULL=1): the full 35B-A3B shape (synthetic, in memory), 256
- * teacher-forced positions; top-1 agreement against the perturbed CPU's own (the brief's
- * 99 % is printed: this random 40-layer model is not stable under 1e-3 noise).
+ * teacher-forced positions: GPU and CPU top-1 agree on >= 99 % (the brief's bar; the test
+ * models are built to be stable under bf16-sized noise, tests/unit/test_model_stability.c)
+ * and the mean logits error stays within 2x the perturbed CPU's own + 5e-3.
  * Part 4, state transfer: the prefix-checkpoint hooks (save after a prefix, restore into
  * a fresh session, continue: logits equal to the uninterrupted session) and
  * prefix_cache_save/restore through the engine on the CUDA backend.
@@ -714,11 +714,10 @@ static void test_e2e(const char *where, int n_prompt, int n_greedy) {
           where, mean_err, sens.mean_err_max);
     CHECK(agree >= sens.agree_min - 2, "%s: prompt top-1 agreement %d/%d below the perturbed reference's %d", where, agree,
           n_prompt, sens.agree_min);
-    if (sens.greedy_min >= n_greedy - 1) /* the continuation is stable at this noise level: the brief's criterion */
-        CHECK(same >= n_greedy - 1, "%s: greedy tokens %d/%d identical", where, same, n_greedy);
-    else
-        printf("  %s: INFO greedy %d/%d not asserted: the reference itself keeps only %d/%d under bf16-sized noise\n", where,
-               same, n_greedy, sens.greedy_min, n_greedy);
+    /* the brief's criterion, unconditional: the test models keep >= 31/32 under this noise
+     * themselves (tests/unit/test_model_stability.c asserts it on the CPU) */
+    CHECK(same >= n_greedy - 1, "%s: greedy tokens %d/%d identical (perturbed cpu keeps %d/%d)", where, same, n_greedy,
+          sens.greedy_min, n_greedy);
     /* teacher-forced decode: the CPU's greedy tokens fed to the CUDA backend one at a time */
     {
         gpu->session_reset(gpu, sg2);
@@ -980,13 +979,14 @@ static void test_full(int n) {
         CHECK(rc == 0, "full cpu: %s", err);
         printf("  full shape: cpu %d tokens in %.1f s\n", n, now_seconds() - t1);
         int agree = 0;
-        double worst = 0;
+        double worst = 0, mean = 0;
         for (int i = 0; i < n; i++) {
             agree += argmax_row(lc + (size_t)i * V, V) == argmax_row(lg + (size_t)i * V, V);
             const double e = rel_err(lg + (size_t)i * V, lc + (size_t)i * V, (size_t)V);
             if (e > worst) worst = e;
+            mean += e / n;
         }
-        printf("  full shape: top-1 agreement %d/%d, worst logits rel err %.3g\n", agree, n, worst);
+        printf("  full shape: top-1 agreement %d/%d, logits rel err mean %.3g worst %.3g\n", agree, n, mean, worst);
         /* How sensitive is this random 40-layer model? (a) CUDA against itself through the
          * GEMV path (prefill in chunks of 16: exact fp32 weights instead of bf16 tensor-core
          * tiles); (b) the CPU against itself with every input-norm gain perturbed by a
@@ -1005,12 +1005,10 @@ static void test_full(int n) {
         CHECK(rc == 0, "full: cpu sensitivity: %s", err);
         printf("  full shape: cpu vs cpu with norm gains perturbed by %.0e: top-1 %d/%d, mean rel err %.3g (the model's own sensitivity)\n",
                (double)SENS_EPS, sens.agree_min, n, sens.mean_err_max);
-        /* The brief's >= 99 % holds only for a model that is stable under bf16-sized noise; this
-         * random 40-layer one is not (see the line above), so it is reported, and the assertion
-         * is against the reference's own perturbed agreement. */
-        if (agree * 100 < 99 * n) printf("  full shape: INFO top-1 agreement %d/%d is below 99 %%\n", agree, n);
-        CHECK(agree >= sens.agree_min - n / 20, "full shape: top-1 agreement %d/%d below the perturbed reference's %d/%d",
-              agree, n, sens.agree_min, n);
+        CHECK(agree * 100 >= 99 * n, "full shape: top-1 agreement %d/%d below 99 %% (perturbed cpu: %d/%d)", agree, n,
+              sens.agree_min, n);
+        CHECK(mean <= 2 * sens.mean_err_max + 5e-3, "full shape: mean logits rel err %.3g above 2 x %.3g + 5e-3", mean,
+              sens.mean_err_max);
         free(l2);
         free(p); free(lc); free(lg);
         gpu->session_destroy(gpu, sg);
