@@ -40,6 +40,7 @@ struct dlayer {
     float *conv, *A_log, *dt_bias, *norm;
     cuda_qmat router, gate, up, down, sh_gate, sh_up, sh_down, sh_eg;
     bool skinny; /* every matrix the 2..MID_T path multiplies is 4-bit (cuda_skinny_supported) */
+    bool tcv;    /* ... and one token's projections and expert pairs can take cuda_tcv.cu */
 };
 
 /* Device pointers of one batch's metadata. */
@@ -200,6 +201,9 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
                                  d->kind == LAYER_ATTENTION ? &d->o : &d->out};
         d->skinny = true;
         for (size_t i = 0; i < sizeof sk / sizeof sk[0]; i++) d->skinny = d->skinny && cuda_skinny_supported(sk[i]);
+        d->tcv = d->skinny && cuda_tcv_moe_supported(&d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down,
+                                                     cb->cfg->n_experts_per_tok);
+        for (size_t i = 6; i < sizeof sk / sizeof sk[0]; i++) d->tcv = d->tcv && cuda_tcv_supported(sk[i]);
     }
 #undef UQ
 #undef UF
@@ -281,6 +285,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     const int T = m.T, H = cb->H;
     if (T >= 2 && T <= MID_T && d->skinny) return run_layer_mid(cb, l, m, c);
     const bool small = T <= SMALL_T;
+    const bool tcv = T == 1 && d->tcv && cuda_tcv_enabled(); /* one token: cuda_tcv.cu's tensor-core forms */
     int rc;
     if (!small || l == 0) P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
     const cuda_tail_norm post = {cb->counters, d->post_norm, cf->rms_eps, cb->xn, cb->xn32};
@@ -289,7 +294,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         if (small) {
             cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
                                   {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
-            P("gdn_in_gemv", cuda_gemv_multi(c, s, 4, cb->xn, T, H));
+            P("gdn_in_gemv", tcv ? cuda_tcv_multi(c, s, 4, cb->xn) : cuda_gemv_multi(c, s, 4, cb->xn, T, H));
         } else {
             P("gdn_in_gemm", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
             P("gdn_in_gemm", cuda_gemm_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
@@ -304,13 +309,15 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs,
                                         d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
         P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
-        if (small) P("gdn_out_proj+norm", cuda_gemv_acc_norm(c, &d->out, cb->ybf, T, cb->vd, cb->x, H, &post));
+        if (small)
+            P("gdn_out_proj+norm", tcv ? cuda_tcv_acc_norm(c, &d->out, cb->ybf, cb->x, &post)
+                                       : cuda_gemv_acc_norm(c, &d->out, cb->ybf, T, cb->vd, cb->x, H, &post));
         else P("gdn_out_proj", cuda_qmatmul(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
     } else {
         const int qw = 2 * cb->qd;
         if (small) {
             cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
-            P("attn_qkv_gemv", cuda_gemv_multi(c, s, 3, cb->xn, T, H));
+            P("attn_qkv_gemv", tcv ? cuda_tcv_multi(c, s, 3, cb->xn) : cuda_gemv_multi(c, s, 3, cb->xn, T, H));
         } else {
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
@@ -320,7 +327,9 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
                                  cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
         P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
                                  cb->D, cb->part, cb->ybf));
-        if (small) P("attn_o_proj+norm", cuda_gemv_acc_norm(c, &d->o, cb->ybf, T, cb->qd, cb->x, H, &post));
+        if (small)
+            P("attn_o_proj+norm", tcv ? cuda_tcv_acc_norm(c, &d->o, cb->ybf, cb->x, &post)
+                                      : cuda_gemv_acc_norm(c, &d->o, cb->ybf, T, cb->qd, cb->x, H, &post));
         else P("attn_o_proj", cuda_qmatmul(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
     /* MoE */
@@ -328,9 +337,17 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     if (small) {
         P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                               cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 1));
-        P("moe_gateup_pairs", cuda_moe_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, H, T, K, cb->act));
+        const int ld_act = d->gate.rows > d->sh_gate.rows ? d->gate.rows : d->sh_gate.rows; /* the pair kernels' layout */
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
+        if (tcv) {
+            P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
+                                                        cb->act, ld_act));
+            P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, cb->act, ld_act,
+                                                         K, cb->x, last ? NULL : &next));
+            return 0;
+        }
+        P("moe_gateup_pairs", cuda_moe_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, H, T, K, cb->act));
         P("moe_down_pairs+norm", cuda_moe_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, 1, cb->act, T, K,
                                                      cb->x, last ? NULL : &next));
         return 0;

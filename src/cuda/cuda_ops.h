@@ -217,6 +217,29 @@ int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat 
                                const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act);
 int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
                              const struct cuda_moe_route *r, float *out);
+/* k-slices per block the skinny kernels use for K columns (cuda_tcv.cu copies them). */
+int cuda_skinny_kslices(int K);
+
+/* ---- one token on the tensor cores (cuda_tcv.cu), 4-bit weights; the same sums, in the
+ * same order, as the skinny kernels give that token inside a batch ---- */
+int cuda_tcv_supported(const struct cuda_qmat *m);
+int cuda_tcv_enabled(void); /* 0 when ORCHID_NO_TCV is set (A/B against the GEMV path) */
+/* Up to 4 matrices sharing x (same columns and accumulate flag): y_i (+)= W_i x. */
+int cuda_tcv_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x);
+/* y += W x, then the last block normalises y (tail). */
+int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, float *y,
+                      const struct cuda_tail_norm *tail);
+/* The pair kernels' contracts (cuda_moe_gateup_pairs / cuda_moe_down_pairs) for T = 1;
+ * act rows are pairs (K routed, then the shared expert), ld_act apart. */
+int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct cuda_qmat *up, const struct cuda_qmat *down,
+                           const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const struct cuda_qmat *sh_down,
+                           int K);
+int cuda_tcv_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                          const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
+                          const uint16_t *xn, int K, uint16_t *act, int ld_act);
+int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sh_down,
+                        const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act, int K,
+                        float *x, const struct cuda_tail_norm *tail);
 
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */

@@ -28,7 +28,7 @@
 //   * Grouped: block y is a (expert, slot range) tile of the route of cuda_moe.cu
 //     (≤ 64 slots); tokens are gathered through row_of_slot; output rows are slots.
 // Epilogues: fp32 store or accumulate (y[t, r]), or SwiGLU bf16(silu(gate)·up).
-#include "cuda/cuda_internal.h"
+#include "cuda/cuda_mma.h"
 
 #define SK_MAX_T 64
 #define SK_MAX_SMEM (200 * 1024)
@@ -54,41 +54,6 @@ struct sk_args {
     float *yseg[SK_MAX_SEG];
     int ldyseg[SK_MAX_SEG];
 };
-
-/* Codes j and j+4 of a word as the bf16x2 (q_j, q_{j+4}), exact. */
-__device__ __forceinline__ uint32_t q_pair(uint32_t w, int j) {
-    const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; /* bf16 128 + q */
-    __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&v);
-    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
-    h = __hsub2(h, k128);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
-__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* One m-tile's weights for one group: codes of rows g and g+8 (words 2c, 2c+1), scale, bias. */
-struct sk_w {
-    uint2 q0, q1;
-    float s0, s1, b0, b1;
-};
-
-/* A fragments of the 4 k16 steps of one group. */
-__device__ __forceinline__ void sk_frags(const sk_w &w, uint32_t (&a)[4][4]) {
-#pragma unroll
-    for (int s = 0; s < 4; s++) {
-        const uint32_t w0 = s < 2 ? w.q0.x : w.q0.y, w1 = s < 2 ? w.q1.x : w.q1.y;
-        const int j = 2 * (s & 1);
-        a[s][0] = q_pair(w0, j);
-        a[s][1] = q_pair(w1, j);
-        a[s][2] = q_pair(w0, j + 1);
-        a[s][3] = q_pair(w1, j + 1);
-    }
-}
 
 __device__ __forceinline__ void cpa16(void *smem, const void *gmem) {
     const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
@@ -209,14 +174,7 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
         __syncthreads();
         for (int idx = threadIdx.x; idx < nrows * G; idx += blockDim.x) {
             const int j = idx / G, g = idx % G;
-            const uint4 *xp = reinterpret_cast<const uint4 *>(xs + (size_t)j * xstride + g * QGROUP);
-            float sum = 0.0f;
-#pragma unroll
-            for (int v = 0; v < 8; v++) {
-                const uint4 q = xp[v];
-                sum += bf_lo(q.x) + bf_hi(q.x) + bf_lo(q.y) + bf_hi(q.y) + bf_lo(q.z) + bf_hi(q.z) + bf_lo(q.w) + bf_hi(q.w);
-            }
-            xsum[j * G + g] = sum;
+            xsum[j * G + g] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + (size_t)j * xstride + g * QGROUP));
         }
         __syncthreads();
         float acc[NT][4];
@@ -245,8 +203,9 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
                 float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int st = 0; st < 4; st++) {
-                    const int ai = (st >> 1) * 4 + (st & 1);
-                    mma16816(cg, af[st], __byte_perm(e[ai], e[ai + 2], 0x5410), __byte_perm(e[ai], e[ai + 2], 0x7632));
+                    uint32_t b0, b1;
+                    sk_bfrag(e, st, b0, b1);
+                    mma16816(cg, af[st], b0, b1);
                 }
                 acc[nt][0] += fmaf(w.s0, cg[0], w.b0 * sxa);
                 acc[nt][1] += fmaf(w.s0, cg[1], w.b0 * sxb);
@@ -338,6 +297,13 @@ extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     SK_ATTR(1, true, true) SK_ATTR(2, true, true)
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     return 0;
+}
+
+/* k-slices of a block for K columns at one n-tile: the split cuda_tcv.cu must copy for one
+ * token's sums to be the same bits there and here (0: unsupported K). */
+extern "C" int cuda_skinny_kslices(int K) {
+    const int rb = K % QGROUP == 0 ? sk_rb(K, 1) : 0;
+    return rb ? 8 / (rb / 16) : 0;
 }
 
 extern "C" int cuda_skinny_supported(const struct cuda_qmat *m) {

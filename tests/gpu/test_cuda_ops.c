@@ -89,6 +89,15 @@ static void test_qmm(qmm_fn fn, const char *name, int bits, int rows, int cols, 
         int diff = 0;
         for (int r = 0; r < rows; r++) diff += one[r] != got[r];
         CHECK(diff == 0, "skinny_dense T=%d: token 0 differs from T=1 in %d rows", T, diff);
+        if (cuda_tcv_supported(&m.d) && mat == 0) { /* one token on cuda_tcv.cu: the same bits again */
+            struct cuda_gemv_seg sg = {m.d, dy, rows, accumulate};
+            H2D(dy, y0, (size_t)rows * 4);
+            OK(cuda_tcv_multi(&ctx, &sg, 1, dx));
+            D2H(one, dy, (size_t)rows * 4);
+            diff = 0;
+            for (int r = 0; r < rows; r++) diff += one[r] != got[r];
+            CHECK(diff == 0, "tcv %dx%d: differs from skinny_dense token 0 (T=%d) in %d rows", rows, cols, T, diff);
+        }
         free(one);
     }
     if (!skinny && T > 64) { /* the GEMM path must also agree with itself at a few rows */
@@ -133,16 +142,32 @@ static void test_skinny_multi(int cols, int T) {
         seg[i].accumulate = 0;
     }
     OK(cuda_skinny_multi(&ctx, seg, 4, dx, T, cols));
+    /* token 0 alone through cuda_tcv.cu: the same bits as inside the batch */
+    const bool tcv = cuda_tcv_supported(&m[0].d);
+    struct cuda_gemv_seg one[4];
+    for (int i = 0; i < 4; i++) {
+        one[i] = seg[i];
+        DEV(one[i].y, (size_t)rows[i] * 4);
+    }
+    if (tcv) OK(cuda_tcv_multi(&ctx, one, 4, dx));
+    float *got1 = malloc((size_t)300 * 4);
     for (int i = 0; i < 4; i++) {
         D2H(got, seg[i].y, (size_t)T * rows[i] * 4);
         const double e = rel_err(got, ref[i], (size_t)T * rows[i]);
         CHECK(e <= 1e-4, "skinny_multi matrix %d (%dx%d) T=%d: rel err %.3g", i, rows[i], cols, T, e);
+        if (tcv) {
+            D2H(got1, one[i].y, (size_t)rows[i] * 4);
+            int diff = 0;
+            for (int r = 0; r < rows[i]; r++) diff += got1[r] != got[r];
+            CHECK(diff == 0, "tcv_multi matrix %d (%dx%d): differs from skinny_multi token 0 in %d rows", i, rows[i], cols, diff);
+        }
+        cuda_free(one[i].y);
         cuda_free(seg[i].y);
         free(ref[i]);
         rq_free(&m[i]);
     }
     cuda_free(dx);
-    free(got); free(xf); free(xb);
+    free(got); free(got1); free(xf); free(xb);
 }
 
 /* ---- fused multi-matrix GEMV (decode projections): 1e-4 ---- */
@@ -174,7 +199,7 @@ static void test_gemv_multi(void) {
 }
 
 /* ---- residual-adding GEMV with the tail norm (decode fusion): y 1e-4, norm (bf16) 1e-2 ---- */
-static void test_gemv_acc_norm(int rows, int cols, int T) {
+static void test_gemv_acc_norm(int rows, int cols, int T, int tcv) {
     struct rq m;
     rq_make(&m, rows, cols, 1, 4, 1.0f / sqrtf((float)cols));
     float *xf = malloc((size_t)T * cols * 4), *y = malloc((size_t)T * rows * 4), *ref = malloc((size_t)T * rows * 4);
@@ -194,11 +219,12 @@ static void test_gemv_acc_norm(int rows, int cols, int T) {
     const struct cuda_tail_norm tail = {dc, dg, 1e-6f, dn, dn32};
     for (int rep = 0; rep < 2; rep++) { /* twice: the counter must reset itself */
         if (rep) H2D(dy, y, (size_t)T * rows * 4);
-        OK(cuda_gemv_acc_norm(&ctx, &m.d, dx, T, cols, dy, rows, &tail));
+        if (tcv) OK(cuda_tcv_acc_norm(&ctx, &m.d, dx, dy, &tail));
+        else OK(cuda_gemv_acc_norm(&ctx, &m.d, dx, T, cols, dy, rows, &tail));
         D2H(n32, dn32, (size_t)T * rows * 4);
         D2H(nb, dn, (size_t)T * rows * 2);
         double e = rel_err(n32, nr, (size_t)T * rows);
-        CHECK(e <= 1e-4, "gemv_acc_norm %dx%d T=%d rep %d: fp32 norm rel err %.3g", rows, cols, T, rep, e);
+        CHECK(e <= 1e-4, "%s_acc_norm %dx%d T=%d rep %d: fp32 norm rel err %.3g", tcv ? "tcv" : "gemv", rows, cols, T, rep, e);
         for (size_t i = 0; i < (size_t)T * rows; i++) n32[i] = bf16_to_f32(nb[i]);
         e = rel_err(n32, nr, (size_t)T * rows);
         CHECK(e <= 1e-2, "gemv_acc_norm bf16 norm rel err %.3g", e);
@@ -607,7 +633,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
         r.max_tiles = max_tiles;
         uint16_t *dsact; DEV(dsact, (size_t)T * I * 2);
         OK(cuda_moe_route_build(&ctx, dids, T, E, K, &r));
-        if (grouped == 2) { /* the batched-decode form: skinny tensor-core kernels */
+        if (grouped >= 2) { /* the batched-decode form: skinny tensor-core kernels */
             OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
             OK(cuda_skinny_grouped_down(&ctx, &down.d, dact, &r, ded));
             OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
@@ -619,6 +645,32 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
             OK(cuda_gemm_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
         }
         OK(cuda_moe_combine(&ctx, ded, r.slot_of_pair, dw, dsd, dseg, 1, T, K, H, dx0));
+        if (grouped == 3) { /* token 0 alone through cuda_tcv.cu's pair kernels: the bits of the batch */
+            float *dx1, *b1 = malloc((size_t)H * 4), *bT = malloc((size_t)H * 4);
+            uint16_t *dact1;
+            DEV(dx1, (size_t)H * 4); DEV(dact1, (size_t)(K + 1) * I * 2);
+            H2D(dx1, x0, (size_t)H * 4);
+            const struct cuda_tail_norm tail1 = {dcnt + 4, dgain, 1e-6f, dxn, NULL};
+            CHECK(cuda_tcv_moe_supported(&gate.d, &up.d, &down.d, &sg.d, &su.d, &sd.d, K), "tcv moe: shape not supported");
+            OK(cuda_tcv_gateup_pairs(&ctx, &gate.d, &up.d, &sg.d, &su.d, dids, dx, K, dact1, I));
+            OK(cuda_tcv_down_pairs(&ctx, &down.d, &sd.d, dids, dw, dseg, dact1, I, K, dx1, &tail1));
+            D2H(b1, dx1, (size_t)H * 4);
+            D2H(bT, dx0, (size_t)H * 4);
+            int diff = 0;
+            for (int i = 0; i < H; i++) diff += b1[i] != bT[i];
+            CHECK(diff == 0, "tcv moe pairs E=%d K=%d H=%d I=%d: token 0 differs from the %d-token skinny batch in %d of %d",
+                  E, K, H, I, T, diff, H);
+            /* its tail norm against the CPU rmsnorm of its own x (bf16 out) */
+            uint16_t *nb = malloc((size_t)H * 2);
+            float *nr = malloc((size_t)H * 4), *ng = malloc((size_t)H * 4);
+            D2H(nb, dxn, (size_t)H * 2);
+            rmsnorm(nr, b1, gain, H, 1e-6f);
+            for (int i = 0; i < H; i++) ng[i] = bf16_to_f32(nb[i]);
+            const double en = rel_err(ng, nr, (size_t)H);
+            CHECK(en <= 1e-2, "tcv moe down tail norm: rel err %.3g", en);
+            free(nb); free(nr); free(ng);
+            cuda_free(dx1); cuda_free(dact1); free(b1); free(bT);
+        }
         cuda_free(dsact); cuda_free(droute);
     }
     float *got = malloc((size_t)T * H * 4);
@@ -635,7 +687,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     }
     for (size_t i = 0; i < (size_t)T * H; i++) { got[i] -= x0[i]; ref[i] -= x0[i]; }
     e = rel_err(got, ref, (size_t)T * H);
-    CHECK(e <= 1e-2, "moe block %s E=%d K=%d H=%d I=%d T=%d: rel err %.3g", grouped == 2 ? "skinny" : grouped ? "grouped" : "pairs",
+    CHECK(e <= 1e-2, "moe block %s E=%d K=%d H=%d I=%d T=%d: rel err %.3g", grouped >= 2 ? "skinny" : grouped ? "grouped" : "pairs",
           E, K, H, I, T, e);
     free(gain); cuda_free(dgain); cuda_free(dxn); cuda_free(dcnt);
     free(x32); free(xf); free(x0); free(xb); free(rl); free(sgl); free(ref); free(g); free(u); free(o);
@@ -1065,8 +1117,11 @@ int main(void) {
         test_swiglu(64, 128, 37, 1);
     }
     test_gemv_multi();
-    test_gemv_acc_norm(2048, 4096, 1);
-    test_gemv_acc_norm(128, 256, 5);
+    test_gemv_acc_norm(2048, 4096, 1, 0);
+    test_gemv_acc_norm(128, 256, 5, 0);
+    test_gemv_acc_norm(2048, 4096, 1, 1);
+    test_gemv_acc_norm(2048, 2048, 1, 1);
+    test_gemv_acc_norm(1000, 512, 1, 1);
     test_gemm_precise(8, 256, 2048, 300);
     test_gemm_precise(8, 1, 2048, 40);
     test_gemm_precise(4, 200, 512, 17);
@@ -1107,6 +1162,9 @@ int main(void) {
     test_moe(256, 8, 2048, 512, 64, 2);
     test_moe(16, 8, 256, 128, 40, 2); /* 40 tokens x 8 of 16 experts: tiles of up to 64 slots, several passes */
     test_moe(8, 2, 128, 64, 7, 2);
+    test_moe(256, 8, 2048, 512, 1, 3); /* one token: tcv pairs == skinny grouped, bitwise */
+    test_moe(256, 8, 2048, 512, 5, 3);
+    test_moe(64, 4, 1024, 512, 3, 3);
     printf("ops: %d passed, %d failed so far\n", check_passed_, check_failed_);
 
     printf("end to end:\n");

@@ -1,0 +1,431 @@
+// cuda/cuda_tcv.cu — one token × 4-bit MLX weights on the tensor cores: the decode step's
+// projections (several matrices per launch, optionally adding into the residual and then
+// normalising it), the lm_head row, and the MoE's per-token expert pairs (gate/up with
+// SwiGLU; down with the routing weights, the shared expert and the residual add).
+//
+// Why: the CUDA-core GEMV (cuda_gemv.cu) spends ~4 instructions per weight (shift, mask,
+// magic-number convert, FMA) plus the bf16 → fp32 unpacking of x, ~160 per 16 bytes of
+// codes against an SM's ~128 per clock at ~16 bytes per clock of DRAM share: it is
+// instruction-bound (the 286 MB lm_head ran at 1.5 TB/s, measured). Here two codes cost
+// one mask, one OR and one bf16x2 subtract (cuda_mma.h), and 256 multiply-adds one
+// mma.sync; x is staged once per block in shared memory with its group sums.
+//
+// Layout (the same as cuda_skinny.cu's, on purpose): a block is 8 warps = MT m-tiles of 16
+// rows × KS k-slices (gate/up: half the m-tiles gate rows, half up), KS =
+// cuda_skinny_kslices(K), so each warp owns GPW = G/KS of the G quantisation groups of
+// its rows. Every lane issues
+// all of its weight loads (codes: 8 bytes per row per group, rows g and g + 8; scales and
+// biases: one vector load per row) before it waits for the previous kernel (PDL), so a
+// whole layer's matrix is in flight at once. The B operand holds x in all 8 columns; the
+// lanes with c = 0 keep column 0. Per group: acc += fmaf(s, Σqx, b·Σx) in group order;
+// the k-slices meet in shared memory summed in slice order from 0 — the exact sequence of
+// cuda_skinny.cu for one token, so a token gets the same bits here (batch of one) as in a
+// 2..64-token batch there (tests/gpu/test_cuda_ops.c checks it).
+#include "cuda/cuda_mma.h"
+
+#define TCV_MAXSEG 4
+
+/* A warp's share of one m-tile: rows r0 and r0 + 8 of lane (g, c) = (lane/4, lane%4),
+ * GPW groups: code words 2c, 2c+1 of each group, scales and biases as bf16 pairs. */
+template <int GPW>
+struct tcv_w {
+    uint2 q0[GPW], q1[GPW];
+    uint32_t s0[GPW / 2], s1[GPW / 2], b0[GPW / 2], b1[GPW / 2];
+};
+
+/* 8-byte weight load; PRE: issued before pdl_wait (no .nc: ptxas would sink it below the
+ * wait, cuda_internal.h trap). */
+template <bool PRE>
+__device__ __forceinline__ uint2 tcv_ld2(const void *p) {
+    uint2 r;
+    if (PRE) asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    else asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+/* N (4, 8 or 16) bf16 values at p (2N-byte aligned) as N/2 words. */
+template <int N, bool PRE>
+__device__ __forceinline__ void tcv_ld_bf16(const uint16_t *p, uint32_t *out) {
+    if (N == 4) {
+        const uint2 v = tcv_ld2<PRE>(p);
+        out[0] = v.x;
+        out[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < N / 8; i++) {
+            const uint4 v = PRE ? ld_stream_pre(reinterpret_cast<const uint4 *>(p) + i)
+                                : ld_stream(reinterpret_cast<const uint4 *>(p) + i);
+            out[4 * i] = v.x;
+            out[4 * i + 1] = v.y;
+            out[4 * i + 2] = v.z;
+            out[4 * i + 3] = v.w;
+        }
+    }
+}
+
+/* Loads rows r0, r0 + 8 (absolute rows of m; ok0/ok1 false: zeros) over groups g0.. */
+template <int GPW, bool PRE>
+__device__ __forceinline__ void tcv_load(const cuda_qmat &m, size_t r0, bool ok0, bool ok1, int g0, int c, tcv_w<GPW> &w) {
+    const int G = m.cols / QGROUP;
+    const size_t wpr = (size_t)m.cols / 8; /* code words per row */
+    const uint32_t *c0 = m.codes + r0 * wpr + 2 * c, *c1 = c0 + 8 * wpr;
+#pragma unroll
+    for (int gi = 0; gi < GPW; gi++) {
+        w.q0[gi] = ok0 ? tcv_ld2<PRE>(c0 + (g0 + gi) * 8) : make_uint2(0, 0);
+        w.q1[gi] = ok1 ? tcv_ld2<PRE>(c1 + (g0 + gi) * 8) : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < GPW / 2; i++) w.s0[i] = w.s1[i] = w.b0[i] = w.b1[i] = 0;
+    if (ok0) {
+        tcv_ld_bf16<GPW, PRE>(m.scales + r0 * G + g0, w.s0);
+        tcv_ld_bf16<GPW, PRE>(m.biases + r0 * G + g0, w.b0);
+    }
+    if (ok1) {
+        tcv_ld_bf16<GPW, PRE>(m.scales + (r0 + 8) * G + g0, w.s1);
+        tcv_ld_bf16<GPW, PRE>(m.biases + (r0 + 8) * G + g0, w.b1);
+    }
+}
+
+/* acc0 / acc1 (rows r0, r0 + 8) += the warp's groups against x staged in shared memory
+ * (xs: the K values, xsum: Σ of each group). Same operations, same order as the skinny
+ * kernel's per-group step for its token 0. */
+template <int GPW>
+__device__ __forceinline__ void tcv_mma(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, int c,
+                                        float &acc0, float &acc1) {
+#pragma unroll
+    for (int gi = 0; gi < GPW; gi++) {
+        const int grp = g0 + gi;
+        sk_w f;
+        f.q0 = w.q0[gi];
+        f.q1 = w.q1[gi];
+        f.s0 = gi & 1 ? bf_hi(w.s0[gi / 2]) : bf_lo(w.s0[gi / 2]);
+        f.s1 = gi & 1 ? bf_hi(w.s1[gi / 2]) : bf_lo(w.s1[gi / 2]);
+        f.b0 = gi & 1 ? bf_hi(w.b0[gi / 2]) : bf_lo(w.b0[gi / 2]);
+        f.b1 = gi & 1 ? bf_hi(w.b1[gi / 2]) : bf_lo(w.b1[gi / 2]);
+        uint32_t af[4][4];
+        sk_frags(f, af);
+        const uint4 *xp = reinterpret_cast<const uint4 *>(xs + grp * QGROUP + 16 * c);
+        const uint4 x0 = xp[0], x1 = xp[1];
+        const uint32_t e[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const float sx = xsum[grp];
+        float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int st = 0; st < 4; st++) {
+            uint32_t b0, b1;
+            sk_bfrag(e, st, b0, b1);
+            mma16816(cg, af[st], b0, b1);
+        }
+        acc0 += fmaf(f.s0, cg[0], f.b0 * sx);
+        acc1 += fmaf(f.s1, cg[2], f.b1 * sx);
+    }
+}
+
+/* Stages n vectors of K bf16 (vector v at x + v·ldx, written by earlier kernels: plain
+ * loads after pdl_wait) into xs[v·K ..] and their group sums into xsum[v·G ..]. */
+__device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int K, uint16_t *xs, float *xsum) {
+    const int per = K / 8;
+    for (int i = threadIdx.x; i < n * per; i += blockDim.x) {
+        const int v = i / per, j = i % per;
+        reinterpret_cast<uint4 *>(xs + (size_t)v * K)[j] = reinterpret_cast<const uint4 *>(x + (size_t)v * ldx)[j];
+    }
+    __syncthreads();
+    const int G = K / QGROUP;
+    for (int i = threadIdx.x; i < n * G; i += blockDim.x)
+        xsum[i] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + (size_t)(i / G) * K + (i % G) * QGROUP));
+    __syncthreads();
+}
+
+/* Shared memory of a launch: xs [n][K] bf16, xsum [n][G] fp32, red [warps][16] fp32. */
+static size_t tcv_smem(int n, int K, int warps) {
+    return (size_t)n * K * 2 + (size_t)n * (K / QGROUP) * 4 + (size_t)warps * 16 * 4;
+}
+
+/* ---- dense: up to 4 matrices sharing x, y = W x or y += W x, optional tail norm ---- */
+
+struct tcv_args {
+    cuda_qmat w[TCV_MAXSEG];
+    float *y[TCV_MAXSEG];
+    int blk0[TCV_MAXSEG + 1];
+    int nseg, accumulate;
+    const uint16_t *x;
+    cuda_tail_norm tail; /* counter != NULL: one accumulating matrix, normalise y after */
+};
+
+template <int GPW>
+static __global__ void __launch_bounds__(256) tcv_dense_kernel(tcv_args a) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    pdl_trigger();
+    int s = 0, blk = blockIdx.x;
+    while (s + 1 < a.nseg && blk >= a.blk0[s + 1]) s++;
+    blk -= a.blk0[s];
+    const cuda_qmat m = a.w[s];
+    const int K = m.cols, G = K / QGROUP, KS = G / GPW, MT = (int)(blockDim.x / 32) / KS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    const int mt = warp % MT, ks = warp / MT;
+    const int r0 = (blk * MT + mt) * 16 + gq;
+    tcv_w<GPW> w;
+    tcv_load<GPW, true>(m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
+    pdl_wait();
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
+    float *xsum = reinterpret_cast<float *>(sm + (size_t)K * 2), *red = xsum + G;
+    tcv_stage(a.x, K, 1, K, xs, xsum);
+    float acc0 = 0.0f, acc1 = 0.0f;
+    tcv_mma<GPW>(w, xs, xsum, ks * GPW, c, acc0, acc1);
+    if (c == 0) {
+        red[warp * 16 + gq] = acc0;
+        red[warp * 16 + gq + 8] = acc1;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < MT * 16) {
+        const int mm = threadIdx.x / 16, i = threadIdx.x % 16;
+        float v = 0.0f;
+        for (int k = 0; k < KS; k++) v += red[(k * MT + mm) * 16 + i];
+        const int r = (blk * MT + mm) * 16 + i;
+        if (r < m.rows) {
+            float *dst = a.y[s] + r;
+            *dst = a.accumulate ? *dst + v : v;
+        }
+    }
+    if (a.tail.counter && last_block_done(a.tail.counter)) tail_rmsnorm(a.y[0], 0, 1, a.w[0].rows, a.tail);
+}
+
+/* Groups per warp for K columns (0: not supported here). */
+static int tcv_gpw(int K) {
+    const int ks = cuda_skinny_kslices(K), G = K / QGROUP;
+    if (!ks || G % ks) return 0;
+    const int gpw = G / ks;
+    return gpw == 4 || gpw == 8 || gpw == 16 ? gpw : 0;
+}
+
+static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+extern "C" int cuda_tcv_supported(const struct cuda_qmat *m) {
+    return m->bits == 4 && m->cols % QGROUP == 0 && tcv_gpw(m->cols) != 0 && al16(m->codes) && al16(m->scales) &&
+           al16(m->biases);
+}
+
+extern "C" int cuda_tcv_enabled(void) {
+    static const int on = [] {
+        const char *e = getenv("ORCHID_NO_TCV");
+        return !(e && *e && strcmp(e, "0"));
+    }();
+    return on;
+}
+
+/* 8-warp blocks (8 / KS m-tiles). One m-tile per block (KS warps, 2–4x the blocks) was
+ * measured slower: K = 4,096 out-projection 15 → 20 µs, decode 357 → 329 tok/s (each
+ * block stages all of x and its group sums for only 16 rows; the tail norm runs on 128
+ * threads). docs/PERFORMANCE.md, session 3. */
+template <int GPW>
+static int tcv_dense_launch(const struct cuda_ctx *c, const tcv_args &a, int blocks, int K) {
+    LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW>, dim3(blocks), dim3(256), tcv_smem(1, K, 8), cstream(c), a),
+                    "tcv_dense");
+}
+
+static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
+                        const cuda_tail_norm *tail) {
+    if (n_segs < 1 || n_segs > TCV_MAXSEG) return errorf(c->err, c->errlen, ST_INTERNAL, "tcv: %d matrices (1..4)", n_segs);
+    tcv_args a;
+    memset(&a, 0, sizeof a);
+    a.nseg = n_segs;
+    a.x = x;
+    a.accumulate = segs[0].accumulate;
+    if (tail) a.tail = *tail;
+    const int K = segs[0].m.cols, gpw = tcv_gpw(K);
+    int blocks = 0;
+    for (int i = 0; i < n_segs; i++) {
+        if (!cuda_tcv_supported(&segs[i].m) || segs[i].m.cols != K || segs[i].accumulate != a.accumulate)
+            return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv: matrix %d (%d-bit, %d columns) not supported or mixed", i,
+                          segs[i].m.bits, segs[i].m.cols);
+        a.w[i] = segs[i].m;
+        a.y[i] = segs[i].y;
+        a.blk0[i] = blocks;
+        const int rows_per_block = 16 * (8 / ((K / QGROUP) / gpw));
+        blocks += (segs[i].m.rows + rows_per_block - 1) / rows_per_block;
+    }
+    a.blk0[n_segs] = blocks;
+    if (gpw == 4) return tcv_dense_launch<4>(c, a, blocks, K);
+    if (gpw == 8) return tcv_dense_launch<8>(c, a, blocks, K);
+    return tcv_dense_launch<16>(c, a, blocks, K);
+}
+
+extern "C" int cuda_tcv_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x) {
+    return tcv_dense_go(c, segs, n_segs, x, NULL);
+}
+
+extern "C" int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, float *y,
+                                 const struct cuda_tail_norm *tail) {
+    cuda_gemv_seg s;
+    s.m = *m;
+    s.y = y;
+    s.ldy = m->rows;
+    s.accumulate = 1;
+    return tcv_dense_go(c, &s, 1, x, tail);
+}
+
+/* a or b, field by field (a ternary on the structs themselves goes through local memory) */
+__device__ __forceinline__ cuda_qmat qsel(bool first, const cuda_qmat &a, const cuda_qmat &b) {
+    cuda_qmat r;
+    r.codes = first ? a.codes : b.codes;
+    r.scales = first ? a.scales : b.scales;
+    r.biases = first ? a.biases : b.biases;
+    r.rows = first ? a.rows : b.rows;
+    r.cols = first ? a.cols : b.cols;
+    r.n_mats = first ? a.n_mats : b.n_mats;
+    r.bits = first ? a.bits : b.bits;
+    return r;
+}
+
+/* ---- MoE, one token: block (tile, pair); pair p < K is routed expert ids[p], p = K the
+ * shared expert. gate/up: MT/2 m-tiles of gate rows then the same rows of up; act[p][r] =
+ * bf16(silu(gate·x) · (up·x)), as the skinny SwiGLU epilogue. ---- */
+
+template <int GPW>
+static __global__ void __launch_bounds__(256) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
+                                                                const int32_t *ids, const uint16_t *x, int K, uint16_t *act,
+                                                                int ld_act) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    pdl_trigger();
+    const int p = blockIdx.y, blk = blockIdx.x;
+    const bool shared = p == K;
+    const cuda_qmat gm = qsel(shared, sgate, gate), um = qsel(shared, sup, up);
+    const int cols = gm.cols, G = cols / QGROUP, KS = G / GPW, MT = 8 / KS, half = MT / 2;
+    if (blk * half * 16 >= gm.rows) { /* the shared expert may have fewer rows */
+        pdl_wait();
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    const int mt = warp % MT, ks = warp / MT;
+    const bool is_up = mt >= half;
+    const int r = (blk * half + (is_up ? mt - half : mt)) * 16 + gq; /* row within the expert */
+    tcv_w<GPW> w;
+    if (shared) {
+        tcv_load<GPW, true>(qsel(is_up, um, gm), (size_t)r, r < gm.rows, r + 8 < gm.rows, ks * GPW, c, w);
+        pdl_wait();
+    } else {
+        pdl_wait(); /* the routed rows depend on the router's ids */
+        const size_t e0 = (size_t)ids[p] * gm.rows;
+        tcv_load<GPW, false>(qsel(is_up, um, gm), e0 + r, r < gm.rows, r + 8 < gm.rows, ks * GPW, c, w);
+    }
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
+    float *xsum = reinterpret_cast<float *>(sm + (size_t)cols * 2), *red = xsum + G;
+    tcv_stage(x, cols, 1, cols, xs, xsum);
+    float acc0 = 0.0f, acc1 = 0.0f;
+    tcv_mma<GPW>(w, xs, xsum, ks * GPW, c, acc0, acc1);
+    if (c == 0) {
+        red[warp * 16 + gq] = acc0;
+        red[warp * 16 + gq + 8] = acc1;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < half * 16) {
+        const int mm = threadIdx.x / 16, i = threadIdx.x % 16;
+        float v = 0.0f, u = 0.0f;
+        for (int k = 0; k < KS; k++) v += red[(k * MT + mm) * 16 + i];
+        for (int k = 0; k < KS; k++) u += red[(k * MT + mm + half) * 16 + i];
+        const int row = (blk * half + mm) * 16 + i;
+        if (row < gm.rows) act[(size_t)p * ld_act + row] = f2bf(silu(v) * u);
+    }
+}
+
+/* down: block = one 16-row tile of the H outputs, (K + 1) × KS warps (pair p = warp / KS,
+ * slice warp % KS); each pair's row value is summed over slices in order, then combined as
+ * cuda_moe_combine does: acc = σ(seg)·shared, acc = fmaf(w_k, routed_k, acc) for k = 0..K-1,
+ * x += acc; the last block then normalises x (tail). */
+template <int GPW>
+static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids,
+                                                               const float *wts, const float *seg, const uint16_t *act,
+                                                               int ld_act, int K, float *x, cuda_tail_norm tail) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    pdl_trigger();
+    const int cols = down.cols, G = cols / QGROUP, KS = G / GPW, H = down.rows;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    const int p = warp / KS, ks = warp % KS;
+    const int r = blockIdx.x * 16 + gq;
+    tcv_w<GPW> w;
+    if (p == K) {
+        tcv_load<GPW, true>(sdown, (size_t)r, r < H, r + 8 < H, ks * GPW, c, w);
+        pdl_wait();
+    } else {
+        pdl_wait();
+        tcv_load<GPW, false>(down, (size_t)ids[p] * H + r, r < H, r + 8 < H, ks * GPW, c, w);
+    }
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
+    float *xsum = reinterpret_cast<float *>(sm + (size_t)(K + 1) * cols * 2), *red = xsum + (K + 1) * G;
+    tcv_stage(act, ld_act, K + 1, cols, xs, xsum);
+    float acc0 = 0.0f, acc1 = 0.0f;
+    tcv_mma<GPW>(w, xs + (size_t)p * cols, xsum + p * G, ks * GPW, c, acc0, acc1);
+    if (c == 0) {
+        red[warp * 16 + gq] = acc0;
+        red[warp * 16 + gq + 8] = acc1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        const int i = threadIdx.x, row = blockIdx.x * 16 + i;
+        float vs = 0.0f;
+        for (int k = 0; k < KS; k++) vs += red[(K * KS + k) * 16 + i];
+        float acc = 1.0f / (1.0f + expf(-seg[0])) * vs;
+        for (int q = 0; q < K; q++) {
+            float v = 0.0f;
+            for (int k = 0; k < KS; k++) v += red[(q * KS + k) * 16 + i];
+            acc = fmaf(wts[q], v, acc);
+        }
+        if (row < H) x[row] += acc;
+    }
+    if (tail.counter && last_block_done(tail.counter)) tail_rmsnorm(x, H, 1, H, tail);
+}
+
+extern "C" int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct cuda_qmat *up, const struct cuda_qmat *down,
+                                      const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up,
+                                      const struct cuda_qmat *sh_down, int K) {
+    const struct cuda_qmat *all[6] = {gate, up, down, sh_gate, sh_up, sh_down};
+    for (int i = 0; i < 6; i++)
+        if (!cuda_tcv_supported(all[i])) return 0;
+    const int gpw = tcv_gpw(down->cols);
+    return gate->cols == sh_gate->cols && down->cols == sh_down->cols && up->rows == gate->rows &&
+           sh_up->rows == sh_gate->rows && gate->rows == down->cols && sh_gate->rows == sh_down->cols &&
+           (K + 1) * ((down->cols / QGROUP) / gpw) <= 32 && (8 / ((gate->cols / QGROUP) / tcv_gpw(gate->cols))) >= 2;
+}
+
+template <int GPW>
+static int tcv_gateup_launch(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                             const struct cuda_qmat *sg, const struct cuda_qmat *su, const int32_t *ids, const uint16_t *xn,
+                             int K, uint16_t *act, int ld_act) {
+    const int cols = gate->cols, MT = 8 / ((cols / QGROUP) / GPW), rows_per_block = MT / 2 * 16;
+    const int rows = gate->rows > sg->rows ? gate->rows : sg->rows;
+    LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW>, dim3((rows + rows_per_block - 1) / rows_per_block, K + 1), dim3(256),
+                                tcv_smem(1, cols, 8), cstream(c), *gate, *up, *sg, *su, ids, xn, K, act, ld_act),
+                    "tcv_gateup");
+}
+
+extern "C" int cuda_tcv_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                                     const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
+                                     const uint16_t *xn, int K, uint16_t *act, int ld_act) {
+    const int gpw = tcv_gpw(gate->cols);
+    if (gpw == 4) return tcv_gateup_launch<4>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
+    if (gpw == 8) return tcv_gateup_launch<8>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
+    if (gpw == 16) return tcv_gateup_launch<16>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
+    return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv_gateup: %d columns", gate->cols);
+}
+
+template <int GPW>
+static int tcv_down_launch(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sd,
+                           const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act, int K,
+                           float *x, const cuda_tail_norm &tn) {
+    const int cols = down->cols, KS = (cols / QGROUP) / GPW, warps = (K + 1) * KS;
+    LAUNCH_CHECK_RC(c, launch_k(tcv_down_kernel<GPW>, dim3((down->rows + 15) / 16), dim3(32 * warps),
+                                tcv_smem(K + 1, cols, warps), cstream(c), *down, *sd, ids, w, seg, act, ld_act, K, x, tn),
+                    "tcv_down");
+}
+
+extern "C" int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sh_down,
+                                   const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act,
+                                   int K, float *x, const struct cuda_tail_norm *tail) {
+    cuda_tail_norm tn;
+    if (tail) tn = *tail;
+    else tn.counter = NULL;
+    const int gpw = tcv_gpw(down->cols);
+    if (gpw == 4) return tcv_down_launch<4>(c, down, sh_down, ids, w, seg, act, ld_act, K, x, tn);
+    if (gpw == 8) return tcv_down_launch<8>(c, down, sh_down, ids, w, seg, act, ld_act, K, x, tn);
+    if (gpw == 16) return tcv_down_launch<16>(c, down, sh_down, ids, w, seg, act, ld_act, K, x, tn);
+    return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv_down: %d columns", down->cols);
+}
