@@ -286,6 +286,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     if (T >= 2 && T <= MID_T && d->skinny) return run_layer_mid(cb, l, m, c);
     const bool small = T <= SMALL_T;
     const bool tcv = T == 1 && d->tcv && cuda_tcv_enabled(); /* one token: cuda_tcv.cu's tensor-core forms */
+    const bool tcv_conv = tcv && cf->conv_kernel - 1 <= CUDA_TCV_CONV_MAX;
     int rc;
     if (!small || l == 0) P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
     const cuda_tail_norm post = {cb->counters, d->post_norm, cf->rms_eps, cb->xn, cb->xn32};
@@ -294,25 +295,35 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         if (small) {
             cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
                                   {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
-            P("gdn_in_gemv", tcv ? cuda_tcv_multi(c, s, 4, cb->xn) : cuda_gemv_multi(c, s, 4, cb->xn, T, H));
+            if (tcv_conv) { /* one token: the conv step runs in the projection's epilogue */
+                const cuda_tcv_conv cv = {d->conv, m.seqs, d->ord, cf->conv_kernel, cb->C, cb->conv_out};
+                P("gdn_in+conv", cuda_tcv_multi_conv(c, s, 4, cb->xn, &cv));
+            } else {
+                P("gdn_in_gemv", cuda_gemv_multi(c, s, 4, cb->xn, T, H));
+            }
         } else {
             P("gdn_in_gemm", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
             P("gdn_in_gemm", cuda_gemm_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
             P("gdn_in_gemm", cuda_gemm_dense(c, &d->a, 0, cb->xn, T, H, cb->gab, 2 * Hv, 0));
             P("gdn_in_gemm", cuda_gemm_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
         }
-        P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
+        if (!tcv_conv)
+            P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel,
+                                    cb->conv_out));
         if (!small && cb->gdn_qk)
             P("gdn_scan", cuda_gdn_scan_prefill(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs,
                                                 m.n_seqs, d->ord, T, cb->Hk, Hv, cb->Dk, cb->Dv, cb->gdn_qk, cb->gdn_gates, cb->y));
         else
             P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs,
                                         d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
-        P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
-        if (small)
-            P("gdn_out_proj+norm", tcv ? cuda_tcv_acc_norm(c, &d->out, cb->ybf, cb->x, &post)
-                                       : cuda_gemv_acc_norm(c, &d->out, cb->ybf, T, cb->vd, cb->x, H, &post));
-        else P("gdn_out_proj", cuda_qmatmul(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
+        if (tcv) { /* one token: the gated norm is staged by the out projection itself */
+            const cuda_tcv_gnorm gn = {cb->y, cb->zb, d->norm, Hv, cb->Dv, cf->rms_eps};
+            P("gnorm+gdn_out+norm", cuda_tcv_gnorm_acc_norm(c, &d->out, &gn, cb->x, &post));
+        } else {
+            P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
+            if (small) P("gdn_out_proj+norm", cuda_gemv_acc_norm(c, &d->out, cb->ybf, T, cb->vd, cb->x, H, &post));
+            else P("gdn_out_proj", cuda_qmatmul(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
+        }
     } else {
         const int qw = 2 * cb->qd;
         if (small) {

@@ -3,6 +3,7 @@
 // of a 64-wide quantization group, mma.sync m16n8k16. Both files build a token's sums
 // from these in the same order, which is what makes one token's result the same bits
 // alone (tcv) and inside a batch (skinny). See cuda_skinny.cu's header for the layout.
+// Also the cp.async copies both use.
 #ifndef ORCHID_CUDA_MMA_H
 #define ORCHID_CUDA_MMA_H
 
@@ -60,6 +61,16 @@ __device__ __forceinline__ float sk_group_sum(const uint4 *xp) {
         sum += bf_lo(q.x) + bf_hi(q.x) + bf_lo(q.y) + bf_hi(q.y) + bf_lo(q.z) + bf_hi(q.z) + bf_lo(q.w) + bf_hi(q.w);
     }
     return sum;
+}
+
+/* Asynchronous global → shared copies (cp.async): 16 bytes through L2 only, 4 bytes. */
+__device__ __forceinline__ void cpa16(void *smem, const void *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+}
+__device__ __forceinline__ void cpa4(void *smem, const void *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem));
 }
 
 #endif

@@ -229,6 +229,26 @@ int cuda_tcv_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, i
 /* y += W x, then the last block normalises y (tail). */
 int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, float *y,
                       const struct cuda_tail_norm *tail);
+/* The GDN decode fusions of one token (cuda_gdn.cu's kernels, same operations): segment 0
+ * of cuda_tcv_multi_conv is the conv input (C rows): its epilogue runs the conv step on
+ * the session seqs[0] (conv_out, state shift); cuda_tcv_gnorm_acc_norm's input is the
+ * gated RMSNorm of y and z (Hv heads of Dv = 128) instead of a bf16 x. */
+#define CUDA_TCV_CONV_MAX 4 /* saved conv inputs (kernel size - 1) the fused form holds in registers */
+struct cuda_tcv_conv {
+    const float *w;             /* conv weights [C][K] */
+    const struct cuda_seq *seqs; /* device, [1] */
+    int layer_ord, K, C;
+    float *out;                 /* conv_out [C] */
+};
+struct cuda_tcv_gnorm {
+    const float *y, *z, *w; /* scan output [Hv·Dv], gate [Hv·Dv], norm weight [Dv] */
+    int Hv, Dv;
+    float eps;
+};
+int cuda_tcv_multi_conv(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
+                        const struct cuda_tcv_conv *conv);
+int cuda_tcv_gnorm_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const struct cuda_tcv_gnorm *gn, float *y,
+                            const struct cuda_tail_norm *tail);
 /* The pair kernels' contracts (cuda_moe_gateup_pairs / cuda_moe_down_pairs) for T = 1;
  * act rows are pairs (K routed, then the shared expert), ld_act apart. */
 int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct cuda_qmat *up, const struct cuda_qmat *down,

@@ -55,10 +55,6 @@ struct sk_args {
     int ldyseg[SK_MAX_SEG];
 };
 
-__device__ __forceinline__ void cpa16(void *smem, const void *gmem) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
-}
 
 /* Shared-memory layout of a block (RB weight rows × K, NT n-tiles of tokens):
  *   codes  [RB][K/8 + 8] words (row stride ≡ 8 mod 32 words for K % 256 == 0: the 8-byte

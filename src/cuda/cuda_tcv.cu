@@ -135,10 +135,12 @@ __device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int
     __syncthreads();
 }
 
-/* Shared memory of a launch: xs [n][K] bf16, xsum [n][G] fp32, red [warps][16] fp32. */
+/* Shared memory of a launch: xs [n][K] bf16, xsum [n][G] fp32, red [warps][16] fp32; the
+ * dense kernel also the conv windows of its epilogue threads [64][2·CUDA_TCV_CONV_MAX]. */
 static size_t tcv_smem(int n, int K, int warps) {
     return (size_t)n * K * 2 + (size_t)n * (K / QGROUP) * 4 + (size_t)warps * 16 * 4;
 }
+static size_t tcv_dense_smem(int K) { return tcv_smem(1, K, 8) + (size_t)64 * 2 * CUDA_TCV_CONV_MAX * 4; }
 
 /* ---- dense: up to 4 matrices sharing x, y = W x or y += W x, optional tail norm ---- */
 
@@ -149,10 +151,58 @@ struct tcv_args {
     int nseg, accumulate;
     const uint16_t *x;
     cuda_tail_norm tail; /* counter != NULL: one accumulating matrix, normalise y after */
+    cuda_tcv_conv conv;  /* w != NULL: segment 0's rows go through the decode conv step */
+    cuda_tcv_gnorm gn;   /* y != NULL: x is the gated RMSNorm of gn.y, gn.z (not a.x) */
 };
 
+/* Segment 0's epilogue for the GDN in-projection of one token: row r is conv channel r,
+ * conv_out[r] = silu(Σ_j w[r][j]·win[j]) over the K-1 saved inputs and this one, and the
+ * window shifts — the same operations as cuda_gdn.cu's conv1d_step_kernel for T = 1.
+ * win[0..K-2] and the weights are copied to shared memory (cp.async) before pdl_wait by
+ * the caller (the previous kernel writes neither: the state is this layer's, last
+ * written a whole step ago). */
+__device__ __forceinline__ void tcv_conv_row(const cuda_tcv_conv &cv, int r, float v, const float *win, const float *cw) {
+    const cuda_seq &sq = cv.seqs[0];
+    float *st = sq.conv + (size_t)cv.layer_ord * (cv.K - 1) * cv.C + r;
+    float acc = 0.0f;
+    for (int j = 0; j < cv.K - 1; j++) acc = fmaf(cw[j], win[j], acc);
+    acc = fmaf(cw[cv.K - 1], v, acc);
+    cv.out[(size_t)sq.t0 * cv.C + r] = silu(acc);
+    for (int j = 0; j + 1 < cv.K - 1; j++) st[(size_t)j * cv.C] = win[j + 1];
+    st[(size_t)(cv.K - 2) * cv.C] = v;
+}
+
+/* Stages x = the gated RMSNorm of one token (cuda_gdn.cu's gated_norm_kernel, whose
+ * 128-thread block_sum this reproduces per warp: four warp sums over d = 32·i + lane,
+ * then a warp sum of them in lanes 0..3), bf16, into xs; then the group sums. */
+__device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K, uint16_t *xs, float *xsum) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int h = warp; h < gn.Hv; h += nw) {
+        const float *yr = gn.y + (size_t)h * 128;
+        float yv[4], part[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            yv[i] = yr[32 * i + lane];
+            part[i] = warp_sum(yv[i] * yv[i]);
+        }
+        const float t = lane == 0 ? part[0] : lane == 1 ? part[1] : lane == 2 ? part[2] : lane == 3 ? part[3] : 0.0f;
+        const float ss = warp_sum(t);
+        const float inv = rsqrtf(ss / 128.0f + gn.eps);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int d = 32 * i + lane;
+            const float zz = gn.z[(size_t)h * 128 + d];
+            xs[h * 128 + d] = f2bf(gn.w[d] * yv[i] * inv * silu(zz));
+        }
+    }
+    __syncthreads();
+    const int G = K / QGROUP;
+    for (int i = threadIdx.x; i < G; i += blockDim.x) xsum[i] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + i * QGROUP));
+    __syncthreads();
+}
+
 template <int GPW>
-static __global__ void __launch_bounds__(256) tcv_dense_kernel(tcv_args a) {
+static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kernel(tcv_args a) {
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
     int s = 0, blk = blockIdx.x;
@@ -165,10 +215,21 @@ static __global__ void __launch_bounds__(256) tcv_dense_kernel(tcv_args a) {
     const int r0 = (blk * MT + mt) * 16 + gq;
     tcv_w<GPW> w;
     tcv_load<GPW, true>(m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
-    pdl_wait();
+    /* conv epilogue: the row's saved window and weights, early (see tcv_conv_row) */
+    const bool conv = s == 0 && a.conv.w && (int)threadIdx.x < MT * 16;
+    const int crow = (blk * MT + (int)threadIdx.x / 16) * 16 + (int)threadIdx.x % 16;
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)K * 2), *red = xsum + G;
-    tcv_stage(a.x, K, 1, K, xs, xsum);
+    float *cvs = red + 8 * 16 + (int)threadIdx.x * 2 * CUDA_TCV_CONV_MAX; /* this thread's window, then weights */
+    if (conv && crow < m.rows) { /* asynchronous copies: no registers held over the main loop */
+        const float *st = a.conv.seqs[0].conv + (size_t)a.conv.layer_ord * (a.conv.K - 1) * a.conv.C + crow;
+        for (int j = 0; j < a.conv.K - 1; j++) cpa4(cvs + j, st + (size_t)j * a.conv.C);
+        for (int j = 0; j < a.conv.K; j++) cpa4(cvs + CUDA_TCV_CONV_MAX + j, a.conv.w + (size_t)crow * a.conv.K + j);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    pdl_wait();
+    if (a.gn.y) tcv_stage_gnorm(a.gn, K, xs, xsum);
+    else tcv_stage(a.x, K, 1, K, xs, xsum);
     float acc0 = 0.0f, acc1 = 0.0f;
     tcv_mma<GPW>(w, xs, xsum, ks * GPW, c, acc0, acc1);
     if (c == 0) {
@@ -184,6 +245,10 @@ static __global__ void __launch_bounds__(256) tcv_dense_kernel(tcv_args a) {
         if (r < m.rows) {
             float *dst = a.y[s] + r;
             *dst = a.accumulate ? *dst + v : v;
+            if (conv) {
+                asm volatile("cp.async.wait_all;\n" ::: "memory");
+                tcv_conv_row(a.conv, r, a.accumulate ? *dst : v, cvs, cvs + CUDA_TCV_CONV_MAX);
+            }
         }
     }
     if (a.tail.counter && last_block_done(a.tail.counter)) tail_rmsnorm(a.y[0], 0, 1, a.w[0].rows, a.tail);
@@ -218,12 +283,12 @@ extern "C" int cuda_tcv_enabled(void) {
  * threads). docs/PERFORMANCE.md, session 3. */
 template <int GPW>
 static int tcv_dense_launch(const struct cuda_ctx *c, const tcv_args &a, int blocks, int K) {
-    LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW>, dim3(blocks), dim3(256), tcv_smem(1, K, 8), cstream(c), a),
+    LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
                     "tcv_dense");
 }
 
 static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
-                        const cuda_tail_norm *tail) {
+                        const cuda_tail_norm *tail, const cuda_tcv_conv *conv, const cuda_tcv_gnorm *gn) {
     if (n_segs < 1 || n_segs > TCV_MAXSEG) return errorf(c->err, c->errlen, ST_INTERNAL, "tcv: %d matrices (1..4)", n_segs);
     tcv_args a;
     memset(&a, 0, sizeof a);
@@ -231,6 +296,18 @@ static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *se
     a.x = x;
     a.accumulate = segs[0].accumulate;
     if (tail) a.tail = *tail;
+    if (conv) {
+        if (conv->K < 2 || conv->K - 1 > CUDA_TCV_CONV_MAX || conv->C != segs[0].m.rows)
+            return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv: conv of %d taps over %d channels (rows %d)", conv->K, conv->C,
+                          segs[0].m.rows);
+        a.conv = *conv;
+    }
+    if (gn) {
+        if (gn->Dv != 128 || gn->Hv * gn->Dv != segs[0].m.cols)
+            return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv: gated norm of %d x %d for %d columns", gn->Hv, gn->Dv,
+                          segs[0].m.cols);
+        a.gn = *gn;
+    }
     const int K = segs[0].m.cols, gpw = tcv_gpw(K);
     int blocks = 0;
     for (int i = 0; i < n_segs; i++) {
@@ -250,7 +327,22 @@ static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *se
 }
 
 extern "C" int cuda_tcv_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x) {
-    return tcv_dense_go(c, segs, n_segs, x, NULL);
+    return tcv_dense_go(c, segs, n_segs, x, NULL, NULL, NULL);
+}
+
+extern "C" int cuda_tcv_multi_conv(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
+                                   const struct cuda_tcv_conv *conv) {
+    return tcv_dense_go(c, segs, n_segs, x, NULL, conv, NULL);
+}
+
+extern "C" int cuda_tcv_gnorm_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const struct cuda_tcv_gnorm *gn,
+                                       float *y, const struct cuda_tail_norm *tail) {
+    cuda_gemv_seg s;
+    s.m = *m;
+    s.y = y;
+    s.ldy = m->rows;
+    s.accumulate = 1;
+    return tcv_dense_go(c, &s, 1, NULL, tail, NULL, gn);
 }
 
 extern "C" int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, float *y,
@@ -260,7 +352,7 @@ extern "C" int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qma
     s.y = y;
     s.ldy = m->rows;
     s.accumulate = 1;
-    return tcv_dense_go(c, &s, 1, x, tail);
+    return tcv_dense_go(c, &s, 1, x, tail, NULL, NULL);
 }
 
 /* a or b, field by field (a ternary on the structs themselves goes through local memory) */
@@ -281,7 +373,7 @@ __device__ __forceinline__ cuda_qmat qsel(bool first, const cuda_qmat &a, const 
  * bf16(silu(gate·x) · (up·x)), as the skinny SwiGLU epilogue. ---- */
 
 template <int GPW>
-static __global__ void __launch_bounds__(256) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
+static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
                                                                 const int32_t *ids, const uint16_t *x, int K, uint16_t *act,
                                                                 int ld_act) {
     extern __shared__ __align__(16) unsigned char sm[];

@@ -233,6 +233,91 @@ static void test_gemv_acc_norm(int rows, int cols, int T, int tcv) {
     cuda_free(dx); cuda_free(dn); cuda_free(dy); cuda_free(dg); cuda_free(dn32); cuda_free(dc); rq_free(&m);
 }
 
+/* ---- the one-token GDN fusions of cuda_tcv.cu against the kernels they replace, bitwise:
+ * conv step in the in-projection's epilogue (= tcv then conv1d_step), gated norm staged
+ * by the out projection (= gated_norm then tcv acc_norm, tail norm included) ---- */
+static void test_tcv_gdn_fusions(int C, int H, int Hv) {
+    const int K = 4, vd = Hv * 128;
+    struct rq win, wout;
+    rq_make(&win, C, H, 1, 4, 1.0f / sqrtf((float)H));
+    rq_make(&wout, H, vd, 1, 4, 1.0f / sqrtf((float)vd));
+    if (!cuda_tcv_supported(&win.d) || !cuda_tcv_supported(&wout.d)) {
+        CHECK(0, "tcv fusions: %dx%d / %dx%d not tcv-supported", C, H, H, vd);
+        rq_free(&win); rq_free(&wout);
+        return;
+    }
+    float *xf = malloc((size_t)H * 4), *cw = malloc((size_t)C * K * 4), *st = malloc((size_t)(K - 1) * C * 4);
+    float *y = malloc((size_t)vd * 4), *z = malloc((size_t)vd * 4), *gw = malloc(128 * 4), *res = malloc((size_t)H * 4);
+    float *gain = malloc((size_t)H * 4);
+    uint16_t *xb = malloc((size_t)H * 2);
+    rand_bf16(xf, xb, (size_t)H, 1.0f);
+    rand_f32(cw, (size_t)C * K, 0.5f); rand_f32(st, (size_t)(K - 1) * C, 1.0f);
+    rand_f32(y, (size_t)vd, 1.0f); rand_f32(z, (size_t)vd, 1.0f); rand_f32(res, (size_t)H, 1.0f);
+    for (int i = 0; i < 128; i++) gw[i] = 1.0f + 0.1f * rng_normal();
+    for (int i = 0; i < H; i++) gain[i] = 1.0f + 0.1f * rng_normal();
+    uint16_t *dx, *dybf, *dxn[2]; float *dcw, *dst, *dproj, *dout[2], *dy, *dz, *dgw, *dres[2], *dgain, *dxn32[2];
+    int32_t *dts; int *dcnt; struct cuda_seq *dseq;
+    DEV(dx, (size_t)H * 2); DEV(dcw, (size_t)C * K * 4); DEV(dst, (size_t)(K - 1) * C * 4); DEV(dproj, (size_t)C * 4);
+    DEV(dy, (size_t)vd * 4); DEV(dz, (size_t)vd * 4); DEV(dgw, 128 * 4); DEV(dybf, (size_t)vd * 2); DEV(dgain, (size_t)H * 4);
+    DEV(dts, 16); DEV(dcnt, 64); DEV(dseq, sizeof(struct cuda_seq));
+    for (int i = 0; i < 2; i++) { DEV(dout[i], (size_t)C * 4); DEV(dres[i], (size_t)H * 4); DEV(dxn[i], (size_t)H * 2); DEV(dxn32[i], (size_t)H * 4); }
+    H2D(dx, xb, (size_t)H * 2); H2D(dcw, cw, (size_t)C * K * 4); H2D(dy, y, (size_t)vd * 4); H2D(dz, z, (size_t)vd * 4);
+    H2D(dgw, gw, 128 * 4); H2D(dgain, gain, (size_t)H * 4);
+    const int32_t zero = 0;
+    H2D(dts, &zero, 4);
+    if (cuda_memset0(dcnt, 64, errbuf, sizeof errbuf)) { CHECK(0, "memset"); return; }
+    struct cuda_seq sq;
+    memset(&sq, 0, sizeof sq);
+    sq.conv = dst;
+    sq.t0 = 0;
+    sq.t1 = 1;
+    H2D(dseq, &sq, sizeof sq);
+    float *got[2], *stg[2];
+    for (int v = 0; v < 2; v++) { /* 0: separate kernels, 1: fused */
+        got[v] = malloc((size_t)C * 4);
+        stg[v] = malloc((size_t)(K - 1) * C * 4);
+        H2D(dst, st, (size_t)(K - 1) * C * 4);
+        struct cuda_gemv_seg sg = {win.d, dproj, C, 0};
+        if (v == 0) {
+            OK(cuda_tcv_multi(&ctx, &sg, 1, dx));
+            OK(cuda_conv1d(&ctx, dproj, dcw, dts, dseq, 1, 0, 1, C, K, dout[0]));
+        } else {
+            const struct cuda_tcv_conv cv = {dcw, dseq, 0, K, C, dout[1]};
+            OK(cuda_tcv_multi_conv(&ctx, &sg, 1, dx, &cv));
+        }
+        D2H(got[v], dout[v], (size_t)C * 4);
+        D2H(stg[v], dst, (size_t)(K - 1) * C * 4);
+    }
+    CHECK(!memcmp(got[0], got[1], (size_t)C * 4), "tcv conv epilogue: conv_out differs from tcv + conv1d_step");
+    CHECK(!memcmp(stg[0], stg[1], (size_t)(K - 1) * C * 4), "tcv conv epilogue: conv state differs from conv1d_step");
+    float *r2[2], *n32[2];
+    for (int v = 0; v < 2; v++) {
+        H2D(dres[v], res, (size_t)H * 4);
+        const struct cuda_tail_norm tail = {dcnt + v, dgain, 1e-6f, dxn[v], dxn32[v]};
+        if (v == 0) {
+            OK(cuda_gated_norm(&ctx, dy, dz, vd, dgw, 1, Hv, 128, 1e-6f, dybf));
+            OK(cuda_tcv_acc_norm(&ctx, &wout.d, dybf, dres[0], &tail));
+        } else {
+            const struct cuda_tcv_gnorm gn = {dy, dz, dgw, Hv, 128, 1e-6f};
+            OK(cuda_tcv_gnorm_acc_norm(&ctx, &wout.d, &gn, dres[1], &tail));
+        }
+        r2[v] = malloc((size_t)H * 4);
+        n32[v] = malloc((size_t)H * 4);
+        D2H(r2[v], dres[v], (size_t)H * 4);
+        D2H(n32[v], dxn32[v], (size_t)H * 4);
+    }
+    CHECK(!memcmp(r2[0], r2[1], (size_t)H * 4), "tcv gated-norm prologue: residual differs from gated_norm + tcv");
+    CHECK(!memcmp(n32[0], n32[1], (size_t)H * 4), "tcv gated-norm prologue: tail norm differs");
+    for (int v = 0; v < 2; v++) {
+        free(got[v]); free(stg[v]); free(r2[v]); free(n32[v]);
+        cuda_free(dout[v]); cuda_free(dres[v]); cuda_free(dxn[v]); cuda_free(dxn32[v]);
+    }
+    free(xf); free(cw); free(st); free(y); free(z); free(gw); free(res); free(gain); free(xb);
+    cuda_free(dx); cuda_free(dybf); cuda_free(dcw); cuda_free(dst); cuda_free(dproj); cuda_free(dy); cuda_free(dz);
+    cuda_free(dgw); cuda_free(dgain); cuda_free(dts); cuda_free(dcnt); cuda_free(dseq);
+    rq_free(&win); rq_free(&wout);
+}
+
 /* ---- precise (3-pass split bf16) GEMM from fp32 input: 1e-5 ---- */
 static void test_gemm_precise(int bits, int rows, int cols, int T) {
     struct rq m;
@@ -1122,6 +1207,8 @@ int main(void) {
     test_gemv_acc_norm(2048, 4096, 1, 1);
     test_gemv_acc_norm(2048, 2048, 1, 1);
     test_gemv_acc_norm(1000, 512, 1, 1);
+    test_tcv_gdn_fusions(512, 2048, 32);
+    test_tcv_gdn_fusions(8192, 2048, 4);
     test_gemm_precise(8, 256, 2048, 300);
     test_gemm_precise(8, 1, 2048, 40);
     test_gemm_precise(4, 200, 512, 17);
