@@ -22,7 +22,7 @@ extern "C" {
 #define SMALL_T 16     /* batches up to this many tokens may use the GEMV / pair kernels */
 #define MID_T 64       /* 2..MID_T tokens: the skinny tensor-core kernels (cuda_skinny.cu) */
 #define LOGIT_ROWS 64  /* lm_head rows per pass */
-#define MAX_SPLIT 64
+#define MAX_SPLIT 128 /* attention key splits of a decode step (32k context: 256 keys a block) */
 #define PROF_MAX 2048
 
 static double now_s(void) {

@@ -176,23 +176,34 @@ __device__ __forceinline__ void tcv_conv_row(const cuda_tcv_conv &cv, int r, flo
  * 128-thread block_sum this reproduces per warp: four warp sums over d = 32·i + lane,
  * then a warp sum of them in lanes 0..3), bf16, into xs; then the group sums. */
 __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K, uint16_t *xs, float *xsum) {
+    constexpr int HW = 4; /* heads a warp holds at once: their y and z loads issue together */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int h = warp; h < gn.Hv; h += nw) {
-        const float *yr = gn.y + (size_t)h * 128;
-        float yv[4], part[4];
+    for (int h0 = 0; h0 < gn.Hv; h0 += HW * nw) {
+        float yv[HW][4], zv[HW][4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            yv[i] = yr[32 * i + lane];
-            part[i] = warp_sum(yv[i] * yv[i]);
+        for (int j = 0; j < HW; j++) {
+            const int h = h0 + j * nw + warp;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                yv[j][i] = h < gn.Hv ? gn.y[(size_t)h * 128 + 32 * i + lane] : 0.0f;
+                zv[j][i] = h < gn.Hv ? gn.z[(size_t)h * 128 + 32 * i + lane] : 0.0f;
+            }
         }
-        const float t = lane == 0 ? part[0] : lane == 1 ? part[1] : lane == 2 ? part[2] : lane == 3 ? part[3] : 0.0f;
-        const float ss = warp_sum(t);
-        const float inv = rsqrtf(ss / 128.0f + gn.eps);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int d = 32 * i + lane;
-            const float zz = gn.z[(size_t)h * 128 + d];
-            xs[h * 128 + d] = f2bf(gn.w[d] * yv[i] * inv * silu(zz));
+        for (int j = 0; j < HW; j++) {
+            const int h = h0 + j * nw + warp;
+            if (h >= gn.Hv) continue; /* warp-uniform */
+            float part[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) part[i] = warp_sum(yv[j][i] * yv[j][i]);
+            const float t = lane == 0 ? part[0] : lane == 1 ? part[1] : lane == 2 ? part[2] : lane == 3 ? part[3] : 0.0f;
+            const float ss = warp_sum(t);
+            const float inv = rsqrtf(ss / 128.0f + gn.eps);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int d = 32 * i + lane;
+                xs[h * 128 + d] = f2bf(gn.w[d] * yv[j][i] * inv * silu(zv[j][i]));
+            }
         }
     }
     __syncthreads();
@@ -201,7 +212,9 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K,
     __syncthreads();
 }
 
-template <int GPW>
+/* GN: the input is staged by tcv_stage_gnorm (a separate instance: its registers would
+ * otherwise count against every launch of the kernel). */
+template <int GPW, bool GN>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kernel(tcv_args a) {
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
@@ -228,7 +241,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
         asm volatile("cp.async.commit_group;\n" ::);
     }
     pdl_wait();
-    if (a.gn.y) tcv_stage_gnorm(a.gn, K, xs, xsum);
+    if (GN) tcv_stage_gnorm(a.gn, K, xs, xsum);
     else tcv_stage(a.x, K, 1, K, xs, xsum);
     float acc0 = 0.0f, acc1 = 0.0f;
     tcv_mma<GPW>(w, xs, xsum, ks * GPW, c, acc0, acc1);
@@ -283,7 +296,10 @@ extern "C" int cuda_tcv_enabled(void) {
  * threads). docs/PERFORMANCE.md, session 3. */
 template <int GPW>
 static int tcv_dense_launch(const struct cuda_ctx *c, const tcv_args &a, int blocks, int K) {
-    LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
+    if (a.gn.y)
+        LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW, true>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
+                        "tcv_dense");
+    LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW, false>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
                     "tcv_dense");
 }
 

@@ -673,8 +673,14 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     D2H(grl, drl, (size_t)T * E * 4); D2H(gsg, dseg, (size_t)T * 4); D2H(gw, dw, (size_t)T * K * 4); D2H(gids, dids, (size_t)T * K * 4);
     double e = rel_err(grl, rl, (size_t)T * E);
     CHECK(e <= 1e-5, "moe_router E=%d H=%d T=%d: rel err %.3g", E, H, T, e);
-    e = rel_err(gsg, sgl, (size_t)T);
-    CHECK(e <= 1e-5, "moe_router shared gate: rel err %.3g", e);
+    /* the shared-expert gate is T scalars, each of which can land near 0 (a plain relative
+     * error then measures cancellation, not the kernel: a time-seeded run hit 3.9e-5 at
+     * T = 1): its error is taken relative to the scale of the router logits, the same sums */
+    double d2 = 0, s2 = 0;
+    for (int t = 0; t < T; t++) d2 += ((double)gsg[t] - sgl[t]) * ((double)gsg[t] - sgl[t]);
+    for (size_t i = 0; i < (size_t)T * E; i++) s2 += (double)rl[i] * rl[i] / E;
+    e = sqrt(d2 / (s2 > 0 ? s2 : 1));
+    CHECK(e <= 1e-5, "moe_router shared gate: error %.3g of the logits' scale", e);
     /* top-k against the CPU on the GPU's own logits (so near-ties cannot flip) */
     int bad = 0;
     for (int t = 0; t < T; t++) {
