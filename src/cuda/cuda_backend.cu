@@ -74,6 +74,7 @@ struct cuda_backend {
     const struct model_config *cfg;
     int H, V, E, K, I, Is, C, vd, kd, qd, kvd, Hv, Hk, Dk, Dv, D, nh, kvh;
     int n_attn, n_lin;
+    int n_sm; /* multiprocessors: the decode attention splits to fill them */
     char *warena;
     size_t wbytes, wused;
     double load_s;
@@ -431,8 +432,12 @@ static int run_layers(struct cuda_backend *cb, const dmeta &m, const cuda_ctx *c
     return 0;
 }
 
-static int split_for(int kv_len) {
-    int s = (kv_len + 255) / 256;
+/* Key splits of a decode-shaped attention launch with `units` (query tile, KV head) blocks
+ * per split: about two blocks per SM, each at least one 32-key tile (batch-1 decode at
+ * context 512: 16 splits of 32 keys; 64 sequences: 2). */
+static int split_for(const struct cuda_backend *cb, int kv_len, int units) {
+    const int by_len = (kv_len + 31) / 32, want = (2 * cb->n_sm + units - 1) / (units > 0 ? units : 1);
+    const int s = by_len < want ? by_len : want;
     return s < 1 ? 1 : s > MAX_SPLIT ? MAX_SPLIT : s;
 }
 
@@ -496,7 +501,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.T = T;
     m.n_seqs = b->n_seqs;
     m.n_tiles = n_tiles;
-    m.n_split = T <= MID_T ? split_for(max_len) : 1;
+    m.n_split = T <= MID_T ? split_for(cb, max_len, n_tiles * cb->kvh) : 1;
     m.tok = (const int32_t *)(cb->d_meta + o_tok);
     m.pos = (const int32_t *)(cb->d_meta + o_pos);
     m.tok_seq = (const int32_t *)(cb->d_meta + o_ts);
@@ -666,8 +671,7 @@ static int cuda_session_create(struct backend *base, int max_seq, struct backend
     CUDA_TRY(cudaMemset(s->kv, 0, kv), err, errlen, "session create");
     CUDA_TRY(cudaMemset(s->conv, 0, conv), err, errlen, "session create");
     CUDA_TRY(cudaMemset(s->state, 0, st), err, errlen, "session create");
-    s->n_split = split_for(max_seq);
-    if (s->n_split < 16) s->n_split = max_seq >= 256 ? 16 : s->n_split;
+    s->n_split = split_for(cb, max_seq, cb->kvh); /* the graph's: enough for the longest context */
     *out = s;
     return 0;
 }
@@ -909,6 +913,14 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     CUDA_TRY(cudaDeviceSynchronize(), err, errlen, "cuda backend: weight upload");
     cb->load_s = now_s() - t0;
     cuda_device_name(cb->device, sizeof cb->device);
+    {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&cb->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cb->n_sm < 1) {
+            cudaGetLastError();
+            cb->n_sm = 132;
+        }
+    }
     fprintf(stderr, "cuda: %.2f GB of weights uploaded in %.2f s (%.1f GB/s) to %s\n", cb->wused / 1e9, cb->load_s,
             cb->wused / 1e9 / (cb->load_s > 0 ? cb->load_s : 1e-9), cb->device);
 
