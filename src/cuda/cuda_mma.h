@@ -52,6 +52,21 @@ __device__ __forceinline__ void sk_bfrag(const uint32_t (&e)[8], int st, uint32_
     b1 = __byte_perm(e[ai], e[ai + 2], 0x7632);
 }
 
+/* cg += the group's Σ q·x for the lane's rows (g, g + 8) and columns (2c, 2c + 1): the 4 k16
+ * steps against x16 = the 16 values x[16c .. 16c+15] of the group (one token's row, or the
+ * lane's token column in the skinny kernel). */
+__device__ __forceinline__ void sk_group_mma(const uint32_t (&af)[4][4], const uint16_t *x16, float (&cg)[4]) {
+    const uint4 *xp = reinterpret_cast<const uint4 *>(x16);
+    const uint4 x0 = xp[0], x1 = xp[1];
+    const uint32_t e[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int st = 0; st < 4; st++) {
+        uint32_t b0, b1;
+        sk_bfrag(e, st, b0, b1);
+        mma16816(cg, af[st], b0, b1);
+    }
+}
+
 /* Σ of the 64 bf16 x values of one group, in the fixed order both files use. */
 __device__ __forceinline__ float sk_group_sum(const uint4 *xp) {
     float sum = 0.0f;

@@ -191,18 +191,10 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
             sk_frags(w, af);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const uint4 *xp = reinterpret_cast<const uint4 *>(xs + (size_t)(nt * 8 + gq) * xstride + grp * QGROUP + 16 * c);
-                const uint4 x0 = xp[0], x1 = xp[1];
-                const uint32_t e[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
                 /* Σx of the group for the C columns 2c and 2c + 1 */
                 const float sxa = xsum[(nt * 8 + 2 * c) * G + grp], sxb = xsum[(nt * 8 + 2 * c + 1) * G + grp];
                 float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int st = 0; st < 4; st++) {
-                    uint32_t b0, b1;
-                    sk_bfrag(e, st, b0, b1);
-                    mma16816(cg, af[st], b0, b1);
-                }
+                sk_group_mma(af, xs + (size_t)(nt * 8 + gq) * xstride + grp * QGROUP + 16 * c, cg);
                 acc[nt][0] += fmaf(w.s0, cg[0], w.b0 * sxa);
                 acc[nt][1] += fmaf(w.s0, cg[1], w.b0 * sxb);
                 acc[nt][2] += fmaf(w.s1, cg[2], w.b1 * sxa);

@@ -104,20 +104,26 @@ __device__ __forceinline__ void tcv_mma(const tcv_w<GPW> &w, const uint16_t *xs,
         f.b1 = gi & 1 ? bf_hi(w.b1[gi / 2]) : bf_lo(w.b1[gi / 2]);
         uint32_t af[4][4];
         sk_frags(f, af);
-        const uint4 *xp = reinterpret_cast<const uint4 *>(xs + grp * QGROUP + 16 * c);
-        const uint4 x0 = xp[0], x1 = xp[1];
-        const uint32_t e[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         const float sx = xsum[grp];
         float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int st = 0; st < 4; st++) {
-            uint32_t b0, b1;
-            sk_bfrag(e, st, b0, b1);
-            mma16816(cg, af[st], b0, b1);
-        }
+        sk_group_mma(af, xs + grp * QGROUP + 16 * c, cg);
         acc0 += fmaf(f.s0, cg[0], f.b0 * sx);
         acc1 += fmaf(f.s1, cg[2], f.b1 * sx);
     }
+}
+
+/* The warp's partial sums of its rows into red[warp][16] (lanes c = 0 hold column 0), then
+ * the block barrier: every k-slice's partials are in shared memory after it. */
+template <int GPW>
+__device__ __forceinline__ void tcv_mma_to_red(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    tcv_mma<GPW>(w, xs, xsum, g0, c, acc0, acc1);
+    if (c == 0) {
+        red[warp * 16 + gq] = acc0;
+        red[warp * 16 + gq + 8] = acc1;
+    }
+    __syncthreads();
 }
 
 /* Stages n vectors of K bf16 (vector v at x + v·ldx, written by earlier kernels: plain
@@ -243,13 +249,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
     pdl_wait();
     if (GN) tcv_stage_gnorm(a.gn, K, xs, xsum);
     else tcv_stage(a.x, K, 1, K, xs, xsum);
-    float acc0 = 0.0f, acc1 = 0.0f;
-    tcv_mma<GPW>(w, xs, xsum, ks * GPW, c, acc0, acc1);
-    if (c == 0) {
-        red[warp * 16 + gq] = acc0;
-        red[warp * 16 + gq + 8] = acc1;
-    }
-    __syncthreads();
+    tcv_mma_to_red<GPW>(w, xs, xsum, ks * GPW, red);
     if ((int)threadIdx.x < MT * 16) {
         const int mm = threadIdx.x / 16, i = threadIdx.x % 16;
         float v = 0.0f;
@@ -418,13 +418,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)cols * 2), *red = xsum + G;
     tcv_stage(x, cols, 1, cols, xs, xsum);
-    float acc0 = 0.0f, acc1 = 0.0f;
-    tcv_mma<GPW>(w, xs, xsum, ks * GPW, c, acc0, acc1);
-    if (c == 0) {
-        red[warp * 16 + gq] = acc0;
-        red[warp * 16 + gq + 8] = acc1;
-    }
-    __syncthreads();
+    tcv_mma_to_red<GPW>(w, xs, xsum, ks * GPW, red);
     if ((int)threadIdx.x < half * 16) {
         const int mm = threadIdx.x / 16, i = threadIdx.x % 16;
         float v = 0.0f, u = 0.0f;
@@ -460,13 +454,7 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)(K + 1) * cols * 2), *red = xsum + (K + 1) * G;
     tcv_stage(act, ld_act, K + 1, cols, xs, xsum);
-    float acc0 = 0.0f, acc1 = 0.0f;
-    tcv_mma<GPW>(w, xs + (size_t)p * cols, xsum + p * G, ks * GPW, c, acc0, acc1);
-    if (c == 0) {
-        red[warp * 16 + gq] = acc0;
-        red[warp * 16 + gq + 8] = acc1;
-    }
-    __syncthreads();
+    tcv_mma_to_red<GPW>(w, xs + (size_t)p * cols, xsum + p * G, ks * GPW, red);
     if (threadIdx.x < 16) {
         const int i = threadIdx.x, row = blockIdx.x * 16 + i;
         float vs = 0.0f;
