@@ -231,6 +231,12 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     }
 }
 
+/* The most shared memory a block may opt into on this device (cuda_skinny_init), capped at
+ * SK_MAX_SMEM for the choice of tile: every device with ≥ 200 KB (H100/H200) chooses the
+ * same tiles, hence the same sums; an A100 (163 KB) falls back to tiles that fit it. */
+static int sk_optin = SK_MAX_SMEM;
+static int sk_block_max(void) { return sk_optin < SK_MAX_SMEM ? sk_optin : SK_MAX_SMEM; }
+
 /* Rows per block RB: 64 (4 m-tiles × 2 k-slices: G even), 32 (2 × 4: G % 4 == 0) or 128
  * (8 × 1: any G); the largest that leaves room for two blocks per SM, else one that fits
  * at all; 0 = none fits. */
@@ -240,7 +246,7 @@ static int sk_rb(int K, int NT) {
     const bool ok[3] = {G % 2 == 0, G % 4 == 0, true};
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < 3; i++)
-            if (ok[i] && sk_lay(cand[i], K, NT).total <= (size_t)(pass == 0 ? SK_MAX_SMEM / 2 : SK_MAX_SMEM)) return cand[i];
+            if (ok[i] && sk_lay(cand[i], K, NT).total <= (size_t)(pass == 0 ? SK_MAX_SMEM / 2 : sk_block_max())) return cand[i];
     return 0;
 }
 
@@ -275,10 +281,14 @@ static int sk_dispatch(const struct cuda_ctx *c, const sk_args &a, int want_nt, 
 
 #define SK_ATTR(NT, SW, GR)                                                                                            \
     if (e == cudaSuccess)                                                                                              \
-        e = cudaFuncSetAttribute(skinny_kernel<NT, SW, GR>, cudaFuncAttributeMaxDynamicSharedMemorySize, SK_MAX_SMEM);
+        e = cudaFuncSetAttribute(skinny_kernel<NT, SW, GR>, cudaFuncAttributeMaxDynamicSharedMemorySize, sk_block_max());
 
 extern "C" int cuda_skinny_init(char *err, size_t errlen) {
-    cudaError_t e = cudaSuccess;
+    int dev = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: device attributes: %s", cudaGetErrorString(e));
+    sk_optin = optin;
     SK_ATTR(1, false, false) SK_ATTR(2, false, false) SK_ATTR(4, false, false)
     SK_ATTR(1, true, false) SK_ATTR(2, true, false) SK_ATTR(4, true, false)
     SK_ATTR(1, false, true) SK_ATTR(2, false, true)
