@@ -219,6 +219,15 @@ int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *d
                              const struct cuda_moe_route *r, float *out);
 /* k-slices per block the skinny kernels use for K columns (cuda_tcv.cu copies them). */
 int cuda_skinny_kslices(int K);
+/* cuda_skinny_wide.cu: the dense forms for 9..64 tokens (one k-slice per block, the same
+ * sums); cuda_skinny_dense / _multi / _swiglu hand over to it when it takes the launch.
+ * ORCHID_NO_WIDE=1 keeps them on cuda_skinny.cu (A/B). */
+int cuda_skinny_wide_init(char *err, size_t errlen);
+int cuda_skinny_wide_takes(int T, int K, int tiles);
+int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
+                           int ldx);
+int cuda_skinny_wide_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                            const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act);
 
 /* ---- one token on the tensor cores (cuda_tcv.cu), 4-bit weights; the same sums, in the
  * same order, as the skinny kernels give that token inside a batch ---- */

@@ -289,6 +289,8 @@ extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: device attributes: %s", cudaGetErrorString(e));
     sk_optin = optin;
+    const int rc = cuda_skinny_wide_init(err, errlen);
+    if (rc) return rc;
     SK_ATTR(1, false, false) SK_ATTR(2, false, false) SK_ATTR(4, false, false)
     SK_ATTR(1, true, false) SK_ATTR(2, true, false) SK_ATTR(4, true, false)
     SK_ATTR(1, false, true) SK_ATTR(2, false, true)
@@ -347,6 +349,14 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
     a.w0.codes = m->codes + rows * (size_t)(m->cols / 8);
     a.w0.scales = m->scales + rows * (size_t)(m->cols / QGROUP);
     a.w0.biases = m->biases + rows * (size_t)(m->cols / QGROUP);
+    if (cuda_skinny_wide_takes(T, m->cols, (m->rows + 127) / 128)) {
+        cuda_gemv_seg sg;
+        sg.m = a.w0;
+        sg.y = y;
+        sg.ldy = ldy;
+        sg.accumulate = accumulate;
+        return cuda_skinny_wide_dense(c, &sg, 1, x, T, ldx);
+    }
     return sk_dispatch<false, false>(c, a, (T + 7) / 8, m->rows, 1, "skinny_dense");
 }
 
@@ -372,6 +382,9 @@ extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gem
         blocks += (segs[i].m.rows + rb - 1) / rb;
     }
     a.blk0[n_segs] = blocks;
+    int tiles = 0;
+    for (int i = 0; i < n_segs; i++) tiles += (segs[i].m.rows + 127) / 128;
+    if (cuda_skinny_wide_takes(T, segs[0].m.cols, tiles)) return cuda_skinny_wide_dense(c, segs, n_segs, x, T, ldx);
     return sk_dispatch<false, false>(c, a, (T + 7) / 8, blocks * rb, 1, "skinny_multi");
 }
 
@@ -383,6 +396,8 @@ extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qm
     if (gate->rows != up->rows || gate->cols != up->cols)
         return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_swiglu: gate %dx%d vs up %dx%d", gate->rows, gate->cols, up->rows,
                       up->cols);
+    if (cuda_skinny_wide_takes(T, gate->cols, (gate->rows + 63) / 64))
+        return cuda_skinny_wide_swiglu(c, gate, up, x, T, ldx, act, ld_act);
     sk_args a = sk_args_for(gate, x, ldx, NULL);
     a.w1 = *up;
     a.T = T;

@@ -1,0 +1,242 @@
+// cuda/cuda_skinny_wide.cu — dense 4-bit products for 9..64 tokens (batched decode of
+// many sequences): the projections, the shared expert and small lm_head passes of
+// run_layer_mid, with one k-slice per block instead of all of K.
+//
+// Why: cuda_skinny.cu stages a block's whole weight tile (all K) and the tokens of one
+// pass (8) in shared memory; at 64 tokens it takes 8 passes and rebuilds every A fragment
+// from shared memory in each (measured on the H200: 96 µs for the 14 MB GDN
+// in-projection of 64 tokens; double-buffering the token copy did not help). Here a block
+// owns 8 m-tiles of one k-slice: each warp reads its m-tile's codes straight into
+// registers (cuda_mma.h's tcv_load: 8 bytes a row a group), builds each group's A
+// fragments once, and applies them to every n-tile of tokens staged in shared memory for
+// that k-slice only (64 tokens × 512 columns = 66 KB at K = 2,048).
+//
+// Same sums as cuda_skinny.cu and cuda_tcv.cu for every token: KS = cuda_skinny_kslices(K)
+// slices, a slice's groups in order into acc += fmaf(s, Σqx, b·Σx), the slices added in
+// order from 0. The slices of a row tile are different blocks here, so each writes its
+// partial sums to a workspace [tile][slice][token][128] and the last of them to finish
+// (an acq_rel counter per tile) adds them in slice order and writes the output.
+#include "cuda/cuda_mma.h"
+
+#define SW_MAXSEG 4
+#define SW_MAX_T 64
+#define SW_ROWS 128       /* rows of a tile: 8 m-tiles (SwiGLU: 64 gate rows and the same 64 up rows) */
+#define SW_MAX_TILES 160  /* tiles of one launch (20,480 rows): more goes to cuda_skinny.cu */
+#define SW_MAX_KS 8
+
+struct sw_args {
+    cuda_qmat w[SW_MAXSEG]; /* SwiGLU: w[0] = gate */
+    float *y[SW_MAXSEG];
+    int ldy[SW_MAXSEG];
+    int blk0[SW_MAXSEG + 1];
+    int nseg, accumulate;
+    cuda_qmat up;           /* SwiGLU */
+    uint16_t *act;
+    int ld_act;
+    const uint16_t *x;
+    int ldx, T;
+    float *part; /* [tile][KS][T][SW_ROWS] */
+    int *cnt;    /* [tile], zero between launches */
+};
+
+static float *sw_part;
+static int *sw_cnt;
+
+/* True in the last of the n blocks that count on *counter (then reset for the next
+ * launch); the barrier and the acq_rel atomic order the blocks' partial writes before the
+ * last block's reads (as last_block_done). */
+__device__ __forceinline__ bool sw_last_of(int *counter, int n) {
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        last = old == n - 1;
+        if (last) *counter = 0;
+    }
+    __syncthreads();
+    return last;
+}
+
+template <int GPW, bool SWIGLU>
+static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_args a) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    const int ks = blockIdx.y, KS = gridDim.y, tile = blockIdx.x, T = a.T;
+    int s = 0;
+    while (s + 1 < a.nseg && tile >= a.blk0[s + 1]) s++;
+    const int blk = tile - a.blk0[s];
+    const cuda_qmat m = a.w[s];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    constexpr int ORW = SWIGLU ? SW_ROWS / 2 : SW_ROWS; /* output rows of a tile */
+    const bool is_up = SWIGLU && warp >= 4;
+    const int lr0 = (SWIGLU ? (warp & 3) : warp) * 16 + gq; /* this lane's first row in the tile */
+    const int r0 = blk * ORW + lr0;
+    tcv_w<GPW> w;
+    tcv_load<GPW, false>(is_up ? a.up : m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
+
+    /* the k-slice's columns of every token, then their group sums */
+    constexpr int XC = GPW * QGROUP, XS = XC + 8;
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
+    float *xsum = reinterpret_cast<float *>(sm + (size_t)SW_MAX_T * XS * 2);
+    for (int i = threadIdx.x; i < T * (XC / 8); i += blockDim.x) {
+        const int t = i / (XC / 8), ch = i % (XC / 8);
+        cpa16(xs + (size_t)t * XS + ch * 8, a.x + (size_t)t * a.ldx + (size_t)ks * XC + ch * 8);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+    for (int i = threadIdx.x; i < T * GPW; i += blockDim.x)
+        xsum[i] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + (size_t)(i / GPW) * XS + (i % GPW) * QGROUP));
+    __syncthreads();
+
+    /* columns of tokens ≥ T hold whatever shared memory held: they stay in their own
+     * columns of the mma and are never written */
+    const int ntt = (T + 7) / 8;
+    float acc[SW_MAX_T / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < SW_MAX_T / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+    for (int gi = 0; gi < GPW; gi++) {
+        const sk_w f = tcv_group(w, gi);
+        uint32_t af[4][4];
+        sk_frags(f, af);
+#pragma unroll
+        for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
+            if (nt >= ntt) break;
+            const float sxa = xsum[(nt * 8 + 2 * c) * GPW + gi], sxb = xsum[(nt * 8 + 2 * c + 1) * GPW + gi];
+            float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            sk_group_mma(af, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, cg);
+            acc[nt][0] += fmaf(f.s0, cg[0], f.b0 * sxa);
+            acc[nt][1] += fmaf(f.s0, cg[1], f.b0 * sxb);
+            acc[nt][2] += fmaf(f.s1, cg[2], f.b1 * sxa);
+            acc[nt][3] += fmaf(f.s1, cg[3], f.b1 * sxb);
+        }
+    }
+
+    /* this slice's partials: rows lr0, lr0 + 8 (SwiGLU: up rows at 64 +), tokens 2c, 2c + 1 */
+    float *P = a.part + (size_t)(tile * KS + ks) * T * SW_ROWS;
+    const int pr = (is_up ? ORW : 0) + lr0;
+#pragma unroll
+    for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
+        if (nt >= ntt) break;
+        const int ta = nt * 8 + 2 * c, tb = ta + 1;
+        if (ta < T) {
+            P[(size_t)ta * SW_ROWS + pr] = acc[nt][0];
+            P[(size_t)ta * SW_ROWS + pr + 8] = acc[nt][2];
+        }
+        if (tb < T) {
+            P[(size_t)tb * SW_ROWS + pr] = acc[nt][1];
+            P[(size_t)tb * SW_ROWS + pr + 8] = acc[nt][3];
+        }
+    }
+    if (!sw_last_of(&a.cnt[tile], KS)) return;
+    for (int i = threadIdx.x; i < T * ORW; i += blockDim.x) {
+        const int t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
+        if (r >= m.rows) continue;
+        float v = 0.0f, u = 0.0f;
+        for (int k = 0; k < KS; k++) v += __ldcg(a.part + ((size_t)(tile * KS + k) * T + t) * SW_ROWS + lr);
+        if (SWIGLU) {
+            for (int k = 0; k < KS; k++) u += __ldcg(a.part + ((size_t)(tile * KS + k) * T + t) * SW_ROWS + ORW + lr);
+            a.act[(size_t)t * a.ld_act + r] = f2bf(silu(v) * u);
+        } else {
+            float *dst = a.y[s] + (size_t)t * a.ldy[s] + r;
+            *dst = a.accumulate ? *dst + v : v;
+        }
+    }
+}
+
+static size_t sw_smem(int gpw) { return (size_t)SW_MAX_T * (gpw * QGROUP + 8) * 2 + (size_t)SW_MAX_T * gpw * 4; }
+
+/* Groups a block's slice covers for K (0: not this path). Slices of 4 groups (K = 512:
+ * the shared expert's down projection) stay on cuda_skinny.cu: 32 blocks for its 2,048
+ * rows measured 27.7 µs against 17.1 there (64 tokens, H200). */
+static int sw_gpw(int K) {
+    const int ks = cuda_skinny_kslices(K), G = K / QGROUP;
+    if (!ks || G % ks || ks > SW_MAX_KS) return 0;
+    const int gpw = G / ks;
+    return gpw == 8 || gpw == 16 ? gpw : 0;
+}
+
+extern "C" int cuda_skinny_wide_init(char *err, size_t errlen) {
+    if (sw_part) return 0;
+    const size_t bytes = (size_t)SW_MAX_TILES * SW_MAX_KS * SW_MAX_T * SW_ROWS * 4;
+    int rc = cuda_malloc((void **)&sw_part, bytes, "skinny_wide partial sums", err, errlen);
+    if (!rc) rc = cuda_malloc((void **)&sw_cnt, SW_MAX_TILES * sizeof(int), "skinny_wide counters", err, errlen);
+    if (!rc) rc = cuda_memset0(sw_cnt, SW_MAX_TILES * sizeof(int), err, errlen);
+    cudaError_t e = cudaSuccess;
+#define SW_ATTR(G, S)                                                                                                   \
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(sw_kernel<G, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw_smem(G));
+    SW_ATTR(8, false) SW_ATTR(16, false) SW_ATTR(8, true) SW_ATTR(16, true)
+#undef SW_ATTR
+    if (!rc && e != cudaSuccess)
+        rc = errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    return rc;
+}
+
+static bool sw_enabled(void) {
+    static const int on = [] {
+        const char *e = getenv("ORCHID_NO_WIDE");
+        return !(e && *e && strcmp(e, "0"));
+    }();
+    return on;
+}
+
+/* Whether this path takes the launch: 9..64 tokens, tiles that fit the workspace, a slice
+ * width it has (all matrices 4-bit with the same columns: the caller checked). */
+extern "C" int cuda_skinny_wide_takes(int T, int K, int tiles) {
+    return sw_part && sw_enabled() && T > 8 && T <= SW_MAX_T && tiles <= SW_MAX_TILES && sw_gpw(K) != 0;
+}
+
+template <int GPW, bool SWIGLU>
+static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
+    const int ks = (K / QGROUP) / GPW;
+    sw_kernel<GPW, SWIGLU><<<dim3(tiles, ks), 256, sw_smem(GPW), cstream(c)>>>(a);
+    LAUNCH_CHECK(c, SWIGLU ? "skinny_wide_swiglu" : "skinny_wide");
+}
+
+extern "C" int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs,
+                                      const uint16_t *x, int T, int ldx) {
+    sw_args a;
+    memset(&a, 0, sizeof a);
+    a.nseg = n_segs;
+    a.accumulate = segs[0].accumulate;
+    a.x = x;
+    a.ldx = ldx;
+    a.T = T;
+    a.part = sw_part;
+    a.cnt = sw_cnt;
+    int tiles = 0;
+    for (int i = 0; i < n_segs; i++) {
+        a.w[i] = segs[i].m;
+        a.y[i] = segs[i].y;
+        a.ldy[i] = segs[i].ldy;
+        a.blk0[i] = tiles;
+        tiles += (segs[i].m.rows + SW_ROWS - 1) / SW_ROWS;
+    }
+    a.blk0[n_segs] = tiles;
+    const int K = segs[0].m.cols, gpw = sw_gpw(K);
+    if (!cuda_skinny_wide_takes(T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", T, K);
+    if (gpw == 8) return sw_go<8, false>(c, a, tiles, K);
+    return sw_go<16, false>(c, a, tiles, K);
+}
+
+extern "C" int cuda_skinny_wide_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                                       const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act) {
+    sw_args a;
+    memset(&a, 0, sizeof a);
+    a.nseg = 1;
+    a.w[0] = *gate;
+    a.up = *up;
+    a.act = act;
+    a.ld_act = ld_act;
+    a.x = x;
+    a.ldx = ldx;
+    a.T = T;
+    a.part = sw_part;
+    a.cnt = sw_cnt;
+    const int tiles = (gate->rows + SW_ROWS / 2 - 1) / (SW_ROWS / 2), K = gate->cols, gpw = sw_gpw(K);
+    a.blk0[1] = tiles;
+    if (!cuda_skinny_wide_takes(T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", T, K);
+    if (gpw == 8) return sw_go<8, true>(c, a, tiles, K);
+    return sw_go<16, true>(c, a, tiles, K);
+}
