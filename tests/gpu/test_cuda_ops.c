@@ -6,7 +6,11 @@
  * (normwise ‖gpu − cpu‖ / ‖cpu‖ unless said): fp32 paths 1e-6..1e-4 (GEMV with exact
  * weights, conv, GDN recurrence, router, split-precision GEMM 2e-5); paths with bf16
  * operands (tensor-core weights dequantized to bf16, bf16 activations, bf16 KV, bf16
- * outputs) 1e-2.
+ * outputs) 1e-2. The skinny products (2..64 tokens; dense ones above 8 take
+ * cuda_skinny_wide.cu) give token 0 the bits it gets alone, and the one-token tensor-core
+ * forms (cuda_tcv.cu) the bits the skinny kernels give token 0 of a batch (dense, several
+ * matrices, the MoE pairs) and the kernels their fusions replace give (conv step, gated
+ * norm).
  * Part 2, end to end: the tiny checkpoint written by tools/make_test_model.py
  * (ORCHID_GPU_TINY, default .cache/gpu_models/tiny) and the in-memory synthetic
  * "small" shape: prompt logits (tensor-core prefill), teacher-forced decode and 32
