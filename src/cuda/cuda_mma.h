@@ -67,6 +67,19 @@ __device__ __forceinline__ void sk_group_mma(const uint32_t (&af)[4][4], const u
     }
 }
 
+/* One group of one n-tile, the step every path repeats in the same order (the bitwise
+ * contract of cuda_skinny.cu, cuda_skinny_wide.cu and cuda_tcv.cu): for rows (g, g + 8) ×
+ * columns (2c, 2c + 1), acc += fmaf(s, Σ q·x, b · Σx), with sxa / sxb the columns' Σx. */
+__device__ __forceinline__ void sk_group_step(const uint32_t (&af)[4][4], const sk_w &w, const uint16_t *x16, float sxa,
+                                              float sxb, float (&acc)[4]) {
+    float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    sk_group_mma(af, x16, cg);
+    acc[0] += fmaf(w.s0, cg[0], w.b0 * sxa);
+    acc[1] += fmaf(w.s0, cg[1], w.b0 * sxb);
+    acc[2] += fmaf(w.s1, cg[2], w.b1 * sxa);
+    acc[3] += fmaf(w.s1, cg[3], w.b1 * sxb);
+}
+
 /* Σ of the 64 bf16 x values of one group, in the fixed order both files use. */
 __device__ __forceinline__ float sk_group_sum(const uint4 *xp) {
     float sum = 0.0f;

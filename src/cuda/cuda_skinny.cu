@@ -192,13 +192,8 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 /* Σx of the group for the C columns 2c and 2c + 1 */
-                const float sxa = xsum[(nt * 8 + 2 * c) * G + grp], sxb = xsum[(nt * 8 + 2 * c + 1) * G + grp];
-                float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                sk_group_mma(af, xs + (size_t)(nt * 8 + gq) * xstride + grp * QGROUP + 16 * c, cg);
-                acc[nt][0] += fmaf(w.s0, cg[0], w.b0 * sxa);
-                acc[nt][1] += fmaf(w.s0, cg[1], w.b0 * sxb);
-                acc[nt][2] += fmaf(w.s1, cg[2], w.b1 * sxa);
-                acc[nt][3] += fmaf(w.s1, cg[3], w.b1 * sxb);
+                sk_group_step(af, w, xs + (size_t)(nt * 8 + gq) * xstride + grp * QGROUP + 16 * c,
+                              xsum[(nt * 8 + 2 * c) * G + grp], xsum[(nt * 8 + 2 * c + 1) * G + grp], acc[nt]);
             }
         }
 

@@ -103,13 +103,8 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
 #pragma unroll
         for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
             if (nt >= ntt) break;
-            const float sxa = xsum[(nt * 8 + 2 * c) * GPW + gi], sxb = xsum[(nt * 8 + 2 * c + 1) * GPW + gi];
-            float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            sk_group_mma(af, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, cg);
-            acc[nt][0] += fmaf(f.s0, cg[0], f.b0 * sxa);
-            acc[nt][1] += fmaf(f.s0, cg[1], f.b0 * sxb);
-            acc[nt][2] += fmaf(f.s1, cg[2], f.b1 * sxa);
-            acc[nt][3] += fmaf(f.s1, cg[3], f.b1 * sxb);
+            sk_group_step(af, f, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, xsum[(nt * 8 + 2 * c) * GPW + gi],
+                          xsum[(nt * 8 + 2 * c + 1) * GPW + gi], acc[nt]);
         }
     }
 

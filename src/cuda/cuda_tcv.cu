@@ -31,18 +31,17 @@
 template <int GPW>
 __device__ __forceinline__ void tcv_mma(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, int c,
                                         float &acc0, float &acc1) {
+    float acc[4] = {acc0, 0.0f, acc1, 0.0f}; /* columns 2c + 1 hold the same token: unused */
 #pragma unroll
     for (int gi = 0; gi < GPW; gi++) {
         const int grp = g0 + gi;
         const sk_w f = tcv_group(w, gi);
         uint32_t af[4][4];
         sk_frags(f, af);
-        const float sx = xsum[grp];
-        float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        sk_group_mma(af, xs + grp * QGROUP + 16 * c, cg);
-        acc0 += fmaf(f.s0, cg[0], f.b0 * sx);
-        acc1 += fmaf(f.s1, cg[2], f.b1 * sx);
+        sk_group_step(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc);
     }
+    acc0 = acc[0];
+    acc1 = acc[2];
 }
 
 /* The warp's partial sums of its rows into red[warp][16] (lanes c = 0 hold column 0), then
@@ -284,24 +283,25 @@ extern "C" int cuda_tcv_multi_conv(const struct cuda_ctx *c, const struct cuda_g
     return tcv_dense_go(c, segs, n_segs, x, NULL, conv, NULL);
 }
 
-extern "C" int cuda_tcv_gnorm_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const struct cuda_tcv_gnorm *gn,
-                                       float *y, const struct cuda_tail_norm *tail) {
+/* y += W·(x or the gated norm gn), then the tail. */
+static int tcv_acc(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, const cuda_tcv_gnorm *gn, float *y,
+                   const struct cuda_tail_norm *tail) {
     cuda_gemv_seg s;
     s.m = *m;
     s.y = y;
     s.ldy = m->rows;
     s.accumulate = 1;
-    return tcv_dense_go(c, &s, 1, NULL, tail, NULL, gn);
+    return tcv_dense_go(c, &s, 1, x, tail, NULL, gn);
+}
+
+extern "C" int cuda_tcv_gnorm_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const struct cuda_tcv_gnorm *gn,
+                                       float *y, const struct cuda_tail_norm *tail) {
+    return tcv_acc(c, m, NULL, gn, y, tail);
 }
 
 extern "C" int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, float *y,
                                  const struct cuda_tail_norm *tail) {
-    cuda_gemv_seg s;
-    s.m = *m;
-    s.y = y;
-    s.ldy = m->rows;
-    s.accumulate = 1;
-    return tcv_dense_go(c, &s, 1, x, tail, NULL, NULL);
+    return tcv_acc(c, m, x, NULL, y, tail);
 }
 
 /* a or b, field by field (a ternary on the structs themselves goes through local memory) */
