@@ -4,19 +4,19 @@
 // SwiGLU; down with the routing weights, the shared expert and the residual add).
 //
 // Why: the CUDA-core GEMV (cuda_gemv.cu) spends ~4 instructions per weight (shift, mask,
-// magic-number convert, FMA) plus the bf16 → fp32 unpacking of x, ~160 per 16 bytes of
-// codes against an SM's ~128 per clock at ~16 bytes per clock of DRAM share: it is
-// instruction-bound (the 286 MB lm_head ran at 1.5 TB/s, measured). Here two codes cost
-// one mask, one OR and one bf16x2 subtract (cuda_mma.h), and 256 multiply-adds one
-// mma.sync; x is staged once per block in shared memory with its group sums.
+// magic-number convert, FMA) plus the bf16 → fp32 unpacking of x; here two codes cost one
+// mask, one OR and one bf16x2 subtract (cuda_mma.h) and 256 multiply-adds one mma.sync.
+// Measured on the H200 that bought less than predicted (the decode kernels are bound by
+// dependent round trips, not instructions: docs/PERFORMANCE.md, session 3) — lm_head
+// 192 → 148 µs, decode +2 % — but it gives a token the same bits as in a batch, and its
+// epilogue/prologue carry the GDN fusions (conv step; gated norm).
 //
 // Layout (the same as cuda_skinny.cu's, on purpose): a block is 8 warps = MT m-tiles of 16
 // rows × KS k-slices (gate/up: half the m-tiles gate rows, half up), KS =
 // cuda_skinny_kslices(K), so each warp owns GPW = G/KS of the G quantisation groups of
-// its rows. Every lane issues
-// all of its weight loads (codes: 8 bytes per row per group, rows g and g + 8; scales and
-// biases: one vector load per row) before it waits for the previous kernel (PDL), so a
-// whole layer's matrix is in flight at once. The B operand holds x in all 8 columns; the
+// its rows. Every lane issues all of its weight loads (codes: 8 bytes per row per group,
+// rows g and g + 8; scales and biases: one vector load per row) before it waits for the
+// previous kernel (PDL), so a whole layer's matrix is in flight at once. The B operand holds x in all 8 columns; the
 // lanes with c = 0 keep column 0. Per group: acc += fmaf(s, Σqx, b·Σx) in group order;
 // the k-slices meet in shared memory summed in slice order from 0 — the exact sequence of
 // cuda_skinny.cu for one token, so a token gets the same bits here (batch of one) as in a
