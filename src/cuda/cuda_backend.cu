@@ -204,7 +204,7 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
         for (size_t i = 0; i < sizeof sk / sizeof sk[0]; i++) d->skinny = d->skinny && cuda_skinny_supported(sk[i]);
         d->tcv = d->skinny && cuda_tcv_moe_supported(&d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down,
                                                      cb->cfg->n_experts_per_tok);
-        for (size_t i = 6; i < sizeof sk / sizeof sk[0]; i++) d->tcv = d->tcv && cuda_tcv_supported(sk[i]);
+        for (size_t i = 0; i < sizeof sk / sizeof sk[0]; i++) d->tcv = d->tcv && cuda_tcv_supported(sk[i]);
     }
 #undef UQ
 #undef UF

@@ -58,18 +58,6 @@ static __global__ void __launch_bounds__(256) gdn_prep_kernel(const float *conv_
 
 /* ---- 2. the scan with a double-buffered chunk ---- */
 
-__device__ __forceinline__ void cpa16(void *smem, const void *gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cpa8(void *smem, const void *gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 template <int DK>
 struct gdnp_buf {
     float q[GDNP_CH][DK];

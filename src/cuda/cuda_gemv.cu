@@ -176,20 +176,10 @@ extern "C" int cuda_qmatmul(const struct cuda_ctx *c, const struct cuda_qmat *m,
                             int ldx, float *y, int ldy, int accumulate) {
     if (T >= 2 && T <= 64 && cuda_skinny_supported(m) && ldx % 8 == 0)
         return cuda_skinny_dense(c, m, mat, x, T, ldx, y, ldy, accumulate);
-    if (T == 1 && cuda_tcv_supported(m) && cuda_tcv_enabled()) { /* the same sums as skinny gives a token in a batch */
-        cuda_gemv_seg s;
-        s.m = qmat_at(m, mat);
-        s.y = y;
-        s.ldy = ldy;
-        s.accumulate = accumulate;
-        return cuda_tcv_multi(c, &s, 1, x);
-    }
     if (T <= 16) {
-        cuda_gemv_seg s;
-        s.m = qmat_at(m, mat);
-        s.y = y;
-        s.ldy = ldy;
-        s.accumulate = accumulate;
+        const cuda_gemv_seg s = {qmat_at(m, mat), y, ldy, accumulate};
+        if (T == 1 && cuda_tcv_supported(m) && cuda_tcv_enabled()) /* the sums skinny gives a token in a batch */
+            return cuda_tcv_multi(c, &s, 1, x);
         return cuda_gemv_multi(c, &s, 1, x, T, ldx);
     }
     return cuda_gemm_dense(c, m, mat, x, T, ldx, y, ldy, accumulate);

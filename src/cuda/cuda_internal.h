@@ -106,6 +106,13 @@ inline bool pdl_enabled() {
     return on;
 }
 
+/* True when the environment variable is set to anything but "" or "0" (the A/B switches
+ * ORCHID_NO_TCV, ORCHID_NO_WIDE). */
+inline bool env_flag(const char *name) {
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0");
+}
+
 /* kern<<<grid, block, smem, st>>>(args...) through cudaLaunchKernelEx, with programmatic
  * stream serialisation when pdl && pdl_enabled(); kern must follow rules (a)-(c) above
  * either way. Returns the launch's error (check with LAUNCH_TRY / LAUNCH_CHECK_RC). */
@@ -166,6 +173,26 @@ __device__ __forceinline__ float block_sum(float v, float *sh32) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+/* Asynchronous global → shared copies (cp.async, sm_80+): 16 bytes through L2 only, 8 or
+ * 4 bytes through L1; one commit group per call of cpa_commit; cpa_wait<N> returns when at
+ * most N of this thread's groups are still in flight (a barrier then shows them to the
+ * block). */
+__device__ __forceinline__ void cpa16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cpa8(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cpa4(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* Pointers of row r (absolute, i.e. mat*rows + row) of a qmat. */
 __device__ __forceinline__ const uint32_t *qrow_codes(const cuda_qmat &m, size_t r) {

@@ -3,7 +3,6 @@
 // of a 64-wide quantization group, mma.sync m16n8k16. Both files build a token's sums
 // from these in the same order, which is what makes one token's result the same bits
 // alone (tcv) and inside a batch (skinny). See cuda_skinny.cu's header for the layout.
-// Also the cp.async copies both use.
 #ifndef ORCHID_CUDA_MMA_H
 #define ORCHID_CUDA_MMA_H
 
@@ -80,7 +79,7 @@ __device__ __forceinline__ void sk_group_step(const uint32_t (&af)[4][4], const 
     acc[3] += fmaf(w.s1, cg[3], w.b1 * sxb);
 }
 
-/* Σ of the 64 bf16 x values of one group, in the fixed order both files use. */
+/* Σ of the 64 bf16 x values of one group, in the fixed order every path uses. */
 __device__ __forceinline__ float sk_group_sum(const uint4 *xp) {
     float sum = 0.0f;
 #pragma unroll
@@ -89,6 +88,13 @@ __device__ __forceinline__ float sk_group_sum(const uint4 *xp) {
         sum += bf_lo(q.x) + bf_hi(q.x) + bf_lo(q.y) + bf_hi(q.y) + bf_lo(q.z) + bf_hi(q.z) + bf_lo(q.w) + bf_hi(q.w);
     }
     return sum;
+}
+
+/* Σx of every group of n staged rows of G groups (row r at xs + r·stride) into
+ * xsum[r·G + g], the block's threads taking the (row, group) pairs in turn. */
+__device__ __forceinline__ void sk_group_sums(const uint16_t *xs, int n, size_t stride, int G, float *xsum) {
+    for (int i = threadIdx.x; i < n * G; i += blockDim.x)
+        xsum[i] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + (size_t)(i / G) * stride + (i % G) * QGROUP));
 }
 
 /* ---- a warp's m-tile read straight into registers (cuda_tcv.cu, cuda_skinny_wide.cu) ----
@@ -164,16 +170,6 @@ __device__ __forceinline__ sk_w tcv_group(const tcv_w<GPW> &w, int gi) {
     f.b0 = gi & 1 ? bf_hi(w.b0[gi / 2]) : bf_lo(w.b0[gi / 2]);
     f.b1 = gi & 1 ? bf_hi(w.b1[gi / 2]) : bf_lo(w.b1[gi / 2]);
     return f;
-}
-
-/* Asynchronous global → shared copies (cp.async): 16 bytes through L2 only, 4 bytes. */
-__device__ __forceinline__ void cpa16(void *smem, const void *gmem) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
-}
-__device__ __forceinline__ void cpa4(void *smem, const void *gmem) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem));
 }
 
 #endif

@@ -134,7 +134,7 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
                 cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + r) * (size_t)(K / 8) + ch * 4);
             }
         }
-        asm volatile("cp.async.commit_group;\n" ::);
+        cpa_commit();
         for (int idx = threadIdx.x; idx < RB * G; idx += blockDim.x) {
             const int i = idx / G, g = idx % G;
             const bool up = SWIGLU && i >= orows;
@@ -165,13 +165,10 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
             if (GROUPED) row = a.x_rows ? a.x_rows[m0 + row] : m0 + row;
             cpa16(xs + (size_t)j * xstride + ch * 8, a.x + (size_t)row * a.ldx + ch * 8);
         }
-        asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group 0;\n" ::);
+        cpa_commit();
+        cpa_wait<0>();
         __syncthreads();
-        for (int idx = threadIdx.x; idx < nrows * G; idx += blockDim.x) {
-            const int j = idx / G, g = idx % G;
-            xsum[j * G + g] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + (size_t)j * xstride + g * QGROUP));
-        }
+        sk_group_sums(xs, nrows, xstride, G, xsum);
         __syncthreads();
         float acc[NT][4];
 #pragma unroll
@@ -344,14 +341,8 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
     a.w0.codes = m->codes + rows * (size_t)(m->cols / 8);
     a.w0.scales = m->scales + rows * (size_t)(m->cols / QGROUP);
     a.w0.biases = m->biases + rows * (size_t)(m->cols / QGROUP);
-    if (cuda_skinny_wide_takes(T, m->cols, (m->rows + 127) / 128)) {
-        cuda_gemv_seg sg;
-        sg.m = a.w0;
-        sg.y = y;
-        sg.ldy = ldy;
-        sg.accumulate = accumulate;
-        return cuda_skinny_wide_dense(c, &sg, 1, x, T, ldx);
-    }
+    const cuda_gemv_seg sg = {a.w0, y, ldy, accumulate};
+    if (cuda_skinny_wide_takes_dense(&sg, 1, T)) return cuda_skinny_wide_dense(c, &sg, 1, x, T, ldx);
     return sk_dispatch<false, false>(c, a, (T + 7) / 8, m->rows, 1, "skinny_dense");
 }
 
@@ -377,9 +368,7 @@ extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gem
         blocks += (segs[i].m.rows + rb - 1) / rb;
     }
     a.blk0[n_segs] = blocks;
-    int tiles = 0;
-    for (int i = 0; i < n_segs; i++) tiles += (segs[i].m.rows + 127) / 128;
-    if (cuda_skinny_wide_takes(T, segs[0].m.cols, tiles)) return cuda_skinny_wide_dense(c, segs, n_segs, x, T, ldx);
+    if (cuda_skinny_wide_takes_dense(segs, n_segs, T)) return cuda_skinny_wide_dense(c, segs, n_segs, x, T, ldx);
     return sk_dispatch<false, false>(c, a, (T + 7) / 8, blocks * rb, 1, "skinny_multi");
 }
 
@@ -391,7 +380,7 @@ extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qm
     if (gate->rows != up->rows || gate->cols != up->cols)
         return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_swiglu: gate %dx%d vs up %dx%d", gate->rows, gate->cols, up->rows,
                       up->cols);
-    if (cuda_skinny_wide_takes(T, gate->cols, (gate->rows + 63) / 64))
+    if (cuda_skinny_wide_takes_swiglu(gate, T))
         return cuda_skinny_wide_swiglu(c, gate, up, x, T, ldx, act, ld_act);
     sk_args a = sk_args_for(gate, x, ldx, NULL);
     a.w1 = *up;

@@ -82,11 +82,10 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
         const int t = i / (XC / 8), ch = i % (XC / 8);
         cpa16(xs + (size_t)t * XS + ch * 8, a.x + (size_t)t * a.ldx + (size_t)ks * XC + ch * 8);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_group 0;\n" ::);
+    cpa_commit();
+    cpa_wait<0>();
     __syncthreads();
-    for (int i = threadIdx.x; i < T * GPW; i += blockDim.x)
-        xsum[i] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + (size_t)(i / GPW) * XS + (i % GPW) * QGROUP));
+    sk_group_sums(xs, T, XS, GPW, xsum);
     __syncthreads();
 
     /* columns of tokens ≥ T hold whatever shared memory held: they stay in their own
@@ -168,38 +167,55 @@ extern "C" int cuda_skinny_wide_init(char *err, size_t errlen) {
     return rc;
 }
 
-static bool sw_enabled(void) {
-    static const int on = [] {
-        const char *e = getenv("ORCHID_NO_WIDE");
-        return !(e && *e && strcmp(e, "0"));
-    }();
-    return on;
-}
-
 /* Whether this path takes the launch: 9..64 tokens, tiles that fit the workspace, a slice
  * width it has (all matrices 4-bit with the same columns: the caller checked). */
-extern "C" int cuda_skinny_wide_takes(int T, int K, int tiles) {
-    return sw_part && sw_enabled() && T > 8 && T <= SW_MAX_T && tiles <= SW_MAX_TILES && sw_gpw(K) != 0;
+static bool sw_takes(int T, int K, int tiles) {
+    static const bool off = env_flag("ORCHID_NO_WIDE");
+    return sw_part && !off && T > 8 && T <= SW_MAX_T && tiles <= SW_MAX_TILES && sw_gpw(K) != 0;
 }
 
-template <int GPW, bool SWIGLU>
-static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
-    const int ks = (K / QGROUP) / GPW;
-    sw_kernel<GPW, SWIGLU><<<dim3(tiles, ks), 256, sw_smem(GPW), cstream(c)>>>(a);
-    LAUNCH_CHECK(c, SWIGLU ? "skinny_wide_swiglu" : "skinny_wide");
+/* Row tiles of a launch: SW_ROWS rows of each matrix, or SW_ROWS / 2 gate (and up) rows. */
+static int sw_dense_tiles(const struct cuda_gemv_seg *segs, int n_segs) {
+    int tiles = 0;
+    for (int i = 0; i < n_segs; i++) tiles += (segs[i].m.rows + SW_ROWS - 1) / SW_ROWS;
+    return tiles;
+}
+static int sw_swiglu_tiles(const struct cuda_qmat *gate) { return (gate->rows + SW_ROWS / 2 - 1) / (SW_ROWS / 2); }
+
+extern "C" int cuda_skinny_wide_takes_dense(const struct cuda_gemv_seg *segs, int n_segs, int T) {
+    return sw_takes(T, segs[0].m.cols, sw_dense_tiles(segs, n_segs));
+}
+extern "C" int cuda_skinny_wide_takes_swiglu(const struct cuda_qmat *gate, int T) {
+    return sw_takes(T, gate->cols, sw_swiglu_tiles(gate));
 }
 
-extern "C" int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs,
-                                      const uint16_t *x, int T, int ldx) {
+/* The fields both forms set: tokens and the workspace. */
+static sw_args sw_args_for(const uint16_t *x, int ldx, int T) {
     sw_args a;
     memset(&a, 0, sizeof a);
-    a.nseg = n_segs;
-    a.accumulate = segs[0].accumulate;
     a.x = x;
     a.ldx = ldx;
     a.T = T;
     a.part = sw_part;
     a.cnt = sw_cnt;
+    return a;
+}
+
+/* One launch, the slice width picked from K (the caller asked sw_takes). */
+template <bool SWIGLU>
+static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
+    const int gpw = sw_gpw(K), ks = (K / QGROUP) / gpw;
+    if (!sw_takes(a.T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", a.T, K);
+    if (gpw == 8) sw_kernel<8, SWIGLU><<<dim3(tiles, ks), 256, sw_smem(8), cstream(c)>>>(a);
+    else sw_kernel<16, SWIGLU><<<dim3(tiles, ks), 256, sw_smem(16), cstream(c)>>>(a);
+    LAUNCH_CHECK(c, SWIGLU ? "skinny_wide_swiglu" : "skinny_wide");
+}
+
+extern "C" int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs,
+                                      const uint16_t *x, int T, int ldx) {
+    sw_args a = sw_args_for(x, ldx, T);
+    a.nseg = n_segs;
+    a.accumulate = segs[0].accumulate;
     int tiles = 0;
     for (int i = 0; i < n_segs; i++) {
         a.w[i] = segs[i].m;
@@ -209,29 +225,17 @@ extern "C" int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cud
         tiles += (segs[i].m.rows + SW_ROWS - 1) / SW_ROWS;
     }
     a.blk0[n_segs] = tiles;
-    const int K = segs[0].m.cols, gpw = sw_gpw(K);
-    if (!cuda_skinny_wide_takes(T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", T, K);
-    if (gpw == 8) return sw_go<8, false>(c, a, tiles, K);
-    return sw_go<16, false>(c, a, tiles, K);
+    return sw_go<false>(c, a, tiles, segs[0].m.cols);
 }
 
 extern "C" int cuda_skinny_wide_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                                        const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act) {
-    sw_args a;
-    memset(&a, 0, sizeof a);
+    sw_args a = sw_args_for(x, ldx, T);
     a.nseg = 1;
     a.w[0] = *gate;
     a.up = *up;
     a.act = act;
     a.ld_act = ld_act;
-    a.x = x;
-    a.ldx = ldx;
-    a.T = T;
-    a.part = sw_part;
-    a.cnt = sw_cnt;
-    const int tiles = (gate->rows + SW_ROWS / 2 - 1) / (SW_ROWS / 2), K = gate->cols, gpw = sw_gpw(K);
-    a.blk0[1] = tiles;
-    if (!cuda_skinny_wide_takes(T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", T, K);
-    if (gpw == 8) return sw_go<8, true>(c, a, tiles, K);
-    return sw_go<16, true>(c, a, tiles, K);
+    a.blk0[1] = sw_swiglu_tiles(gate);
+    return sw_go<true>(c, a, a.blk0[1], gate->cols);
 }

@@ -67,9 +67,7 @@ __device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int
         reinterpret_cast<uint4 *>(xs + (size_t)v * K)[j] = reinterpret_cast<const uint4 *>(x + (size_t)v * ldx)[j];
     }
     __syncthreads();
-    const int G = K / QGROUP;
-    for (int i = threadIdx.x; i < n * G; i += blockDim.x)
-        xsum[i] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + (size_t)(i / G) * K + (i % G) * QGROUP));
+    sk_group_sums(xs, n, K, K / QGROUP, xsum);
     __syncthreads();
 }
 
@@ -145,8 +143,7 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K,
         }
     }
     __syncthreads();
-    const int G = K / QGROUP;
-    for (int i = threadIdx.x; i < G; i += blockDim.x) xsum[i] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + i * QGROUP));
+    sk_group_sums(xs, 1, K, K / QGROUP, xsum);
     __syncthreads();
 }
 
@@ -176,7 +173,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
         const float *st = a.conv.seqs[0].conv + (size_t)a.conv.layer_ord * (a.conv.K - 1) * a.conv.C + crow;
         for (int j = 0; j < a.conv.K - 1; j++) cpa4(cvs + j, st + (size_t)j * a.conv.C);
         for (int j = 0; j < a.conv.K; j++) cpa4(cvs + CUDA_TCV_CONV_MAX + j, a.conv.w + (size_t)crow * a.conv.K + j);
-        asm volatile("cp.async.commit_group;\n" ::);
+        cpa_commit();
     }
     pdl_wait();
     if (GN) tcv_stage_gnorm(a.gn, K, xs, xsum);
@@ -191,7 +188,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
             float *dst = a.y[s] + r;
             *dst = a.accumulate ? *dst + v : v;
             if (conv) {
-                asm volatile("cp.async.wait_all;\n" ::: "memory");
+                cpa_wait<0>();
                 tcv_conv_row(a.conv, r, a.accumulate ? *dst : v, cvs, cvs + CUDA_TCV_CONV_MAX);
             }
         }
@@ -215,11 +212,8 @@ extern "C" int cuda_tcv_supported(const struct cuda_qmat *m) {
 }
 
 extern "C" int cuda_tcv_enabled(void) {
-    static const int on = [] {
-        const char *e = getenv("ORCHID_NO_TCV");
-        return !(e && *e && strcmp(e, "0"));
-    }();
-    return on;
+    static const bool off = env_flag("ORCHID_NO_TCV");
+    return !off;
 }
 
 /* 8-warp blocks (8 / KS m-tiles). One m-tile per block (KS warps, 2–4x the blocks) was
