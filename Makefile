@@ -28,8 +28,10 @@ TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
 
 ifeq ($(CUDA),1)
   CFLAGS_CUDA := -DORCHID_CUDA=1
-  NVCCFLAGS := -O3 -std=c++17 -Isrc -DORCHID_CUDA=1 -lineinfo \
-      -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a \
+  # NVCC_GENCODE / NVCC_EXTRA: e.g. a timeline build for the H200 only,
+  #   make BUILD=build-trace NVCC_GENCODE='-gencode arch=compute_90a,code=sm_90a' NVCC_EXTRA=-DORCHID_TRACE
+  NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
+  NVCCFLAGS := -O3 -std=c++17 -Isrc -DORCHID_CUDA=1 -lineinfo $(NVCC_GENCODE) $(NVCC_EXTRA) \
       -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
   CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lstdc++

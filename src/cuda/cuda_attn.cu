@@ -17,6 +17,7 @@ static __global__ void attn_prep_kernel(float *qg, const float *k, const float *
                                         const float *k_norm, const int32_t *pos, const int32_t *tok_seq,
                                         const cuda_seq *seqs, int layer_ord, int n_heads, int kvh, int D, int rot,
                                         float theta, float eps) {
+    TRACE_KERNEL();
     __shared__ float sh[32];
     __shared__ float vals[512];
     pdl_trigger();
@@ -67,6 +68,7 @@ extern "C" int cuda_attn_prep(const struct cuda_ctx *c, float *qg, const float *
 template <int D>
 static __global__ void attn_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs, const cuda_attn_tile *tiles,
                                    int layer_ord, int n_heads, int kvh, int n_split, float *part) {
+    TRACE_KERNEL();
     constexpr int DS = D + 8, DPL = D / 32;
     extern __shared__ __align__(16) uint16_t sm[];
     const int group = n_heads / kvh;
@@ -199,6 +201,7 @@ static __global__ void attn_kernel(const float *qg, const int32_t *pos, const cu
 
 static __global__ void attn_combine_kernel(const float *part, const float *qg, int n_heads, int D, int n_split,
                                            uint16_t *out) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y;
@@ -282,3 +285,5 @@ extern "C" int cuda_attention(const struct cuda_ctx *c, const float *qg, const i
                                     part, qg, n_heads, D, n_split, out),
                     "attention_combine");
 }
+
+CUDA_TRACE_TU(attn)

@@ -41,6 +41,7 @@ struct dlayer {
     cuda_qmat router, gate, up, down, sh_gate, sh_up, sh_down, sh_eg;
     bool skinny; /* every matrix the 2..MID_T path multiplies is 4-bit (cuda_skinny_supported) */
     bool tcv;    /* ... and one token's projections and expert pairs can take cuda_tcv.cu */
+    bool moe_fused; /* ... and one token's MoE block can take cuda_moe_fused.cu (one launch) */
 };
 
 /* Device pointers of one batch's metadata. */
@@ -75,6 +76,7 @@ struct cuda_backend {
     int H, V, E, K, I, Is, C, vd, kd, qd, kvd, Hv, Hk, Dk, Dv, D, nh, kvh;
     int n_attn, n_lin;
     int n_sm; /* multiprocessors: the decode attention splits to fill them */
+    bool n_sm_known; /* n_sm was read from the device (else a guess: no grid-barrier launches) */
     char *warena;
     size_t wbytes, wused;
     double load_s;
@@ -93,7 +95,8 @@ struct cuda_backend {
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
-    int *counters; /* [4] zeroed: last-block counters of the fused decode launches */
+    int *counters; /* [16] zeroed: last-block counters of the fused decode launches ([0..3]), the
+                    * one-launch MoE's grid barrier ([8], [9]) */
     cuda_moe_route route;
     /* optional per-op GPU timing of forward (ORCHID_CUDA_PROFILE=1; never inside a capture) */
     int prof_on, prof_n;
@@ -103,6 +106,9 @@ struct cuda_backend {
     double prof_ms[64];
     long prof_calls[64];
     int prof_nkeys;
+    const char *trace_path; /* != NULL: the next forward records its in-kernel timeline here */
+    int trace_n;
+    const char *trace_name[PROF_MAX]; /* the forward's op names, in launch order */
 };
 
 /* ---- weights ---- */
@@ -205,6 +211,10 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
         d->tcv = d->skinny && cuda_tcv_moe_supported(&d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down,
                                                      cb->cfg->n_experts_per_tok);
         for (size_t i = 0; i < sizeof sk / sizeof sk[0]; i++) d->tcv = d->tcv && cuda_tcv_supported(sk[i]);
+        /* the one-launch MoE needs every SM's count (its grid barriers need all blocks resident) */
+        d->moe_fused = d->tcv && cb->n_sm_known && cuda_moe_fused_enabled() &&
+                       cuda_moe_fused_supported(&d->router, &d->sh_eg, &d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up,
+                                                &d->sh_down, cb->cfg->n_experts_per_tok, cb->n_sm);
     }
 #undef UQ
 #undef UF
@@ -214,6 +224,10 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
 /* ---- per-op profile ---- */
 
 static void prof_mark(struct cuda_backend *cb, const char *name) {
+    if (cb->trace_path) { /* tracing: names only (events would add gaps between the kernels) */
+        if (cb->trace_n < PROF_MAX) cb->trace_name[cb->trace_n++] = name;
+        return;
+    }
     if (!cb->prof_on || cb->prof_n >= PROF_MAX) return;
     if (cb->prof_n == 0) {
         /* 30 ms of GPU idling first: the host queues the forward meanwhile, so the deltas
@@ -269,6 +283,40 @@ extern "C" int cuda_backend_set_profile(struct backend *b, int on, char *err, si
     cb->prof_on = on;
     cb->prof_n = 0;
     return 0;
+}
+
+/* The next forward (not captured) records every block's start, pdl_wait and end on the
+ * GPU clock (cuda_trace_begin) behind a 30 ms spin, and writes them to path as CSV:
+ * "# op <i> <name>" lines (the forward's ops in launch order), then one line per block:
+ * grid,block,sm and its start, pre-wait, waited, tail, marks 4..7 and end times (ns, 0 = none). */
+extern "C" int cuda_backend_trace_next(struct backend *b, const char *path) {
+    struct cuda_backend *cb = (struct cuda_backend *)b;
+    cb->trace_path = path;
+    cb->trace_n = 0;
+    return 0;
+}
+
+static int trace_write(struct cuda_backend *cb, char *err, size_t errlen) {
+    cuda_trace_rec *r;
+    size_t n;
+    const char *path = cb->trace_path;
+    cb->trace_path = NULL;
+    int rc = cuda_trace_end(&r, &n, err, errlen);
+    if (rc) return rc;
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        free(r);
+        return errorf(err, errlen, ST_IO, "trace: cannot write %s", path);
+    }
+    for (int i = 0; i < cb->trace_n; i++) fprintf(f, "# op %d %s\n", i, cb->trace_name[i]);
+    fprintf(f, "grid,block,sm,start,prewait,waited,tail,mark4,mark5,mark6,mark7,end\n");
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "%llu,%u,%u", r[i].grid, r[i].block, r[i].sm);
+        for (int k = 0; k < 9; k++) fprintf(f, ",%llu", r[i].t[k]);
+        fputc('\n', f);
+    }
+    free(r);
+    return fclose(f) ? errorf(err, errlen, ST_IO, "trace: writing %s failed", path) : 0;
 }
 
 #define P(name, call) do { if ((rc = (call))) return rc; prof_mark(cb, name); } while (0)
@@ -347,11 +395,19 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     /* MoE */
     const int E = cb->E, K = cb->K;
     if (small) {
-        P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
-                                              cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 1));
         const int ld_act = d->gate.rows > d->sh_gate.rows ? d->gate.rows : d->sh_gate.rows; /* the pair kernels' layout */
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
+        if (tcv && d->moe_fused) { /* router, top-k, pairs and the next norm: one launch */
+            const struct cuda_moe_fused_args f = {d->router, d->sh_eg, d->gate, d->up, d->down, d->sh_gate, d->sh_up,
+                                                  d->sh_down, cb->xn32, cb->xn, cb->rlog, cb->seg, K, cf->norm_topk_prob,
+                                                  cb->ids, cb->mw, cb->act, ld_act, cb->x, last ? NULL : &next,
+                                                  (unsigned *)(cb->counters + 8)};
+            P("moe_fused", cuda_moe_fused(c, &f, cb->n_sm));
+            return 0;
+        }
+        P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
+                                              cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 1));
         if (tcv) {
             P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
                                                         cb->act, ld_act));
@@ -507,8 +563,25 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.tok_seq = (const int32_t *)(cb->d_meta + o_ts);
     m.seqs = (const cuda_seq *)(cb->d_meta + o_seq);
     m.tiles = (const cuda_attn_tile *)(cb->d_meta + o_tile);
+    if (cb->trace_path) {
+        int trc = cuda_trace_begin(16384, err, errlen);
+        if (!trc) trc = cuda_spin(&c, 30000); /* the host queues the forward meanwhile */
+        if (trc) {
+            cb->trace_path = NULL;
+            return trc;
+        }
+    }
     int rc = run_layers(cb, m, &c);
-    if (rc) return rc;
+    if (rc) {
+        if (cb->trace_path) { /* drop the trace; the error is the forward's */
+            cuda_trace_rec *r;
+            size_t n;
+            char e2[64];
+            if (!cuda_trace_end(&r, &n, e2, sizeof e2)) free(r);
+            cb->trace_path = NULL;
+        }
+        return rc;
+    }
     const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
     for (int i = 0; i < b->n_out && !b->out_argmax; i++)
         if (!b->out_logits[i]) return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
@@ -531,6 +604,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, "cuda forward");
     if (b->out_argmax && b->n_out) memcpy(b->out_argmax, cb->h_amax_ids, (size_t)b->n_out * 4);
     if (cb->prof_on) prof_collect(cb);
+    if (cb->trace_path) return trace_write(cb, err, errlen);
     return 0;
 }
 
@@ -905,6 +979,21 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     if (pe && atoi(pe)) FAIL(cuda_backend_set_profile(&cb->base, 1, err, errlen));
     FAIL(cuda_attn_init(c->n_heads, c->n_kv_heads, c->head_dim, err, errlen));
 
+    {
+        const char *l2 = getenv("ORCHID_L2_FETCH"); /* A/B: the L2's DRAM fetch granularity hint (32/64/128 bytes) */
+        if (l2 && atoi(l2) > 0 && cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, (size_t)atoi(l2)) != cudaSuccess)
+            cudaGetLastError();
+    }
+    {
+        int dev = 0;
+        cb->n_sm_known = cudaGetDevice(&dev) == cudaSuccess &&
+                         cudaDeviceGetAttribute(&cb->n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && cb->n_sm >= 1;
+        if (!cb->n_sm_known) {
+            cudaGetLastError();
+            cb->n_sm = 132;
+        }
+    }
+
     /* weights */
     const double t0 = now_s();
     cb->wbytes = weights_dev_bytes(c, w);
@@ -913,14 +1002,6 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     CUDA_TRY(cudaDeviceSynchronize(), err, errlen, "cuda backend: weight upload");
     cb->load_s = now_s() - t0;
     cuda_device_name(cb->device, sizeof cb->device);
-    {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&cb->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            cb->n_sm < 1) {
-            cudaGetLastError();
-            cb->n_sm = 132;
-        }
-    }
     fprintf(stderr, "cuda: %.2f GB of weights uploaded in %.2f s (%.1f GB/s) to %s\n", cb->wused / 1e9, cb->load_s,
             cb->wused / 1e9 / (cb->load_s > 0 ? cb->load_s : 1e-9), cb->device);
 

@@ -41,6 +41,7 @@ template <int D>
 static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs,
                                                            const cuda_attn_tile *tiles, int layer_ord, int nh, int kvh,
                                                            int n_split, float *part) {
+    TRACE_KERNEL();
     constexpr int DS = D + 8, NT = D / 8, KS = D / 16;
     extern __shared__ __align__(16) uint16_t fsm[];
     uint16_t *Qs = fsm;                 /* [FQ][DS] */
@@ -226,3 +227,5 @@ extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, c
                                     kv_heads, n_split, part),
                     "flash_attention");
 }
+
+CUDA_TRACE_TU(flash)

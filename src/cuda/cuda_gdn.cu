@@ -18,6 +18,7 @@
 
 static __global__ void conv1d_kernel(const float *qkv, const float *w, const int32_t *tok_seq, const cuda_seq *seqs,
                                      int layer_ord, int T, int C, int K, float *out) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -37,6 +38,7 @@ static __global__ void conv1d_kernel(const float *qkv, const float *w, const int
 }
 
 static __global__ void conv_state_kernel(const float *qkv, const cuda_seq *seqs, int layer_ord, int C, int K) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait(); /* also orders its state writes after conv1d_kernel's state reads */
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -56,6 +58,7 @@ static __global__ void conv_state_kernel(const float *qkv, const cuda_seq *seqs,
  * (sequence, channel). */
 static __global__ void conv1d_step_kernel(const float *qkv, const float *w, const cuda_seq *seqs, int layer_ord, int T,
                                           int C, int K, float *out) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -102,6 +105,7 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
                                                               int ldab, const float *A_log, const float *dt_bias,
                                                               const cuda_seq *seqs, int layer_ord, int Hk, int Hv,
                                                               int Dv, float *y) {
+    TRACE_KERNEL();
     constexpr int LPR = DK / 8, ROWS = 256 / LPR;
     __shared__ __align__(16) float qs[GDN_CH][DK];
     __shared__ __align__(16) float ks[GDN_CH][DK];
@@ -208,6 +212,7 @@ extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, co
 
 static __global__ void gated_norm_kernel(const float *y, const float *z, int ldz, const float *w, int Hv, int Dv, float eps,
                                          uint16_t *out) {
+    TRACE_KERNEL();
     __shared__ float sh[32];
     pdl_trigger();
     pdl_wait();
@@ -230,3 +235,5 @@ extern "C" int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const f
     LAUNCH_CHECK_RC(c, launch_k(gated_norm_kernel, dim3(T, Hv), dim3(threads), 0, cstream(c), y, z, ldz, w, Hv, Dv, eps, out),
                     "gated_norm");
 }
+
+CUDA_TRACE_TU(gdn)

@@ -26,6 +26,7 @@ template <int DK>
 static __global__ void __launch_bounds__(256) gdn_prep_kernel(const float *conv_out, const float *ga, const float *gb, int ldab,
                                                               const float *A_log, const float *dt_bias, int T, int Hk,
                                                               int Hv, int Dv, float *qk, float *gates) {
+    TRACE_KERNEL();
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int key_dim = Hk * DK, C = 2 * key_dim + Hv * Dv;
     const float *row = conv_out + (size_t)t * C;
@@ -89,6 +90,7 @@ static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const floa
                                                                       const float *gates, const cuda_seq *seqs,
                                                                       int layer_ord, int T, int Hk, int Hv, int Dv,
                                                                       float *y) {
+    TRACE_KERNEL();
     constexpr int LPR = DK / 8, ROWS = 256 / LPR;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     gdnp_buf<DK> *buf = reinterpret_cast<gdnp_buf<DK> *>(smem_raw);
@@ -179,3 +181,5 @@ extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv
 #undef GDNP_LAUNCH
     LAUNCH_CHECK(c, "gdn_scan_prefill");
 }
+
+CUDA_TRACE_TU(gdn_prefill)

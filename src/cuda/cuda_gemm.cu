@@ -122,6 +122,7 @@ __device__ __forceinline__ void store_b(const bregs<BITS> &r, uint16_t *dst /* 3
 
 template <int BITS, bool SWIGLU, bool WLO>
 static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a) {
+    TRACE_KERNEL();
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *As = smem;                   /* [2][BM][SPAD] */
     uint16_t *Bs = smem + 2 * BM * SPAD;   /* [2][BN][SPAD] */
@@ -382,3 +383,5 @@ extern "C" int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda
     a.max_tiles = r->max_tiles;
     return dispatch(c, a, false, dim3((down->rows + BN - 1) / BN, r->max_tiles), "moe_grouped_down");
 }
+
+CUDA_TRACE_TU(gemm)

@@ -105,6 +105,7 @@ __device__ __forceinline__ void gemv_rows(const cuda_gemv_seg &g, int row0, cons
  * tail's counter and reads come after every warp's wait. */
 template <int MAXT>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a, const uint16_t *x, int T, int ldx) {
+    TRACE_KERNEL();
     pdl_trigger();
     const int blk = blockIdx.x;
     int s = 0;
@@ -184,3 +185,5 @@ extern "C" int cuda_qmatmul(const struct cuda_ctx *c, const struct cuda_qmat *m,
     }
     return cuda_gemm_dense(c, m, mat, x, T, ldx, y, ldy, accumulate);
 }
+
+CUDA_TRACE_TU(gemv)

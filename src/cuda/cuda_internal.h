@@ -78,10 +78,78 @@ static inline cudaStream_t cstream(const struct cuda_ctx *c) { return (cudaStrea
  * launch) pdl_wait returns at once and pdl_trigger does nothing. A kernel whose blocks
  * are long-lived and few (the GDN scan, attention) can run slower when scheduled early
  * (its blocks land unevenly on the SMs the previous kernel frees): measure both ways. */
+/* ---- in-kernel timeline trace (builds with -DORCHID_TRACE only; cuda_util.cu) ----
+ * Thread 0 of every block keeps %globaltimer at its start, before and after its pdl_wait,
+ * where it takes a launch's tail (last_block_done) and at up to four marks of the kernel's
+ * own (trace_mark(TRACE_MARK4 .. 7)), in shared memory, and writes one
+ * record with its end time (TRACE_KERNEL's destructor: after any tail) — one atomic per
+ * block, at its end, so the timeline is barely disturbed. %gridid names the launch. The
+ * records show what a graph's kernels do on the GPU's own clock: when a launch's blocks
+ * became resident, when its wait released, how long its body and tail took. Each
+ * translation unit has its own copy of the __constant__ pointer (no relocatable device
+ * code), set by its CUDA_TRACE_TU setter. Without ORCHID_TRACE all of this is nothing. */
+#define TRACE_START 0
+#define TRACE_PREWAIT 1
+#define TRACE_WAITED 2
+#define TRACE_TAIL 3
+#define TRACE_MARK4 4 /* free marks for a kernel's own phases (cuda_moe_fused.cu) */
+#define TRACE_MARK5 5
+#define TRACE_MARK6 6
+#define TRACE_MARK7 7
+#define TRACE_SLOTS 8
+#ifdef ORCHID_TRACE
+static __constant__ cuda_trace_dev g_trace;
+__device__ __forceinline__ unsigned long long *trace_slots() {
+    __shared__ unsigned long long t[TRACE_SLOTS];
+    return t;
+}
+__device__ __forceinline__ void trace_mark(int i) {
+    if (threadIdx.x != 0) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace_slots()[i] = t;
+}
+struct trace_scope {
+    __device__ trace_scope() {
+        if (threadIdx.x != 0) return;
+        for (int k = 1; k < TRACE_SLOTS; k++) trace_slots()[k] = 0;
+        trace_mark(TRACE_START);
+    }
+    __device__ ~trace_scope() {
+        if (threadIdx.x != 0 || !g_trace.buf) return;
+        unsigned long long end, grid;
+        unsigned sm;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end));
+        asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        const unsigned slot = sm % CUDA_TRACE_SMS, i = atomicAdd(g_trace.n + slot, 1u);
+        if (i >= g_trace.cap_per_sm) return;
+        cuda_trace_rec r;
+        r.grid = grid;
+        r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        r.sm = sm;
+        for (int k = 0; k < TRACE_SLOTS; k++) r.t[k] = trace_slots()[k];
+        r.t[TRACE_SLOTS] = end;
+        g_trace.buf[(size_t)slot * g_trace.cap_per_sm + i] = r;
+    }
+};
+#define TRACE_KERNEL() trace_scope trace_scope_
+#define CUDA_TRACE_TU(name)                                                                           \
+    extern "C" int cuda_trace_set_##name(const cuda_trace_dev *d) {                                   \
+        return cudaMemcpyToSymbol(g_trace, d, sizeof *d) == cudaSuccess ? 0 : -1;                     \
+    }
+#else
+__device__ __forceinline__ void trace_mark(int) {}
+#define TRACE_KERNEL() (void)0
+#define CUDA_TRACE_TU(name)
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
+    trace_mark(TRACE_PREWAIT);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    trace_mark(TRACE_WAITED);
 }
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -215,7 +283,10 @@ __device__ __forceinline__ bool last_block_done(int *counter) {
         int old;
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
         last = old == total - 1;
-        if (last) *counter = 0; /* no other block touches it again in this launch */
+        if (last) {
+            *counter = 0; /* no other block touches it again in this launch */
+            trace_mark(TRACE_TAIL);
+        }
     }
     __syncthreads();
     return last;

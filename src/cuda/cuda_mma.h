@@ -172,4 +172,116 @@ __device__ __forceinline__ sk_w tcv_group(const tcv_w<GPW> &w, int gi) {
     return f;
 }
 
+/* acc0 / acc1 (rows r0, r0 + 8) += the warp's groups against x staged in shared memory
+ * (xs: the K values, xsum: Σ of each group). Same operations, same order as the skinny
+ * kernel's per-group step for its token 0. */
+template <int GPW>
+__device__ __forceinline__ void tcv_mma(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, int c,
+                                        float &acc0, float &acc1) {
+    float acc[4] = {acc0, 0.0f, acc1, 0.0f}; /* columns 2c + 1 hold the same token: unused */
+#pragma unroll
+    for (int gi = 0; gi < GPW; gi++) {
+        const int grp = g0 + gi;
+        const sk_w f = tcv_group(w, gi);
+        uint32_t af[4][4];
+        sk_frags(f, af);
+        sk_group_step(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc);
+    }
+    acc0 = acc[0];
+    acc1 = acc[2];
+}
+
+/* The warp's partial sums of its rows into red[warp][16] (lanes c = 0 hold column 0), then
+ * the block barrier: every k-slice's partials are in shared memory after it. */
+template <int GPW>
+__device__ __forceinline__ void tcv_mma_to_red(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    tcv_mma<GPW>(w, xs, xsum, g0, c, acc0, acc1);
+    if (c == 0) {
+        red[warp * 16 + gq] = acc0;
+        red[warp * 16 + gq + 8] = acc1;
+    }
+    __syncthreads();
+}
+
+/* Stages n vectors of K bf16 (vector v at x + v·ldx, written by earlier kernels: plain
+ * loads after pdl_wait; CG: by other blocks of this launch, read through L2) into
+ * xs[v·K ..] and their group sums into xsum[v·G ..]. */
+template <bool CG = false>
+__device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int K, uint16_t *xs, float *xsum) {
+    const int per = K / 8;
+    for (int i = threadIdx.x; i < n * per; i += blockDim.x) {
+        const int v = i / per, j = i % per;
+        const uint4 *src = reinterpret_cast<const uint4 *>(x + (size_t)v * ldx) + j;
+        reinterpret_cast<uint4 *>(xs + (size_t)v * K)[j] = CG ? __ldcg(src) : *src;
+    }
+    __syncthreads();
+    sk_group_sums(xs, n, K, K / QGROUP, xsum);
+    __syncthreads();
+}
+
+
+/* ---- a warp's m-tile through shared memory (cuda_moe_fused.cu): the values tcv_load
+ * would put in registers, copied with cp.async into a per-warp area of TCV_WSM(GPW)
+ * bytes so the copy can be issued long before the values are used (before pdl_wait, or
+ * before a grid barrier) without holding registers; tcv_tile_read gives the same tcv_w.
+ * The copy moves whole rows: the warp's 16 rows × GPW groups are 16 runs of GPW·32
+ * contiguous bytes, copied 16 bytes a lane so that one instruction covers whole 128-byte
+ * lines (tcv_load's 8-byte fragment loads ask for one 32-byte sector of each of 8 rows).
+ * Layout: row r's 32-byte group j at [r][j ^ (r & (GPW - 1) & 7)] (the XOR spreads the 8
+ * rows a fragment read touches over the banks: 2 wavefronts for 256 bytes), then the 16
+ * rows' scales and biases, GPW bf16 each. ---- */
+#define TCV_WSM(GPW) ((GPW) * 512 + 16 * (GPW) * 4)
+
+/* Rows base .. base + 15 of m (absolute rows; row base + t exists for t < nvalid), groups
+ * g0 .. g0 + GPW - 1. Rows past nvalid are zeros (plain shared stores: visible after the
+ * block barrier that follows cpa_wait). The caller commits the group. */
+template <int GPW>
+__device__ __forceinline__ void tcv_tile_async(const cuda_qmat &m, size_t base, int nvalid, int g0, unsigned char *wsm) {
+    constexpr int RB = GPW * 32, CPR = RB / 16, X = (GPW - 1) & 7; /* row bytes, 16-byte chunks a row */
+    const int lane = threadIdx.x & 31, G = m.cols / QGROUP;
+    const size_t row_bytes = (size_t)m.cols / 2;
+    const unsigned char *src = reinterpret_cast<const unsigned char *>(m.codes) + base * row_bytes + (size_t)g0 * 32;
+#pragma unroll
+    for (int i = lane; i < 16 * CPR; i += 32) {
+        const int r = i / CPR, ch = i % CPR;
+        unsigned char *dst = wsm + r * RB + (((ch >> 1) ^ (r & X)) * 32) + (ch & 1) * 16;
+        if (r < nvalid) cpa16(dst, src + r * row_bytes + ch * 16);
+        else *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+    }
+    /* lanes 0-15: scales of row `lane`; 16-31: biases of row lane - 16 */
+    const int t = lane & 15;
+    uint16_t *sdst = reinterpret_cast<uint16_t *>(wsm + GPW * 512) + (lane >> 4) * 16 * GPW + t * GPW;
+    const uint16_t *ssrc = (lane < 16 ? m.scales : m.biases) + (base + t) * G + g0;
+    if (t < nvalid) {
+        if (GPW == 4) cpa8(sdst, ssrc);
+#pragma unroll
+        for (int i = 0; i < GPW / 8; i++) cpa16(sdst + 8 * i, ssrc + 8 * i);
+    } else {
+#pragma unroll
+        for (int i = 0; i < GPW; i++) sdst[i] = 0;
+    }
+}
+
+template <int GPW>
+__device__ __forceinline__ void tcv_tile_read(const unsigned char *wsm, tcv_w<GPW> &w) {
+    constexpr int RB = GPW * 32, X = (GPW - 1) & 7;
+    const int lane = threadIdx.x & 31, gq = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int gi = 0; gi < GPW; gi++) { /* rows gq and gq + 8 share (r & 7): one position */
+        const int pos = (gi ^ (gq & X)) * 32 + c * 8;
+        w.q0[gi] = *reinterpret_cast<const uint2 *>(wsm + gq * RB + pos);
+        w.q1[gi] = *reinterpret_cast<const uint2 *>(wsm + (gq + 8) * RB + pos);
+    }
+    const uint32_t *sb = reinterpret_cast<const uint32_t *>(wsm + GPW * 512); /* [2][16][GPW/2] words */
+#pragma unroll
+    for (int i = 0; i < GPW / 2; i++) {
+        w.s0[i] = sb[gq * (GPW / 2) + i];
+        w.s1[i] = sb[(gq + 8) * (GPW / 2) + i];
+        w.b0[i] = sb[(16 + gq) * (GPW / 2) + i];
+        w.b1[i] = sb[(16 + gq + 8) * (GPW / 2) + i];
+    }
+}
+
 #endif

@@ -6,7 +6,7 @@
 // tensor-core GEMM of cuda_gemm.cu) and combine.
 #include <math.h>
 
-#include "cuda/cuda_internal.h"
+#include "cuda/cuda_route.h"
 
 #define MOE_BM 64 /* must equal BM of cuda_gemm.cu */
 
@@ -15,70 +15,10 @@
  * pdl_wait(); the routed pairs wait before reading the expert ids (their weight addresses
  * depend on them); every other kernel waits before anything else. */
 
-/* ---- router top-k ---- */
-
-/* Top-k of one token's logits by one warp (CG: read through L2, for data other blocks wrote). */
-template <bool CG>
-__device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
-    float v[8];
-    unsigned taken = 0;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int e = lane + 32 * i;
-        v[i] = e < E ? (CG ? __ldcg(l + e) : l[e]) : -INFINITY;
-        mx = fmaxf(mx, v[i]);
-    }
-    mx = warp_max(mx);
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (lane + 32 * i < E) sum += expf(v[i] - mx);
-    sum = warp_sum(sum);
-    float tot = 0.0f, mine = 0.0f;
-    int my_id = 0;
-    for (int s = 0; s < K; s++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int e = lane + 32 * i;
-            if (e < E && !(taken & (1u << i)) && (v[i] > bv || bi == 0x7fffffff)) {
-                bv = v[i];
-                bi = e;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (v2 > bv || (v2 == bv && i2 < bi)) {
-                bv = v2;
-                bi = i2;
-            }
-        }
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        const float p = expf(bv - mx) / sum;
-        tot += p;
-        if (lane == s) {
-            mine = p;
-            my_id = bi;
-        }
-    }
-    if (lane < K) {
-        ids[lane] = my_id;
-        w[lane] = renorm ? mine / tot : mine;
-    }
-}
-
-__device__ __forceinline__ void topk_token(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
-    topk_token_t<false>(l, E, K, renorm, ids, w, lane);
-}
-__device__ __forceinline__ void topk_token_cg(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
-    topk_token_t<true>(l, E, K, renorm, ids, w, lane);
-}
+/* ---- router top-k (topk_token_t: cuda_route.h) ---- */
 
 static __global__ void topk_kernel(const float *logits, int ld, int T, int E, int K, int renorm, int32_t *ids, float *w) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const int t = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -100,66 +40,6 @@ extern "C" int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int 
  * near-tie between the 8th and 9th expert flips on bf16-sized errors and a flipped
  * expert moves the output far more than rounding does. One warp per (row, 8 tokens). */
 
-#define RT_TOK 8
-
-template <int BITS>
-__device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt,
-                                           float *acc, int lane) {
-    constexpr int per = BITS == 4 ? 32 : 16, RU = 4;
-    const int nch = m.cols / per;
-    const uint4 *cr = reinterpret_cast<const uint4 *>(qrow_codes(m, row));
-    const size_t g0 = qrow_group0(m, row);
-    uint4 w[RU];
-    float sc[RU], bi[RU];
-    auto load_round = [&](int base, bool pre) {
-#pragma unroll
-        for (int u = 0; u < RU; u++) {
-            const int ch = base + 32 * u;
-            if (ch < nch) {
-                w[u] = pre ? ld_stream_pre(cr + ch) : ld_stream(cr + ch);
-                sc[u] = bf(m.scales[g0 + ch * per / QGROUP]);
-                bi[u] = bf(m.biases[g0 + ch * per / QGROUP]);
-            } else {
-                w[u] = make_uint4(0, 0, 0, 0);
-                sc[u] = bi[u] = 0.0f;
-            }
-        }
-    };
-    load_round(lane, true); /* weights only (the whole row for K = 2048): before the wait */
-    pdl_wait();
-    for (int base = lane; base < nch; base += 32 * RU) {
-        if (base != lane) load_round(base, false);
-#pragma unroll
-        for (int u = 0; u < RU; u++) {
-            const int ch = base + 32 * u;
-            if (ch >= nch) continue;
-            const uint32_t ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
-            float wf[per];
-#pragma unroll
-            for (int e = 0; e < per; e++) {
-                const uint32_t q = BITS == 4 ? (ws[e / 8] >> (4 * (e % 8))) & 15u : (ws[e / 4] >> (8 * (e % 4))) & 255u;
-                wf[e] = fmaf(sc[u], u2f(q), bi[u]);
-            }
-#pragma unroll
-            for (int t = 0; t < RT_TOK; t++) {
-                if (t < nt) {
-                    const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)(t0 + t) * ldx + ch * per);
-                    float a = acc[t];
-#pragma unroll
-                    for (int v = 0; v < per / 4; v++) {
-                        const float4 x4 = xp[v];
-                        a = fmaf(wf[4 * v], x4.x, a);
-                        a = fmaf(wf[4 * v + 1], x4.y, a);
-                        a = fmaf(wf[4 * v + 2], x4.z, a);
-                        a = fmaf(wf[4 * v + 3], x4.w, a);
-                    }
-                    acc[t] = a;
-                }
-            }
-        }
-    }
-}
-
 struct topk_tail {
     int *counter; /* NULL: no top-k */
     int K, renorm;
@@ -169,6 +49,7 @@ struct topk_tail {
 
 static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T,
                                                             float *logits, int ld, float *seg, topk_tail tk) {
+    TRACE_KERNEL();
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int E = router.rows;
     if (row <= E) { /* router_row waits after its first weight loads */
@@ -307,6 +188,7 @@ __device__ __forceinline__ void gateup_rows(const cuda_qmat &G, const cuda_qmat 
 
 static __global__ void gateup_pairs_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sg, cuda_qmat su, const int32_t *ids,
                                            const uint16_t *xn, int ldx, int K, int ld_act, uint16_t *act) {
+    TRACE_KERNEL();
     pdl_trigger();
     const int p = blockIdx.y, t = p / (K + 1), k = p % (K + 1);
     const int f = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -424,6 +306,7 @@ __device__ __forceinline__ void down_pairs_row(const cuda_qmat &down, const cuda
 static __global__ void down_pairs_kernel(cuda_qmat down, cuda_qmat sd, const int32_t *ids, const float *w,
                                          const float *seg, int ld_seg, const uint16_t *act, int K, int ld_act, float *x,
                                          int H, cuda_tail_norm tail) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait(); /* ids, weights, act and x all come from earlier kernels */
     const int t = blockIdx.y;
@@ -450,6 +333,7 @@ extern "C" int cuda_moe_down_pairs(const struct cuda_ctx *c, const struct cuda_q
 
 static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, int S, int E, int K,
                                                             cuda_moe_route r) {
+    TRACE_KERNEL();
     __shared__ int cnt[1024], off[1025], toff[1025], cur[1024];
     pdl_trigger();
     pdl_wait();
@@ -503,6 +387,7 @@ extern "C" int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids
 
 static __global__ void combine_kernel(const float *ed, const int32_t *slot_of_pair, const float *w, const float *sd,
                                       const float *seg, int ld_seg, int K, int H, float *x) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const int t = blockIdx.x;
@@ -523,6 +408,7 @@ extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const
 }
 
 static __global__ void swiglu_kernel(const float *g, const float *u, size_t n, uint16_t *out) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -535,3 +421,5 @@ extern "C" int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const 
     if (blocks > 4096) blocks = 4096;
     LAUNCH_CHECK_RC(c, launch_k(swiglu_kernel, dim3((unsigned)blocks), dim3(256), 0, cstream(c), g, u, n, out), "swiglu");
 }
+
+CUDA_TRACE_TU(moe)

@@ -7,6 +7,7 @@
 /* PDL (every kernel here): trigger, then wait before the first read of tokens / x /
  * logits / scratch (the rows to read depend on them). */
 static __global__ void embed_kernel(cuda_qmat m, const int32_t *tokens, float *x) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const int t = blockIdx.x;
@@ -31,6 +32,7 @@ extern "C" int cuda_embed(const struct cuda_ctx *c, const struct cuda_qmat *embe
 
 static __global__ void rmsnorm_kernel(const float *x, const float *gain, int n, float eps, const int32_t *rows,
                                       uint16_t *xn, float *xn32, uint16_t *xlo) {
+    TRACE_KERNEL();
     __shared__ float sh[32];
     pdl_trigger();
     pdl_wait();
@@ -114,6 +116,7 @@ __device__ __forceinline__ void amax_block(float &v, int &i) {
 }
 
 static __global__ void argmax_part_kernel(const float *logits, int n, int32_t *scratch) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const int row = blockIdx.y, part = blockIdx.x;
@@ -131,6 +134,7 @@ static __global__ void argmax_part_kernel(const float *logits, int n, int32_t *s
 }
 
 static __global__ void argmax_final_kernel(const int32_t *scratch, int32_t *ids) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const int row = blockIdx.x;
@@ -151,3 +155,5 @@ extern "C" int cuda_argmax(const struct cuda_ctx *c, const float *logits, int n_
                "argmax_part");
     LAUNCH_CHECK_RC(c, launch_k(argmax_final_kernel, dim3(n_rows), dim3(128), 0, cstream(c), scratch, ids), "argmax_final");
 }
+
+CUDA_TRACE_TU(norm)

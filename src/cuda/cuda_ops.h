@@ -71,6 +71,7 @@ int cuda_d2h(void *dst, const void *src, size_t bytes, char *err, size_t errlen)
 int cuda_memset0(void *dst, size_t bytes, char *err, size_t errlen);
 int cuda_sync(char *err, size_t errlen);
 int cuda_device_name(char *buf, size_t len);
+int cuda_sm_count(void); /* multiprocessors of the current device, or ST_DEVICE */
 int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Device-to-device copy bandwidth in GB/s, bytes read + written. */
 int cuda_copy_bandwidth(size_t bytes, int reps, double *gbps, char *err, size_t errlen);
@@ -267,15 +268,63 @@ int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct cuda_qmat 
 int cuda_tcv_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                           const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
                           const uint16_t *xn, int K, uint16_t *act, int ld_act);
+/* cuda_tcv_down_pairs requests its routed rows before its PDL wait: launch it right after
+ * the cuda_tcv_gateup_pairs of the same ids (whose blocks trigger only after their wait, so
+ * the ids' writer has finished), or after a synchronisation. */
 int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sh_down,
                         const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act, int K,
                         float *x, const struct cuda_tail_norm *tail);
+
+/* ---- one token's whole MoE block in one launch (cuda_moe_fused.cu): the router with its
+ * top-k, cuda_tcv_gateup_pairs and cuda_tcv_down_pairs with its tail, the same bits;
+ * n_blocks = the SM count (one resident block each: the launch has grid barriers) ---- */
+struct cuda_moe_fused_args {
+    struct cuda_qmat router, sh_eg, gate, up, down, sh_gate, sh_up, sh_down;
+    const float *x32;      /* [H] post-attention norm, fp32 (router) */
+    const uint16_t *xn;    /* [H] the same, bf16 (experts) */
+    float *logits, *seg;   /* [E], [1] */
+    int K, renorm;
+    int32_t *ids;          /* [K] the routing used (written by block 0) */
+    float *mw;             /* [K] */
+    uint16_t *act;         /* [(K + 1)][ld_act] */
+    int ld_act;
+    float *x;              /* [H] residual += the block's output */
+    const struct cuda_tail_norm *tail; /* NULL: none */
+    unsigned *bar;         /* [2] zeroed device words (grid barrier) */
+};
+int cuda_moe_fused_supported(const struct cuda_qmat *router, const struct cuda_qmat *sh_eg, const struct cuda_qmat *gate,
+                             const struct cuda_qmat *up, const struct cuda_qmat *down, const struct cuda_qmat *sh_gate,
+                             const struct cuda_qmat *sh_up, const struct cuda_qmat *sh_down, int K, int n_blocks);
+int cuda_moe_fused(const struct cuda_ctx *c, const struct cuda_moe_fused_args *f, int n_blocks);
+/* 1 when ORCHID_FUSED_MOE is set: the backend then takes it for batch-1 decode (off by
+ * default: measured slower than the three launches, docs/PERFORMANCE.md session 4) */
+int cuda_moe_fused_enabled(void);
 
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
 int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids);
 /* Holds the stream for `us` microseconds (per-op profiling: lets the host queue ahead). */
 int cuda_spin(const struct cuda_ctx *c, double us);
+
+/* In-kernel timeline trace (cuda_internal.h, TRACE_*): one record per block event. */
+#define CUDA_TRACE_SMS 256
+typedef struct cuda_trace_rec {
+    unsigned long long grid; /* %gridid: one launch */
+    unsigned int block;      /* linear block index */
+    unsigned int sm;
+    unsigned long long t[9]; /* %globaltimer ns: start, before pdl_wait, after it, tail start, marks 4..7,
+                              * end (0: none) */
+} cuda_trace_rec;
+typedef struct cuda_trace_dev {
+    cuda_trace_rec *buf;     /* [CUDA_TRACE_SMS][cap_per_sm] */
+    unsigned int *n;         /* [CUDA_TRACE_SMS] records taken per SM slot */
+    unsigned int cap_per_sm;
+} cuda_trace_dev;
+/* Starts recording (allocates the buffers; not during graph capture). ST_UNSUPPORTED
+ * unless the CUDA sources were built with -DORCHID_TRACE (Makefile: NVCC_EXTRA). */
+int cuda_trace_begin(unsigned cap_per_sm, char *err, size_t errlen);
+/* Stops recording; *out (malloc'd, caller frees) gets the records, *n their count. */
+int cuda_trace_end(cuda_trace_rec **out, size_t *n, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -87,6 +87,7 @@ __host__ __device__ __forceinline__ sk_layout sk_lay(int RB, int K, int NT) {
  * up rows. */
 template <int NT, bool SWIGLU, bool GROUPED>
 static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB) {
+    TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, c = lane & 3;
@@ -415,3 +416,5 @@ extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct c
     a.ldy = down->rows;
     return sk_dispatch<false, true>(c, a, 2, down->rows, r->max_tiles, "skinny_grouped_down");
 }
+
+CUDA_TRACE_TU(skinny)

@@ -60,6 +60,7 @@ __device__ __forceinline__ bool sw_last_of(int *counter, int n) {
 
 template <int GPW, bool SWIGLU>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_args a) {
+    TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     const int ks = blockIdx.y, KS = gridDim.y, tile = blockIdx.x, T = a.T;
     int s = 0;
@@ -239,3 +240,5 @@ extern "C" int cuda_skinny_wide_swiglu(const struct cuda_ctx *c, const struct cu
     a.blk0[1] = sw_swiglu_tiles(gate);
     return sw_go<true>(c, a, a.blk0[1], gate->cols);
 }
+
+CUDA_TRACE_TU(skinny_wide)

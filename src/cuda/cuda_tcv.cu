@@ -25,51 +25,7 @@
 
 #define TCV_MAXSEG 4
 
-/* acc0 / acc1 (rows r0, r0 + 8) += the warp's groups against x staged in shared memory
- * (xs: the K values, xsum: Σ of each group). Same operations, same order as the skinny
- * kernel's per-group step for its token 0. */
-template <int GPW>
-__device__ __forceinline__ void tcv_mma(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, int c,
-                                        float &acc0, float &acc1) {
-    float acc[4] = {acc0, 0.0f, acc1, 0.0f}; /* columns 2c + 1 hold the same token: unused */
-#pragma unroll
-    for (int gi = 0; gi < GPW; gi++) {
-        const int grp = g0 + gi;
-        const sk_w f = tcv_group(w, gi);
-        uint32_t af[4][4];
-        sk_frags(f, af);
-        sk_group_step(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc);
-    }
-    acc0 = acc[0];
-    acc1 = acc[2];
-}
-
-/* The warp's partial sums of its rows into red[warp][16] (lanes c = 0 hold column 0), then
- * the block barrier: every k-slice's partials are in shared memory after it. */
-template <int GPW>
-__device__ __forceinline__ void tcv_mma_to_red(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
-    float acc0 = 0.0f, acc1 = 0.0f;
-    tcv_mma<GPW>(w, xs, xsum, g0, c, acc0, acc1);
-    if (c == 0) {
-        red[warp * 16 + gq] = acc0;
-        red[warp * 16 + gq + 8] = acc1;
-    }
-    __syncthreads();
-}
-
-/* Stages n vectors of K bf16 (vector v at x + v·ldx, written by earlier kernels: plain
- * loads after pdl_wait) into xs[v·K ..] and their group sums into xsum[v·G ..]. */
-__device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int K, uint16_t *xs, float *xsum) {
-    const int per = K / 8;
-    for (int i = threadIdx.x; i < n * per; i += blockDim.x) {
-        const int v = i / per, j = i % per;
-        reinterpret_cast<uint4 *>(xs + (size_t)v * K)[j] = reinterpret_cast<const uint4 *>(x + (size_t)v * ldx)[j];
-    }
-    __syncthreads();
-    sk_group_sums(xs, n, K, K / QGROUP, xsum);
-    __syncthreads();
-}
+/* tcv_mma, tcv_mma_to_red, tcv_stage: cuda_mma.h (cuda_moe_fused.cu runs them too). */
 
 /* Shared memory of a launch: xs [n][K] bf16, xsum [n][G] fp32, red [warps][16] fp32; the
  * dense kernel also the conv windows of its epilogue threads [64][2·CUDA_TCV_CONV_MAX]. */
@@ -151,6 +107,7 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K,
  * otherwise count against every launch of the kernel). */
 template <int GPW, bool GN>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kernel(tcv_args a) {
+    TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
     int s = 0, blk = blockIdx.x;
@@ -319,8 +276,11 @@ template <int GPW>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
                                                                 const int32_t *ids, const uint16_t *x, int K, uint16_t *act,
                                                                 int ld_act) {
+    TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
-    pdl_trigger();
+    /* pdl_trigger comes after pdl_wait here (both branches below): the down launch that
+     * follows is then scheduled only once the router has finished, so it may read the ids
+     * and request its routed rows before its own wait (tcv_down_kernel) */
     const int p = blockIdx.y, blk = blockIdx.x;
     const bool shared = p == K;
     const cuda_qmat gm = qsel(shared, sgate, gate), um = qsel(shared, sup, up);
@@ -337,8 +297,10 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
     if (shared) {
         tcv_load<GPW, true>(qsel(is_up, um, gm), (size_t)r, r < gm.rows, r + 8 < gm.rows, ks * GPW, c, w);
         pdl_wait();
+        pdl_trigger();
     } else {
         pdl_wait(); /* the routed rows depend on the router's ids */
+        pdl_trigger();
         const size_t e0 = (size_t)ids[p] * gm.rows;
         tcv_load<GPW, false>(qsel(is_up, um, gm), e0 + r, r < gm.rows, r + 8 < gm.rows, ks * GPW, c, w);
     }
@@ -364,6 +326,7 @@ template <int GPW>
 static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids,
                                                                const float *wts, const float *seg, const uint16_t *act,
                                                                int ld_act, int K, float *x, cuda_tail_norm tail) {
+    TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
     const int cols = down.cols, G = cols / QGROUP, KS = G / GPW, H = down.rows;
@@ -371,13 +334,13 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
     const int p = warp / KS, ks = warp % KS;
     const int r = blockIdx.x * 16 + gq;
     tcv_w<GPW> w;
-    if (p == K) {
-        tcv_load<GPW, true>(sdown, (size_t)r, r < H, r + 8 < H, ks * GPW, c, w);
-        pdl_wait();
-    } else {
-        pdl_wait();
-        tcv_load<GPW, false>(down, (size_t)ids[p] * H + r, r < H, r + 8 < H, ks * GPW, c, w);
-    }
+    /* Every row is requested before the wait, the routed ones too: this grid is scheduled
+     * only after every block of the gate/up launch before it passed its own wait, i.e.
+     * after the router (two launches back) finished, so its ids are final (read through
+     * L2). An exception to PDL rule (a): docs/ARCHITECTURE.md, trap 13. */
+    const size_t e0 = p == K ? 0 : (size_t)__ldcg(ids + p) * H;
+    tcv_load<GPW, true>(qsel(p == K, sdown, down), e0 + r, r < H, r + 8 < H, ks * GPW, c, w);
+    pdl_wait();
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)(K + 1) * cols * 2), *red = xsum + (K + 1) * G;
     tcv_stage(act, ld_act, K + 1, cols, xs, xsum);
@@ -452,3 +415,5 @@ extern "C" int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_q
     if (gpw == 16) return tcv_down_launch<16>(c, down, sh_down, ids, w, seg, act, ld_act, K, x, tn);
     return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv_down: %d columns", down->cols);
 }
+
+CUDA_TRACE_TU(tcv)

@@ -56,8 +56,18 @@ extern "C" int cuda_device_name(char *buf, size_t len) {
     return 0;
 }
 
+extern "C" int cuda_sm_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return ST_DEVICE;
+    }
+    return n;
+}
+
 /* PDL: both kernels trigger, then wait before touching anything. */
 static __global__ void f32_to_bf16_kernel(const float *x, size_t n, uint16_t *y) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -73,6 +83,7 @@ extern "C" int cuda_f32_to_bf16(const struct cuda_ctx *c, const float *x, size_t
 }
 
 static __global__ void decode_advance_kernel(int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids) {
+    TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
     const int s = step[0];
@@ -92,6 +103,7 @@ extern "C" int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32
  * the event deltas are then GPU time per op with the stream's own launch gaps, not the
  * host's launch rate (which otherwise dominates a single-token forward). */
 static __global__ void spin_kernel(unsigned long long ns) {
+    TRACE_KERNEL();
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     do {
@@ -136,5 +148,76 @@ extern "C" int cuda_mem_info(size_t *free_b, size_t *total_b) {
         cudaGetLastError();
         return ST_DEVICE;
     }
+    return 0;
+}
+
+CUDA_TRACE_TU(util)
+
+/* ---- the in-kernel trace's host side: every translation unit's g_trace set at once ---- */
+#define TRACE_TUS(X) X(attn) X(flash) X(gdn) X(gdn_prefill) X(gemm) X(gemv) X(moe) X(moe_fused) X(norm) X(skinny) X(skinny_wide) X(tcv)
+#ifdef ORCHID_TRACE
+#define TRACE_DECL(name) extern "C" int cuda_trace_set_##name(const cuda_trace_dev *d);
+TRACE_TUS(TRACE_DECL)
+#endif
+
+static cuda_trace_dev trace_on; /* host copy of what the kernels see (buf NULL: off) */
+
+#ifdef ORCHID_TRACE
+static int trace_set(const cuda_trace_dev *d) {
+    int rc = cuda_trace_set_util(d);
+#define TRACE_CALL(name) rc |= cuda_trace_set_##name(d);
+    TRACE_TUS(TRACE_CALL)
+    return rc;
+}
+#else
+static int trace_set(const cuda_trace_dev *) { return -1; }
+#endif
+
+extern "C" int cuda_trace_begin(unsigned cap_per_sm, char *err, size_t errlen) {
+#ifndef ORCHID_TRACE
+    (void)cap_per_sm;
+    return errorf(err, errlen, ST_UNSUPPORTED, "cuda trace: built without ORCHID_TRACE (make NVCC_EXTRA=-DORCHID_TRACE)");
+#endif
+    if (trace_on.buf) return errorf(err, errlen, ST_INTERNAL, "cuda trace: already on");
+    cuda_trace_dev d = {NULL, NULL, cap_per_sm};
+    int rc = cuda_malloc((void **)&d.buf, (size_t)CUDA_TRACE_SMS * cap_per_sm * sizeof(cuda_trace_rec), "trace", err, errlen);
+    if (!rc) rc = cuda_malloc((void **)&d.n, CUDA_TRACE_SMS * sizeof(unsigned), "trace", err, errlen);
+    if (!rc && cudaMemset(d.n, 0, CUDA_TRACE_SMS * sizeof(unsigned)) != cudaSuccess)
+        rc = errorf(err, errlen, ST_DEVICE, "cuda trace: clearing the counters failed");
+    if (!rc && trace_set(&d)) rc = errorf(err, errlen, ST_DEVICE, "cuda trace: setting the trace pointers failed");
+    if (rc) {
+        cuda_free(d.buf);
+        cuda_free(d.n);
+        return rc;
+    }
+    trace_on = d;
+    return 0;
+}
+
+extern "C" int cuda_trace_end(cuda_trace_rec **out, size_t *n_out, char *err, size_t errlen) {
+    *out = NULL;
+    *n_out = 0;
+    if (!trace_on.buf) return errorf(err, errlen, ST_INTERNAL, "cuda trace: not on");
+    const cuda_trace_dev d = trace_on, off = {NULL, NULL, 0};
+    trace_on = off;
+    unsigned counts[CUDA_TRACE_SMS];
+    cuda_trace_rec *all = (cuda_trace_rec *)malloc((size_t)CUDA_TRACE_SMS * d.cap_per_sm * sizeof(cuda_trace_rec));
+    int rc = trace_set(&off) ? errorf(err, errlen, ST_DEVICE, "cuda trace: clearing the trace pointers failed") : 0;
+    if (!rc && !all) rc = errorf(err, errlen, ST_NOMEM, "cuda trace: no memory for the records");
+    if (!rc && (cudaMemcpy(counts, d.n, sizeof counts, cudaMemcpyDeviceToHost) != cudaSuccess ||
+                cudaMemcpy(all, d.buf, (size_t)CUDA_TRACE_SMS * d.cap_per_sm * sizeof(cuda_trace_rec),
+                           cudaMemcpyDeviceToHost) != cudaSuccess))
+        rc = errorf(err, errlen, ST_DEVICE, "cuda trace: reading the records failed");
+    size_t n = 0;
+    for (int s = 0; !rc && s < CUDA_TRACE_SMS; s++) /* compact the per-SM slices */
+        for (unsigned i = 0; i < counts[s] && i < d.cap_per_sm; i++) all[n++] = all[(size_t)s * d.cap_per_sm + i];
+    cuda_free(d.buf);
+    cuda_free(d.n);
+    if (rc) {
+        free(all);
+        return rc;
+    }
+    *out = all;
+    *n_out = n;
     return 0;
 }

@@ -8,6 +8,10 @@
  * behind a 30 ms GPU spin so the deltas are GPU time). Prints a table and the profiles.
  *
  *   bench_batch_decode [--shape 35b-a3b] [--ctx 512] [--batches 1,8,16,17,32,64] [--steps 8]
+ *                      [--trace DIR]
+ *
+ * --trace DIR: one more forward at T = 1 and at the largest T with the in-kernel timeline
+ * on (cuda_backend_trace_next), written to DIR/trace_T<T>.csv (tools/trace_report.py).
  */
 #include <stdint.h>
 
@@ -15,6 +19,7 @@
 
 void cuda_backend_profile_dump(struct backend *b, FILE *f);
 int cuda_backend_set_profile(struct backend *b, int on, char *err, size_t errlen);
+int cuda_backend_trace_next(struct backend *b, const char *path);
 
 static int step(struct backend *be, struct backend_session **ss, int T, int pos, int32_t *tok, int32_t *posv, int32_t *seq,
                 int32_t *rows, float **dst, bool logits, char *err, size_t errlen) {
@@ -30,13 +35,14 @@ static int step(struct backend *be, struct backend_session **ss, int T, int pos,
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    const char *shape = "35b-a3b", *batches = "1,8,16,17,32,64";
+    const char *shape = "35b-a3b", *batches = "1,8,16,17,32,64", *trace_dir = NULL;
     int ctx = 512, steps = 8;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--shape")) shape = argv[i + 1];
         else if (!strcmp(argv[i], "--ctx")) ctx = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--batches")) batches = argv[i + 1];
         else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--trace")) trace_dir = argv[i + 1];
     }
     int Ts[32], nT = 0, maxT = 1;
     for (const char *p = batches; *p && nT < 32;) {
@@ -87,6 +93,15 @@ int main(int argc, char **argv) {
         ms_n[k] = (now_seconds() - t0) * 1e3 / steps;
         printf("| %d | %.2f | %.0f | %.2f | %.0f %% |\n", T, ms_l[k], T * 1e3 / ms_l[k], ms_n[k],
                100.0 * (ms_l[k] - ms_n[k]) / ms_l[k]);
+    }
+    for (int k = 0; trace_dir && k < 2; k++) {
+        const int T = k ? maxT : 1;
+        if (k && maxT == 1) break;
+        char path[512];
+        snprintf(path, sizeof path, "%s/trace_T%d.csv", trace_dir, T);
+        cuda_backend_trace_next(be, path);
+        if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        printf("trace of one forward of %d sequences x 1 token: %s\n", T, path);
     }
     if (cuda_backend_set_profile(be, 1, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     for (int k = 0; k < nT; k++) {

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""tools/trace_report.py — reads a timeline written by bench_batch_decode --trace (one
+forward of a -DORCHID_TRACE build: every block's start, pdl_wait entry and release, tail
+start and end on the GPU clock; cuda_internal.h) and prints one line per launch in start
+order, times in µs from the first launch after the spin:
+
+  start   first block resident          wait0/wait1  first / last block's wait release
+  tail    the last block's tail start   end          last block end
+  body    wait1 → end                   step         wait1 → next launch's wait1 (this
+  lead    how long before the previous launch ended its first block was resident
+  marks   the first and last block past the kernel's own marks 4..7 (cuda_moe_fused.cu)
+                                                       launch's share of the critical path)
+
+then the means per op name (names from the forward's "# op" lines when every op is one
+launch) sorted by their total step.
+
+  tools/trace_report.py trace_T1.csv [--summary]
+"""
+import sys
+from collections import defaultdict
+
+
+def load(path):
+    names, blocks = [], []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("# op "):
+                names.append(line.split(None, 3)[3].strip())
+            elif line[0].isdigit():
+                v = [int(x) for x in line.strip().split(",")]
+                blocks.append(v)  # grid, block, sm, start, prewait, waited, tail, mark4..7, end
+    return names, blocks
+
+
+def main():
+    path = sys.argv[1]
+    summary = "--summary" in sys.argv
+    names, blocks = load(path)
+    by = defaultdict(list)
+    for b in blocks:
+        by[b[0]].append(b)
+    launches = []
+    for g, bs in by.items():
+        waited = [b[5] for b in bs if b[5]]
+        tails = [b[6] for b in bs if b[6]]
+        marks = [[b[k] for b in bs if b[k]] for k in range(7, 11)]
+        launches.append({"blocks": len(bs), "sms": len({b[2] for b in bs}), "start": min(b[3] for b in bs),
+                         "end": max(b[11] for b in bs), "w0": min(waited) if waited else None,
+                         "w1": max(waited) if waited else None, "tail": max(tails) if tails else None,
+                         "marks": [(min(m), max(m)) if m else None for m in marks]})
+    launches.sort(key=lambda x: x["start"])
+    if launches and launches[0]["blocks"] == 1 and launches[0]["end"] - launches[0]["start"] > 1e6:
+        launches = launches[1:]  # the 30 ms spin
+    if not launches:
+        print("no launches")
+        return
+    t0 = launches[0]["start"]
+    total = (max(l["end"] for l in launches) - t0) / 1e3
+    # ops that are not one launch: "metadata" (a copy), attention (+ its split combine),
+    # lm_head (the final norm, then the product)
+    multi = {"metadata": (), "attention": ("attention", "attn_combine"), "lm_head": ("final_norm", "lm_head")}
+    expanded = [n for nm in names for n in multi.get(nm, (nm,))]
+    if len(names) != len(launches) and len(expanded) == len(launches):
+        names = expanded
+    named = len(names) == len(launches)
+    print(f"{len(launches)} launches, {len(names)} ops{'' if named else ' (names not mapped: counts differ)'}, "
+          f"first start to last end {total:.1f} us")
+    rel = lambda v: (v - t0) / 1e3 if v else float("nan")
+    if not summary:
+        print(f"{'#':>4} {'op':24} {'blk':>5} {'sm':>4} {'start':>8} {'wait0':>8} {'wait1':>8} {'tail':>8} {'end':>8} "
+              f"{'body':>6} {'step':>6} {'lead':>6}  marks 4-7 (first-last block)")
+    agg = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    for i, l in enumerate(launches):
+        w = l["w1"] or l["start"]
+        nxt = launches[i + 1] if i + 1 < len(launches) else None
+        nw = (nxt["w1"] or nxt["start"]) if nxt else l["end"]
+        step, body = (nw - w) / 1e3, (l["end"] - w) / 1e3
+        tail = (l["end"] - l["tail"]) / 1e3 if l["tail"] else 0.0
+        lead = ((launches[i - 1]["end"] if i else l["start"]) - l["start"]) / 1e3
+        nm = names[i] if named else "?"
+        a = agg[nm]
+        a[0] += 1; a[1] += step; a[2] += body; a[3] += lead; a[4] += l["blocks"]; a[5] += tail
+        if not summary:
+            print(f"{i:4d} {nm[:24]:24} {l['blocks']:5d} {l['sms']:4d} {rel(l['start']):8.1f} {rel(l['w0']):8.1f} "
+                  f"{rel(l['w1']):8.1f} {rel(l['tail']):8.1f} {rel(l['end']):8.1f} {body:6.1f} {step:6.1f} {lead:6.1f}  "
+                  + " ".join(f"{rel(m[0]):.1f}-{rel(m[1]):.1f}" for m in l["marks"] if m))
+    print(f"\n{'op':26} {'n':>4} {'step':>7} {'body':>7} {'tail':>6} {'lead':>7} {'blocks':>7} {'step sum':>9}  (µs, means)")
+    for nm, a in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        n = a[0]
+        print(f"{nm[:26]:26} {n:4d} {a[1]/n:7.2f} {a[2]/n:7.2f} {a[5]/n:6.2f} {a[3]/n:7.2f} {a[4]/n:7.0f} {a[1]:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
