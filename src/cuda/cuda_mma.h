@@ -225,7 +225,7 @@ __device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int
 /* ---- a warp's m-tile through shared memory (cuda_moe_fused.cu): the values tcv_load
  * would put in registers, copied with cp.async into a per-warp area of TCV_WSM(GPW)
  * bytes so the copy can be issued long before the values are used (before pdl_wait, or
- * before a grid barrier) without holding registers; tcv_tile_read gives the same tcv_w.
+ * before a grid barrier) without holding registers; tcv_mma_smem reads it group by group.
  * The copy moves whole rows: the warp's 16 rows × GPW groups are 16 runs of GPW·32
  * contiguous bytes, copied 16 bytes a lane so that one instruction covers whole 128-byte
  * lines (tcv_load's 8-byte fragment loads ask for one 32-byte sector of each of 8 rows).
@@ -264,24 +264,31 @@ __device__ __forceinline__ void tcv_tile_async(const cuda_qmat &m, size_t base, 
     }
 }
 
+/* tcv_mma with the warp's tile in shared memory (tcv_tile_async's layout), each group's
+ * values read when its step runs (few registers held): the same values, the same steps. */
 template <int GPW>
-__device__ __forceinline__ void tcv_tile_read(const unsigned char *wsm, tcv_w<GPW> &w) {
+__device__ __forceinline__ void tcv_mma_smem(const unsigned char *wsm, const uint16_t *xs, const float *xsum, int g0,
+                                             float &acc0, float &acc1) {
     constexpr int RB = GPW * 32, X = (GPW - 1) & 7;
     const int lane = threadIdx.x & 31, gq = lane >> 2, c = lane & 3;
+    const uint16_t *sb = reinterpret_cast<const uint16_t *>(wsm + GPW * 512); /* [2][16][GPW] bf16 */
+    float acc[4] = {acc0, 0.0f, acc1, 0.0f};
 #pragma unroll
-    for (int gi = 0; gi < GPW; gi++) { /* rows gq and gq + 8 share (r & 7): one position */
-        const int pos = (gi ^ (gq & X)) * 32 + c * 8;
-        w.q0[gi] = *reinterpret_cast<const uint2 *>(wsm + gq * RB + pos);
-        w.q1[gi] = *reinterpret_cast<const uint2 *>(wsm + (gq + 8) * RB + pos);
+    for (int gi = 0; gi < GPW; gi++) {
+        const int grp = g0 + gi, pos = (gi ^ (gq & X)) * 32 + c * 8;
+        sk_w f;
+        f.q0 = *reinterpret_cast<const uint2 *>(wsm + gq * RB + pos);
+        f.q1 = *reinterpret_cast<const uint2 *>(wsm + (gq + 8) * RB + pos);
+        f.s0 = bf(sb[gq * GPW + gi]);
+        f.s1 = bf(sb[(gq + 8) * GPW + gi]);
+        f.b0 = bf(sb[(16 + gq) * GPW + gi]);
+        f.b1 = bf(sb[(16 + gq + 8) * GPW + gi]);
+        uint32_t af[4][4];
+        sk_frags(f, af);
+        sk_group_step(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc);
     }
-    const uint32_t *sb = reinterpret_cast<const uint32_t *>(wsm + GPW * 512); /* [2][16][GPW/2] words */
-#pragma unroll
-    for (int i = 0; i < GPW / 2; i++) {
-        w.s0[i] = sb[gq * (GPW / 2) + i];
-        w.s1[i] = sb[(gq + 8) * (GPW / 2) + i];
-        w.b0[i] = sb[(16 + gq) * (GPW / 2) + i];
-        w.b1[i] = sb[(16 + gq + 8) * (GPW / 2) + i];
-    }
+    acc0 = acc[0];
+    acc1 = acc[2];
 }
 
 #endif

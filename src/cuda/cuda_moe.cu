@@ -45,6 +45,7 @@ struct topk_tail {
     int K, renorm;
     int32_t *ids;
     float *w;
+    int late; /* A/B (ORCHID_ROUTER_LATE=1): trigger only at exit, after the top-k */
 };
 
 static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T,
@@ -67,8 +68,9 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
         else router_row<8>(m, r, x, ldx, t0, nt, acc, lane);
 #pragma unroll
         for (int t = 0; t < RT_TOK; t++) {
+            if (t >= nt) break; /* warp-uniform */
             const float v = warp_sum(acc[t]);
-            if (lane == 0 && t < nt) {
+            if (lane == 0) {
                 if (row < E) logits[(size_t)(t0 + t) * ld + row] = v;
                 else seg[t0 + t] = v;
             }
@@ -79,10 +81,10 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
     /* Triggered here, not at the start: gateup_pairs is then scheduled during the top-k
      * tail instead of parking its blocks for the whole kernel (measured on the H200,
      * batch-1 decode: 2.89 -> 2.82 ms per token at context 512). */
-    pdl_trigger();
-    if (tk.counter && last_block_done(tk.counter)) {
+    if (!tk.late) pdl_trigger();
+    if (tk.counter && last_block_done(tk.counter)) { /* logits written by other blocks: read through L2 */
         for (int t = threadIdx.x >> 5; t < T; t += blockDim.x >> 5) {
-            const float *lr = logits + (size_t)t * ld; /* written by other blocks: read through L2 */
+            const float *lr = logits + (size_t)t * ld;
             topk_token_cg(lr, E, tk.K, tk.renorm, tk.ids + (size_t)t * tk.K, tk.w + (size_t)t * tk.K, lane);
         }
     }
@@ -93,7 +95,7 @@ extern "C" int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat 
     if (T <= 0) return 0;
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    topk_tail tk = {NULL, 0, 0, NULL, NULL};
+    topk_tail tk = {NULL, 0, 0, NULL, NULL, 0};
     LAUNCH_CHECK_RC(c, launch_k(router_kernel, dim3((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK), dim3(256), 0,
                                 cstream(c), *router, *sh_gate, x, ldx, T, logits, ld, seg, tk),
                     "moe_router");
@@ -107,7 +109,8 @@ extern "C" int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_
         return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk: %d tokens, %d experts, top-%d", T, router->rows, K);
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    topk_tail tk = {counter, K, renorm, ids, w};
+    static const bool late = env_flag("ORCHID_ROUTER_LATE");
+    topk_tail tk = {counter, K, renorm, ids, w, late};
     LAUNCH_CHECK_RC(c, launch_k(router_kernel, dim3((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK), dim3(256), 0,
                                 cstream(c), *router, *sh_gate, x, ldx, T, logits, ld, seg, tk),
                     "moe_router_topk");

@@ -29,8 +29,9 @@
 #include "cuda/cuda_mma.h"
 #include "cuda/cuda_route.h"
 
-#define MF_GU 8      /* warps of a gate/up unit */
-#define MF_MAXSLOT 4 /* gate/up units a block holds */
+#define MF_GU 8       /* warps of a gate/up unit */
+#define MF_WARPS 24   /* a block: 3 gate/up units at once; (K + 1) × KS ≤ 24 down warps */
+#define MF_MAXSLOT 3  /* gate/up units a block holds (all computed in one round) */
 
 struct mf_args {
     cuda_qmat router, sh_eg, gate, up, down, sgate, sup, sdown;
@@ -52,16 +53,17 @@ struct mf_layout {
     size_t xsum, acts, asum, red, sel, units, down, total;
 };
 __host__ __device__ __forceinline__ size_t mf_al(size_t x) { return (x + 15) & ~(size_t)15; }
-__host__ __device__ __forceinline__ mf_layout mf_lay(int H, int I, int K, int NW, int gpwu, int gpwd) {
+__host__ __device__ __forceinline__ mf_layout mf_lay(int H, int I, int K, int gpwu, int gpwd) {
+    const int dw = (K + 1) * ((I / QGROUP) / gpwd); /* down warps */
     mf_layout l;
     l.xsum = mf_al((size_t)H * 2);
     l.acts = l.xsum + mf_al((size_t)(H / QGROUP) * 4);
     l.asum = l.acts + mf_al((size_t)(K + 1) * I * 2);
     l.red = l.asum + mf_al((size_t)(K + 1) * (I / QGROUP) * 4);
-    l.sel = l.red + (size_t)NW * 16 * 4;
-    l.units = l.sel + 64 * 4;
+    l.sel = l.red + (size_t)MF_WARPS * 16 * 4;
+    l.units = l.sel + 64 * 4; /* ids, weights */
     l.down = l.units + (size_t)MF_MAXSLOT * MF_GU * TCV_WSM(gpwu);
-    l.total = l.down + (size_t)NW * TCV_WSM(gpwd);
+    l.total = l.down + (size_t)dw * TCV_WSM(gpwd);
     return l;
 }
 
@@ -106,7 +108,7 @@ __device__ __forceinline__ mf_unit mf_unit_of(int u, int Us, int Ur, int K) {
 }
 
 template <int GPWU, int GPWD>
-static __global__ void __launch_bounds__(576, 1) moe_fused_kernel(mf_args a) {
+static __global__ void __launch_bounds__(MF_WARPS * 32, 1) moe_fused_kernel(mf_args a) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
@@ -118,11 +120,12 @@ static __global__ void __launch_bounds__(576, 1) moe_fused_kernel(mf_args a) {
     const bool has_tile = b * 16 < H, down_warp = warp < (K + 1) * KSd;
     const int g8 = warp / MF_GU, w8 = warp % MF_GU, mt = w8 % MTu, ks = w8 / MTu;
     const int dp = warp / KSd, dks = warp % KSd; /* down: pair, k-slice */
-    const mf_layout L = mf_lay(Hin, I, K, NW, GPWU, GPWD);
+    const mf_layout L = mf_lay(Hin, I, K, GPWU, GPWD);
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm), *acts = reinterpret_cast<uint16_t *>(sm + L.acts);
     float *xsum = reinterpret_cast<float *>(sm + L.xsum), *asum = reinterpret_cast<float *>(sm + L.asum);
     float *red = reinterpret_cast<float *>(sm + L.red), *sel_w = reinterpret_cast<float *>(sm + L.sel) + 32;
     int32_t *sel_ids = reinterpret_cast<int32_t *>(sm + L.sel);
+    const int ngroups = NW / MF_GU; /* gate/up units computed at once */
     unsigned char *dwsm = sm + L.down + (size_t)warp * TCV_WSM(GPWD);
     int nslots = 0;
     while (nslots < MF_MAXSLOT && b + nslots * nblk < U) nslots++;
@@ -146,7 +149,7 @@ static __global__ void __launch_bounds__(576, 1) moe_fused_kernel(mf_args a) {
 
     /* (0) before the wait: the shared expert's weights (immutable) */
     for (int s = 0; s < nslots && b + s * nblk < Us; s++)
-        if (g8 == s % 2) unit_async(s);
+        if (g8 == s % ngroups) unit_async(s);
     if (has_tile && down_warp && dp == K) down_async();
     cpa_commit();
     /* (1) router rows (router_row waits after its first weight loads) */
@@ -188,7 +191,7 @@ static __global__ void __launch_bounds__(576, 1) moe_fused_kernel(mf_args a) {
     }
     /* (4) the routed weights: gate/up units first, then the down rows */
     for (int s = 0; s < nslots; s++)
-        if (b + s * nblk >= Us && g8 == s % 2) unit_async(s);
+        if (b + s * nblk >= Us && g8 == s % ngroups) unit_async(s);
     cpa_commit();
     if (has_tile && down_warp && dp < K) down_async();
     cpa_commit();
@@ -196,15 +199,13 @@ static __global__ void __launch_bounds__(576, 1) moe_fused_kernel(mf_args a) {
     __syncthreads();
     trace_mark(TRACE_MARK6);
 
-    /* (5) gate/up, two units at a time: act[p][row] = bf16(silu(gate·x) · (up·x)) */
-    for (int s0 = 0; s0 < nslots; s0 += 2) {
+    /* (5) gate/up, ngroups units at a time: act[p][row] = bf16(silu(gate·x) · (up·x)) */
+    for (int s0 = 0; s0 < nslots; s0 += ngroups) {
         const int s = s0 + g8;
-        const bool mine = g8 < 2 && s < nslots;
+        const bool mine = g8 < ngroups && s < nslots;
         if (mine) {
-            tcv_w<GPWU> w;
-            tcv_tile_read<GPWU>(sm + L.units + ((size_t)s * MF_GU + w8) * TCV_WSM(GPWU), w);
             float acc0 = 0.0f, acc1 = 0.0f;
-            tcv_mma<GPWU>(w, xs, xsum, ks * GPWU, c, acc0, acc1);
+            tcv_mma_smem<GPWU>(sm + L.units + ((size_t)s * MF_GU + w8) * TCV_WSM(GPWU), xs, xsum, ks * GPWU, acc0, acc1);
             if (c == 0) {
                 red[warp * 16 + gq] = acc0;
                 red[warp * 16 + gq + 8] = acc1;
@@ -233,10 +234,8 @@ static __global__ void __launch_bounds__(576, 1) moe_fused_kernel(mf_args a) {
         cpa_wait<0>();
         __syncthreads();
         if (down_warp) {
-            tcv_w<GPWD> w;
-            tcv_tile_read<GPWD>(dwsm, w);
             float acc0 = 0.0f, acc1 = 0.0f;
-            tcv_mma<GPWD>(w, acts + (size_t)dp * I, asum + dp * Gd, dks * GPWD, c, acc0, acc1);
+            tcv_mma_smem<GPWD>(dwsm, acts + (size_t)dp * I, asum + dp * Gd, dks * GPWD, acc0, acc1);
             if (c == 0) {
                 red[warp * 16 + gq] = acc0;
                 red[warp * 16 + gq + 8] = acc1;
@@ -291,17 +290,17 @@ extern "C" int cuda_moe_fused_supported(const struct cuda_qmat *router, const st
     const int KSu = (gate->cols / QGROUP) / 8, MTu = MF_GU / KSu, urows = MTu / 2 * 16;
     const int NW = (K + 1) * ((down->cols / QGROUP) / 4);
     const int U = (sh_gate->rows + urows - 1) / urows + K * ((gate->rows + urows - 1) / urows);
-    if (NW < 2 * MF_GU || NW * 32 > 576 || n_blocks < (down->rows + 15) / 16 || n_blocks * NW < router->rows + 1 ||
-        U > MF_MAXSLOT * n_blocks)
+    if (NW > MF_WARPS || n_blocks < (down->rows + 15) / 16 || n_blocks * MF_WARPS < router->rows + 1 ||
+        U > MF_MAXSLOT * n_blocks || router->rows > 256)
         return 0;
-    const size_t smem = mf_lay(gate->cols, down->cols, K, NW, 8, 4).total;
+    const size_t smem = mf_lay(gate->cols, down->cols, K, 8, 4).total;
     if ((int)smem > mf_optin() ||
         cudaFuncSetAttribute(moe_fused_kernel<8, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<8, 4>, NW * 32, smem) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fused_kernel<8, 4>, MF_WARPS * 32, smem) != cudaSuccess ||
         per_sm < 1) {
         cudaGetLastError();
         return 0;
@@ -322,9 +321,9 @@ extern "C" int cuda_moe_fused(const struct cuda_ctx *c, const struct cuda_moe_fu
     a.ids = f->ids; a.mw = f->mw; a.act = f->act; a.ld_act = f->ld_act; a.x = f->x; a.bar = f->bar;
     if (f->tail) a.tail = *f->tail;
     else a.tail.counter = NULL;
-    const int NW = (a.K + 1) * ((a.down.cols / QGROUP) / 4);
-    const size_t smem = mf_lay(a.gate.cols, a.down.cols, a.K, NW, 8, 4).total;
-    LAUNCH_CHECK_RC(c, launch_k(moe_fused_kernel<8, 4>, dim3(n_blocks), dim3(NW * 32), smem, cstream(c), a), "moe_fused");
+    const size_t smem = mf_lay(a.gate.cols, a.down.cols, a.K, 8, 4).total;
+    LAUNCH_CHECK_RC(c, launch_k(moe_fused_kernel<8, 4>, dim3(n_blocks), dim3(MF_WARPS * 32), smem, cstream(c), a),
+                    "moe_fused");
 }
 
 CUDA_TRACE_TU(moe_fused)
