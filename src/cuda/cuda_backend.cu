@@ -41,7 +41,6 @@ struct dlayer {
     cuda_qmat router, gate, up, down, sh_gate, sh_up, sh_down, sh_eg;
     bool skinny; /* every matrix the 2..MID_T path multiplies is 4-bit (cuda_skinny_supported) */
     bool tcv;    /* ... and one token's projections and expert pairs can take cuda_tcv.cu */
-    bool moe_fused; /* ... and one token's MoE block can take cuda_moe_fused.cu (one launch) */
 };
 
 /* Device pointers of one batch's metadata. */
@@ -95,8 +94,7 @@ struct cuda_backend {
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
-    int *counters; /* [16] zeroed: last-block counters of the fused decode launches ([0..3]), the
-                    * one-launch MoE's grid barrier ([8], [9]) */
+    int *counters; /* [16] zeroed: last-block counters of the fused decode launches ([0..3]) */
     cuda_moe_route route;
     /* optional per-op GPU timing of forward (ORCHID_CUDA_PROFILE=1; never inside a capture) */
     int prof_on, prof_n;
@@ -211,10 +209,6 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
         d->tcv = d->skinny && cuda_tcv_moe_supported(&d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down,
                                                      cb->cfg->n_experts_per_tok);
         for (size_t i = 0; i < sizeof sk / sizeof sk[0]; i++) d->tcv = d->tcv && cuda_tcv_supported(sk[i]);
-        /* the one-launch MoE needs every SM's count (its grid barriers need all blocks resident) */
-        d->moe_fused = d->tcv && cb->n_sm_known && cuda_moe_fused_enabled() &&
-                       cuda_moe_fused_supported(&d->router, &d->sh_eg, &d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up,
-                                                &d->sh_down, cb->cfg->n_experts_per_tok, cb->n_sm);
     }
 #undef UQ
 #undef UF
@@ -398,14 +392,6 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const int ld_act = d->gate.rows > d->sh_gate.rows ? d->gate.rows : d->sh_gate.rows; /* the pair kernels' layout */
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
-        if (tcv && d->moe_fused) { /* router, top-k, pairs and the next norm: one launch */
-            const struct cuda_moe_fused_args f = {d->router, d->sh_eg, d->gate, d->up, d->down, d->sh_gate, d->sh_up,
-                                                  d->sh_down, cb->xn32, cb->xn, cb->rlog, cb->seg, K, cf->norm_topk_prob,
-                                                  cb->ids, cb->mw, cb->act, ld_act, cb->x, last ? NULL : &next,
-                                                  (unsigned *)(cb->counters + 8)};
-            P("moe_fused", cuda_moe_fused(c, &f, cb->n_sm));
-            return 0;
-        }
         P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                               cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 1));
         if (tcv) {

@@ -92,7 +92,7 @@ static inline cudaStream_t cstream(const struct cuda_ctx *c) { return (cudaStrea
 #define TRACE_PREWAIT 1
 #define TRACE_WAITED 2
 #define TRACE_TAIL 3
-#define TRACE_MARK4 4 /* free marks for a kernel's own phases (cuda_moe_fused.cu) */
+#define TRACE_MARK4 4 /* free marks for a kernel's own phases (trace_mark) */
 #define TRACE_MARK5 5
 #define TRACE_MARK6 6
 #define TRACE_MARK7 7

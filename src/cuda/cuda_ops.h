@@ -275,31 +275,6 @@ int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, 
                         const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act, int K,
                         float *x, const struct cuda_tail_norm *tail);
 
-/* ---- one token's whole MoE block in one launch (cuda_moe_fused.cu): the router with its
- * top-k, cuda_tcv_gateup_pairs and cuda_tcv_down_pairs with its tail, the same bits;
- * n_blocks = the SM count (one resident block each: the launch has grid barriers) ---- */
-struct cuda_moe_fused_args {
-    struct cuda_qmat router, sh_eg, gate, up, down, sh_gate, sh_up, sh_down;
-    const float *x32;      /* [H] post-attention norm, fp32 (router) */
-    const uint16_t *xn;    /* [H] the same, bf16 (experts) */
-    float *logits, *seg;   /* [E], [1] */
-    int K, renorm;
-    int32_t *ids;          /* [K] the routing used (written by block 0) */
-    float *mw;             /* [K] */
-    uint16_t *act;         /* [(K + 1)][ld_act] */
-    int ld_act;
-    float *x;              /* [H] residual += the block's output */
-    const struct cuda_tail_norm *tail; /* NULL: none */
-    unsigned *bar;         /* [2] zeroed device words (grid barrier) */
-};
-int cuda_moe_fused_supported(const struct cuda_qmat *router, const struct cuda_qmat *sh_eg, const struct cuda_qmat *gate,
-                             const struct cuda_qmat *up, const struct cuda_qmat *down, const struct cuda_qmat *sh_gate,
-                             const struct cuda_qmat *sh_up, const struct cuda_qmat *sh_down, int K, int n_blocks);
-int cuda_moe_fused(const struct cuda_ctx *c, const struct cuda_moe_fused_args *f, int n_blocks);
-/* 1 when ORCHID_FUSED_MOE is set: the backend then takes it for batch-1 decode (off by
- * default: measured slower than the three launches, docs/PERFORMANCE.md session 4) */
-int cuda_moe_fused_enabled(void);
-
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
 int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids);
