@@ -233,6 +233,7 @@ int cuda_skinny_wide_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *ga
 
 /* ---- one token on the tensor cores (cuda_tcv.cu), 4-bit weights; the same sums, in the
  * same order, as the skinny kernels give that token inside a batch ---- */
+int cuda_tcv_init(char *err, size_t errlen); /* (cuda_skinny_init calls it) */
 int cuda_tcv_supported(const struct cuda_qmat *m);
 int cuda_tcv_enabled(void); /* 0 when ORCHID_NO_TCV is set (A/B against the GEMV path) */
 /* Up to 4 matrices sharing x (same columns and accumulate flag): y_i (+)= W_i x. */

@@ -282,7 +282,8 @@ extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: device attributes: %s", cudaGetErrorString(e));
     sk_optin = optin;
-    const int rc = cuda_skinny_wide_init(err, errlen);
+    int rc = cuda_skinny_wide_init(err, errlen);
+    if (!rc) rc = cuda_tcv_init(err, errlen); /* its one-token kernels copy these tiles */
     if (rc) return rc;
     SK_ATTR(1, false, false) SK_ATTR(2, false, false) SK_ATTR(4, false, false)
     SK_ATTR(1, true, false) SK_ATTR(2, true, false) SK_ATTR(4, true, false)

@@ -173,6 +173,93 @@ extern "C" int cuda_tcv_enabled(void) {
     return !off;
 }
 
+/* ---- tall matrices (the lm_head: 248,320 rows, 7,760 tiles of 32 rows): persistent
+ * blocks (as many as fit, 2 per SM) stream tile after tile through a TCV_STAGES-deep ring
+ * of cp.async copies in shared memory (tcv_tile_async): the next tile is in flight while
+ * this one is multiplied; the dense kernel's 20 waves of blocks each loaded, waited,
+ * computed and left (lm_head 145 µs, 2.0 TB/s; one block per SM with 4 stages: 110 µs,
+ * the 8 warps' multiply then bounds it). Per row the same warps, groups and slice order
+ * as tcv_dense_kernel (tcv_mma_smem): the same bits. ---- */
+#define TCV_STAGES 2
+#define TCV_STREAM_MIN_TILES 1024 /* below this, one or a few waves of tcv_dense_kernel */
+
+static int tcv_stream_grid[2] = {0, 0}; /* cuda_tcv_init: resident blocks of the GPW 4 / 8 forms (0: off) */
+
+/* xs [K] bf16, xsum [G], red [8][16], rounded up to 16 bytes (tcv_smem's pieces) */
+__host__ __device__ static size_t tcv_stream_head(int K) {
+    return ((size_t)K * 2 + (size_t)(K / QGROUP) * 4 + 8 * 16 * 4 + 15) & ~(size_t)15;
+}
+template <int GPW>
+static size_t tcv_stream_smem(int K) { return tcv_stream_head(K) + (size_t)TCV_STAGES * 8 * TCV_WSM(GPW); }
+
+template <int GPW>
+static __global__ void __launch_bounds__(256, 2) tcv_stream_kernel(cuda_qmat m, float *y, int accumulate, const uint16_t *x) {
+    TRACE_KERNEL();
+    extern __shared__ __align__(16) unsigned char sm[];
+    pdl_trigger();
+    const int K = m.cols, G = K / QGROUP, KS = G / GPW, MT = 8 / KS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    const int mt = warp % MT, ks = warp / MT, n_tiles = (m.rows + MT * 16 - 1) / (MT * 16);
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
+    float *xsum = reinterpret_cast<float *>(sm + (size_t)K * 2), *red = xsum + G;
+    unsigned char *ring = sm + tcv_stream_head(K);
+    const int mine = (int)blockIdx.x < n_tiles ? (n_tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    auto issue = [&](int i) { /* the block's tile i into stage i % TCV_STAGES: this warp's m-tile and k-slice */
+        if (i < mine) {
+            const int r0 = (((int)blockIdx.x + i * (int)gridDim.x) * MT + mt) * 16;
+            tcv_tile_async<GPW>(m, (size_t)r0, min(16, m.rows - r0), ks * GPW,
+                                ring + ((size_t)(i % TCV_STAGES) * 8 + warp) * TCV_WSM(GPW));
+        }
+        cpa_commit();
+    };
+    for (int i = 0; i < TCV_STAGES - 1; i++) issue(i); /* weights: before the wait */
+    pdl_wait();
+    tcv_stage(x, K, 1, K, xs, xsum);
+    for (int i = 0; i < mine; i++) {
+        issue(i + TCV_STAGES - 1); /* into the stage tile i - 1 used: every warp is past it */
+        cpa_wait<TCV_STAGES - 1>();
+        __syncthreads();
+        float acc0 = 0.0f, acc1 = 0.0f;
+        tcv_mma_smem<GPW>(ring + ((size_t)(i % TCV_STAGES) * 8 + warp) * TCV_WSM(GPW), xs, xsum, ks * GPW, acc0, acc1);
+        if (c == 0) {
+            red[warp * 16 + gq] = acc0;
+            red[warp * 16 + gq + 8] = acc1;
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < MT * 16) {
+            const int mm = threadIdx.x / 16, ii = threadIdx.x % 16;
+            float v = 0.0f;
+            for (int k = 0; k < KS; k++) v += red[(k * MT + mm) * 16 + ii];
+            const int r = (((int)blockIdx.x + i * (int)gridDim.x) * MT + mm) * 16 + ii;
+            if (r < m.rows) y[r] = accumulate ? y[r] + v : v;
+        }
+    }
+    cpa_wait<0>(); /* no copy outlives the block (the issues past `mine` are empty groups) */
+}
+
+template <int GPW>
+static cudaError_t tcv_stream_setup(int n_sm, int optin, int *grid) {
+    const size_t smem = tcv_stream_smem<GPW>(4096);
+    *grid = 0;
+    if ((size_t)optin < smem) return cudaSuccess; /* small shared memory: the dense form only */
+    cudaError_t e = cudaFuncSetAttribute(tcv_stream_kernel<GPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int per_sm = 0;
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tcv_stream_kernel<GPW>, 256, smem);
+    if (e == cudaSuccess) *grid = n_sm * per_sm;
+    return e;
+}
+
+extern "C" int cuda_tcv_init(char *err, size_t errlen) {
+    int dev = 0, n = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = tcv_stream_setup<4>(n, optin, &tcv_stream_grid[0]);
+    if (e == cudaSuccess) e = tcv_stream_setup<8>(n, optin, &tcv_stream_grid[1]);
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: stream kernel setup: %s", cudaGetErrorString(e));
+    return 0;
+}
+
 /* 8-warp blocks (8 / KS m-tiles). One m-tile per block (KS warps, 2–4x the blocks) was
  * measured slower: K = 4,096 out-projection 15 → 20 µs, decode 357 → 329 tok/s (each
  * block stages all of x and its group sums for only 16 rows; the tail norm runs on 128
@@ -220,6 +307,17 @@ static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *se
         blocks += (segs[i].m.rows + rows_per_block - 1) / rows_per_block;
     }
     a.blk0[n_segs] = blocks;
+    const int sgrid = gpw == 4 ? tcv_stream_grid[0] : gpw == 8 ? tcv_stream_grid[1] : 0;
+    if (n_segs == 1 && !tail && !conv && !gn && sgrid > 0 && blocks >= TCV_STREAM_MIN_TILES && K <= 4096) {
+        const int grid = sgrid < blocks ? sgrid : blocks;
+        if (gpw == 4)
+            LAUNCH_CHECK_RC(c, launch_k(tcv_stream_kernel<4>, dim3(grid), dim3(256), tcv_stream_smem<4>(K), cstream(c), a.w[0],
+                                        a.y[0], a.accumulate, x),
+                            "tcv_stream");
+        LAUNCH_CHECK_RC(c, launch_k(tcv_stream_kernel<8>, dim3(grid), dim3(256), tcv_stream_smem<8>(K), cstream(c), a.w[0],
+                                    a.y[0], a.accumulate, x),
+                        "tcv_stream");
+    }
     if (gpw == 4) return tcv_dense_launch<4>(c, a, blocks, K);
     if (gpw == 8) return tcv_dense_launch<8>(c, a, blocks, K);
     return tcv_dense_launch<16>(c, a, blocks, K);

@@ -1213,6 +1213,9 @@ int main(void) {
             test_skinny(32, 4096, 1, 0, Tsk[i], 0);
         }
         test_skinny(1, 64, 1, 0, 7, 0);
+        /* tall matrices: cuda_tcv.cu's one token takes the streaming form (lm_head-like) */
+        test_skinny(40000 + 17, 2048, 1, 0, 3, 0);
+        test_skinny(70000, 512, 1, 0, 2, 1);
         test_skinny_multi(512, 3);
         test_skinny_multi(2048, 40);
         test_swiglu(512, 2048, 2, 1);
