@@ -94,7 +94,8 @@ struct cuda_backend {
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
-    int *counters; /* [16] zeroed: last-block counters of the fused decode launches ([0..3]) */
+    int *counters; /* [16] zeroed: last-block counters of the fused decode launches: [0] post-norm
+                    * tail, [2] next-layer norm tail, [4..11] the router's top-k (8 tokens each) */
     cuda_moe_route route;
     /* optional per-op GPU timing of forward (ORCHID_CUDA_PROFILE=1; never inside a capture) */
     int prof_on, prof_n;
@@ -393,7 +394,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
         P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
-                                              cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 1));
+                                              cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
         if (tcv) {
             P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
                                                         cb->act, ld_act));
@@ -451,7 +452,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     }
     P("post_rmsnorm", cuda_rmsnorm2(c, cb->x, d->post_norm, T, H, cf->rms_eps, NULL, cb->xn, cb->xn32));
     P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
-                                          cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 1));
+                                          cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
     P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, &cb->route));
     P("moe_skinny_swiglu", cuda_skinny_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
     P("moe_skinny_down", cuda_skinny_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));

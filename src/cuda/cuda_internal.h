@@ -275,11 +275,13 @@ __device__ __forceinline__ size_t qrow_group0(const cuda_qmat &m, size_t r) { re
  * as in CUTLASS's semaphore), the last block's reads after its acquire by the second:
  * one acq_rel atomic instead of two full fences (__threadfence) on the decode step's
  * critical path (measured: 384 → 391 tok/s at context 512, docs/PERFORMANCE.md). */
-__device__ __forceinline__ bool last_block_done(int *counter) {
+/* total: the blocks that count on this counter (default: the whole launch; the router
+ * keeps one counter per row of blocks). */
+__device__ __forceinline__ bool last_block_done(int *counter, int total = 0) {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
-        const int total = gridDim.x * gridDim.y * gridDim.z;
+        if (total <= 0) total = gridDim.x * gridDim.y * gridDim.z;
         int old;
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
         last = old == total - 1;

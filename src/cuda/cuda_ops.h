@@ -168,7 +168,8 @@ int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int ld, int T, 
  * (exact fp32 weights: a near-tie in the top-k must not flip on rounding). */
 int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                     const float *x, int ldx, int T, float *logits, int ld, float *seg);
-/* The same, then (T <= 64) the last block runs the top-k: counter is a zeroed device int. */
+/* The same, then (T <= 64) the top-k, by the last block of each row of blocks (8 tokens a
+ * row): counter is ceil(T / 8) zeroed device ints, each reset for the next launch. */
 int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                          const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
                          int32_t *ids, float *w, int *counter);

@@ -675,7 +675,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     int *dcnt; DEV(dcnt, 64);
     if (cuda_memset0(dcnt, 64, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
     if (T <= 16 || (grouped == 2 && T <= 64)) { /* decode form: the router's last block runs the top-k */
-        OK(cuda_moe_router_topk(&ctx, &router.d, &seg.d, dx32, H, T, drl, E, dseg, K, 1, dids, dw, dcnt));
+        OK(cuda_moe_router_topk(&ctx, &router.d, &seg.d, dx32, H, T, drl, E, dseg, K, 1, dids, dw, dcnt + 8));
     } else {
         OK(cuda_moe_router(&ctx, &router.d, &seg.d, dx32, H, T, drl, E, dseg));
         OK(cuda_moe_topk(&ctx, drl, E, T, E, K, 1, dids, dw));
