@@ -84,6 +84,13 @@ __device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const fl
 /* (v, e) comes before (v2, e2): larger logit first, the lower expert on a tie. */
 __device__ __forceinline__ bool rt_before(float v, int e, float v2, int e2) { return v > v2 || (v == v2 && e < e2); }
 
+/* An unsigned key in the order of the floats (−0 taken as +0, so equal logits have equal
+ * keys): larger logit, larger key. */
+__device__ __forceinline__ unsigned rt_key(float v) {
+    const unsigned b = __float_as_uint(v + 0.0f);
+    return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+
 __device__ __forceinline__ void rt_cas(float (&v)[8], int (&e)[8], int a, int b) {
     if (rt_before(v[b], e[b], v[a], e[a])) {
         const float tv = v[a];
@@ -99,11 +106,12 @@ __device__ __forceinline__ void rt_cas(float (&v)[8], int (&e)[8], int a, int b)
  * blocks wrote): ids in descending logit order (ties: lower expert), w = softmax over all
  * E (renorm: divided by the sum of the chosen K, summed in rank order). Lane l holds
  * experts l + 32i sorted once (19-comparator network), so each of the K rounds is one
- * warp arg-max of the lanes' heads and a shift in the winning lane; the probabilities are
- * computed after the rounds, one per lane. (An earlier form rescanned all 8 values and
- * divided inside every round: one warp's serial chain, 4.9 µs of the router's tail on the
- * H200 — the same results, bit for bit.) Sum of exponentials: each lane's 8 in order, then
- * the butterfly. */
+ * warp arg-max of the lanes' heads (two redux instructions on order-preserving keys) and
+ * a shift in the winning lane; the probabilities are computed after the rounds, one per
+ * lane. (An earlier form rescanned all 8 values, ran a 5-step shuffle arg-max and divided
+ * inside every round: one warp's serial chain, 4.9 µs of the router's tail on the H200 —
+ * the same results, bit for bit.) Sum of exponentials: each lane's 8 in order, then the
+ * butterfly. */
 template <bool CG>
 __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
     float v[8];
@@ -132,17 +140,11 @@ __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int r
     float mine = -INFINITY;
     int my_id = 0;
     for (int s = 0; s < K; s++) {
-        float bv = v[0];
-        int bi = e[0];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (rt_before(v2, i2, bv, bi)) {
-                bv = v2;
-                bi = i2;
-            }
-        }
+        /* arg-max of the heads in two warp reductions: the largest key, then the lowest
+         * expert holding it — rt_before's order (for non-NaN logits) */
+        const unsigned key = rt_key(v[0]), kmax = __reduce_max_sync(0xffffffffu, key);
+        const int bi = (int)__reduce_min_sync(0xffffffffu, key == kmax ? (unsigned)e[0] : 0xffffffffu);
+        const float bv = __shfl_sync(0xffffffffu, v[0], bi & 31);
         if ((bi & 31) == lane) { /* the winner is this lane's head: take it */
 #pragma unroll
             for (int i = 0; i < 7; i++) {
