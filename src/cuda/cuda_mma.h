@@ -206,15 +206,12 @@ __device__ __forceinline__ void tcv_mma_to_red(const tcv_w<GPW> &w, const uint16
 }
 
 /* Stages n vectors of K bf16 (vector v at x + v·ldx, written by earlier kernels: plain
- * loads after pdl_wait; CG: by other blocks of this launch, read through L2) into
- * xs[v·K ..] and their group sums into xsum[v·G ..]. */
-template <bool CG = false>
+ * loads after pdl_wait) into xs[v·K ..] and their group sums into xsum[v·G ..]. */
 __device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int K, uint16_t *xs, float *xsum) {
     const int per = K / 8;
     for (int i = threadIdx.x; i < n * per; i += blockDim.x) {
         const int v = i / per, j = i % per;
-        const uint4 *src = reinterpret_cast<const uint4 *>(x + (size_t)v * ldx) + j;
-        reinterpret_cast<uint4 *>(xs + (size_t)v * K)[j] = CG ? __ldcg(src) : *src;
+        reinterpret_cast<uint4 *>(xs + (size_t)v * K)[j] = reinterpret_cast<const uint4 *>(x + (size_t)v * ldx)[j];
     }
     __syncthreads();
     sk_group_sums(xs, n, K, K / QGROUP, xsum);
@@ -222,10 +219,10 @@ __device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int
 }
 
 
-/* ---- a warp's m-tile through shared memory (cuda_moe_fused.cu): the values tcv_load
- * would put in registers, copied with cp.async into a per-warp area of TCV_WSM(GPW)
- * bytes so the copy can be issued long before the values are used (before pdl_wait, or
- * before a grid barrier) without holding registers; tcv_mma_smem reads it group by group.
+/* ---- a warp's m-tile through shared memory (cuda_tcv.cu's stream form): the values
+ * tcv_load would put in registers, copied with cp.async into a per-warp area of
+ * TCV_WSM(GPW) bytes so the copy can be issued long before the values are used (before
+ * pdl_wait, or a tile ahead) without holding registers; tcv_mma_smem reads it group by group.
  * The copy moves whole rows: the warp's 16 rows × GPW groups are 16 runs of GPW·32
  * contiguous bytes, copied 16 bytes a lane so that one instruction covers whole 128-byte
  * lines (tcv_load's 8-byte fragment loads ask for one 32-byte sector of each of 8 rows).

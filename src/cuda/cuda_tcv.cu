@@ -25,7 +25,7 @@
 
 #define TCV_MAXSEG 4
 
-/* tcv_mma, tcv_mma_to_red, tcv_stage: cuda_mma.h (cuda_moe_fused.cu runs them too). */
+/* tcv_mma, tcv_mma_to_red, tcv_stage, tcv_mma_smem: cuda_mma.h. */
 
 /* Shared memory of a launch: xs [n][K] bf16, xsum [n][G] fp32, red [warps][16] fp32; the
  * dense kernel also the conv windows of its epilogue threads [64][2·CUDA_TCV_CONV_MAX]. */
