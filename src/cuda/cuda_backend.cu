@@ -75,7 +75,6 @@ struct cuda_backend {
     int H, V, E, K, I, Is, C, vd, kd, qd, kvd, Hv, Hk, Dk, Dv, D, nh, kvh;
     int n_attn, n_lin;
     int n_sm; /* multiprocessors: the decode attention splits to fill them */
-    bool n_sm_known; /* n_sm was read from the device (else a guess: no grid-barrier launches) */
     char *warena;
     size_t wbytes, wused;
     double load_s;
@@ -307,7 +306,7 @@ static int trace_write(struct cuda_backend *cb, char *err, size_t errlen) {
     fprintf(f, "grid,block,sm,start,prewait,waited,tail,mark4,mark5,mark6,mark7,end\n");
     for (size_t i = 0; i < n; i++) {
         fprintf(f, "%llu,%u,%u", r[i].grid, r[i].block, r[i].sm);
-        for (int k = 0; k < 9; k++) fprintf(f, ",%llu", r[i].t[k]);
+        for (size_t k = 0; k < sizeof r[i].t / sizeof r[i].t[0]; k++) fprintf(f, ",%llu", r[i].t[k]);
         fputc('\n', f);
     }
     free(r);
@@ -975,15 +974,8 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
         const int fetch = l2 && *l2 ? atoi(l2) : 128;
         if (fetch > 0 && cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, (size_t)fetch) != cudaSuccess) cudaGetLastError();
     }
-    {
-        int dev = 0;
-        cb->n_sm_known = cudaGetDevice(&dev) == cudaSuccess &&
-                         cudaDeviceGetAttribute(&cb->n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && cb->n_sm >= 1;
-        if (!cb->n_sm_known) {
-            cudaGetLastError();
-            cb->n_sm = 132;
-        }
-    }
+    cb->n_sm = cuda_sm_count();
+    if (cb->n_sm < 1) cb->n_sm = 132; /* a guess: it only sizes the decode attention splits */
 
     /* weights */
     const double t0 = now_s();

@@ -60,24 +60,6 @@ extern "C" {
 
 static inline cudaStream_t cstream(const struct cuda_ctx *c) { return (cudaStream_t)c->stream; }
 
-/* ---- Programmatic Dependent Launch (PDL, sm_90+) ----
- * A kernel launched by launch_k may be scheduled while the kernel before it in the
- * stream is still running (once every block of that one has called pdl_trigger or
- * exited). Rules for every kernel launched by launch_k (docs/ARCHITECTURE.md, traps):
- *  (a) before pdl_wait() it reads only immutable data (weights, scales, biases, gains,
- *      its parameters) and writes nothing; everything an earlier kernel wrote, and every
- *      write (outputs, last_block_done counters, KV / conv / GDN state), comes after it;
- *  (b) every thread calls pdl_wait() on every path, early exits included: a grid that
- *      completes without waiting would let its own dependent run beside its predecessor;
- *  (c) it calls pdl_trigger() early (at its start, or where only a tail is left): the
- *      dependent's pdl_wait still waits for this grid's completion, the trigger only lets
- *      it be scheduled and prefetch;
- *  (d) both compile to nothing below sm_90, and the launch attribute is set only on
- *      devices of compute capability >= 9.0 with ORCHID_PDL != "0" (pdl_enabled()).
- * Without the attribute (old GPU, ORCHID_PDL=0, launch_k_pdl(false, ...) or a plain <<<>>>
- * launch) pdl_wait returns at once and pdl_trigger does nothing. A kernel whose blocks
- * are long-lived and few (the GDN scan, attention) can run slower when scheduled early
- * (its blocks land unevenly on the SMs the previous kernel frees): measure both ways. */
 /* ---- in-kernel timeline trace (builds with -DORCHID_TRACE only; cuda_util.cu) ----
  * Thread 0 of every block keeps %globaltimer at its start, before and after its pdl_wait,
  * where it takes a launch's tail (last_block_done) and at up to four marks of the kernel's
@@ -144,6 +126,24 @@ __device__ __forceinline__ void trace_mark(int) {}
 #define CUDA_TRACE_TU(name)
 #endif
 
+/* ---- Programmatic Dependent Launch (PDL, sm_90+) ----
+ * A kernel launched by launch_k may be scheduled while the kernel before it in the
+ * stream is still running (once every block of that one has called pdl_trigger or
+ * exited). Rules for every kernel launched by launch_k (docs/ARCHITECTURE.md, traps):
+ *  (a) before pdl_wait() it reads only immutable data (weights, scales, biases, gains,
+ *      its parameters) and writes nothing; everything an earlier kernel wrote, and every
+ *      write (outputs, last_block_done counters, KV / conv / GDN state), comes after it;
+ *  (b) every thread calls pdl_wait() on every path, early exits included: a grid that
+ *      completes without waiting would let its own dependent run beside its predecessor;
+ *  (c) it calls pdl_trigger() early (at its start, or where only a tail is left): the
+ *      dependent's pdl_wait still waits for this grid's completion, the trigger only lets
+ *      it be scheduled and prefetch;
+ *  (d) both compile to nothing below sm_90, and the launch attribute is set only on
+ *      devices of compute capability >= 9.0 with ORCHID_PDL != "0" (pdl_enabled()).
+ * Without the attribute (old GPU, ORCHID_PDL=0, launch_k_pdl(false, ...) or a plain <<<>>>
+ * launch) pdl_wait returns at once and pdl_trigger does nothing. A kernel whose blocks
+ * are long-lived and few (the GDN scan, attention) can run slower when scheduled early
+ * (its blocks land unevenly on the SMs the previous kernel frees): measure both ways. */
 __device__ __forceinline__ void pdl_wait() {
     trace_mark(TRACE_PREWAIT);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -191,18 +191,31 @@ __device__ __forceinline__ void tcv_mma(const tcv_w<GPW> &w, const uint16_t *xs,
     acc1 = acc[2];
 }
 
-/* The warp's partial sums of its rows into red[warp][16] (lanes c = 0 hold column 0), then
- * the block barrier: every k-slice's partials are in shared memory after it. */
-template <int GPW>
-__device__ __forceinline__ void tcv_mma_to_red(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
-    float acc0 = 0.0f, acc1 = 0.0f;
-    tcv_mma<GPW>(w, xs, xsum, g0, c, acc0, acc1);
-    if (c == 0) {
+/* The warp's partial sums of its rows (acc0, acc1: rows g, g + 8) into red[warp][16] (lanes
+ * c = 0 hold column 0), then the block barrier: every k-slice's partials are in shared
+ * memory after it. */
+__device__ __forceinline__ void tcv_to_red(float acc0, float acc1, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2;
+    if ((lane & 3) == 0) {
         red[warp * 16 + gq] = acc0;
         red[warp * 16 + gq + 8] = acc1;
     }
     __syncthreads();
+}
+
+template <int GPW>
+__device__ __forceinline__ void tcv_mma_to_red(const tcv_w<GPW> &w, const uint16_t *xs, const float *xsum, int g0, float *red) {
+    float acc0 = 0.0f, acc1 = 0.0f;
+    tcv_mma<GPW>(w, xs, xsum, g0, threadIdx.x & 3, acc0, acc1);
+    tcv_to_red(acc0, acc1, red);
+}
+
+/* Row i of m-tile m from the KS k-slices' partials (warp k·MT + m), summed in slice order
+ * from 0: the order the skinny kernels use, so one token's bits match a batch's. */
+__device__ __forceinline__ float tcv_slice_sum(const float *red, int KS, int MT, int m, int i) {
+    float v = 0.0f;
+    for (int k = 0; k < KS; k++) v += red[(k * MT + m) * 16 + i];
+    return v;
 }
 
 /* Stages n vectors of K bf16 (vector v at x + v·ldx, written by earlier kernels: plain

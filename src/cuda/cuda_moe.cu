@@ -17,7 +17,11 @@
  * depend on them); every other kernel waits before anything else. (cuda_tcv.cu's one-token
  * down pairs read the ids before their wait: see there.) */
 
-/* ---- router rows and top-k ---- */
+/* ---- router logits from the fp32 normalised input, and the top-k ----
+ * logits[t, e] = Σ_c x[t, c] W_router[e, c] and seg[t] = x[t] · w_shared_gate, with the
+ * weights dequantized exactly in fp32 and x in fp32 (not rounded to bf16), because a
+ * near-tie between the 8th and 9th expert flips on bf16-sized errors and a flipped
+ * expert moves the output far more than rounding does. One warp per (row, 8 tokens). */
 
 #define RT_TOK 8 /* tokens a router warp carries */
 
@@ -191,12 +195,6 @@ extern "C" int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int 
     LAUNCH_CHECK_RC(c, launch_k(topk_kernel, dim3((T + 3) / 4), dim3(128), 0, cstream(c), logits, ld, T, E, K, renorm, ids, w),
                     "moe_topk");
 }
-
-/* ---- router logits from the fp32 normalised input ----
- * logits[t, e] = Σ_c x[t, c] W_router[e, c] and seg[t] = x[t] · w_shared_gate, with the
- * weights dequantized exactly in fp32 and x in fp32 (not rounded to bf16), because a
- * near-tie between the 8th and 9th expert flips on bf16-sized errors and a flipped
- * expert moves the output far more than rounding does. One warp per (row, 8 tokens). */
 
 struct topk_tail {
     int *counter; /* NULL: no top-k */

@@ -283,7 +283,7 @@ int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, c
 /* Holds the stream for `us` microseconds (per-op profiling: lets the host queue ahead). */
 int cuda_spin(const struct cuda_ctx *c, double us);
 
-/* In-kernel timeline trace (cuda_internal.h, TRACE_*): one record per block event. */
+/* In-kernel timeline trace (cuda_internal.h, TRACE_*): one record per block. */
 #define CUDA_TRACE_SMS 256
 typedef struct cuda_trace_rec {
     unsigned long long grid; /* %gridid: one launch */

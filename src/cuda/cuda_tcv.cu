@@ -29,7 +29,7 @@
 
 /* Shared memory of a launch: xs [n][K] bf16, xsum [n][G] fp32, red [warps][16] fp32; the
  * dense kernel also the conv windows of its epilogue threads [64][2·CUDA_TCV_CONV_MAX]. */
-static size_t tcv_smem(int n, int K, int warps) {
+__host__ __device__ static size_t tcv_smem(int n, int K, int warps) {
     return (size_t)n * K * 2 + (size_t)n * (K / QGROUP) * 4 + (size_t)warps * 16 * 4;
 }
 static size_t tcv_dense_smem(int K) { return tcv_smem(1, K, 8) + (size_t)64 * 2 * CUDA_TCV_CONV_MAX * 4; }
@@ -138,8 +138,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
     tcv_mma_to_red<GPW>(w, xs, xsum, ks * GPW, red);
     if ((int)threadIdx.x < MT * 16) {
         const int mm = threadIdx.x / 16, i = threadIdx.x % 16;
-        float v = 0.0f;
-        for (int k = 0; k < KS; k++) v += red[(k * MT + mm) * 16 + i];
+        const float v = tcv_slice_sum(red, KS, MT, mm, i);
         const int r = (blk * MT + mm) * 16 + i;
         if (r < m.rows) {
             float *dst = a.y[s] + r;
@@ -185,10 +184,8 @@ extern "C" int cuda_tcv_enabled(void) {
 
 static int tcv_stream_grid[2] = {0, 0}; /* cuda_tcv_init: resident blocks of the GPW 4 / 8 forms (0: off) */
 
-/* xs [K] bf16, xsum [G], red [8][16], rounded up to 16 bytes (tcv_smem's pieces) */
-__host__ __device__ static size_t tcv_stream_head(int K) {
-    return ((size_t)K * 2 + (size_t)(K / QGROUP) * 4 + 8 * 16 * 4 + 15) & ~(size_t)15;
-}
+/* xs, xsum, red of one token and 8 warps (tcv_smem), rounded up to 16 bytes: then the ring */
+__host__ __device__ static size_t tcv_stream_head(int K) { return (tcv_smem(1, K, 8) + 15) & ~(size_t)15; }
 template <int GPW>
 static size_t tcv_stream_smem(int K) { return tcv_stream_head(K) + (size_t)TCV_STAGES * 8 * TCV_WSM(GPW); }
 
@@ -198,7 +195,7 @@ static __global__ void __launch_bounds__(256, 2) tcv_stream_kernel(cuda_qmat m, 
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
     const int K = m.cols, G = K / QGROUP, KS = G / GPW, MT = 8 / KS;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    const int warp = threadIdx.x >> 5;
     const int mt = warp % MT, ks = warp / MT, n_tiles = (m.rows + MT * 16 - 1) / (MT * 16);
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)K * 2), *red = xsum + G;
@@ -221,15 +218,10 @@ static __global__ void __launch_bounds__(256, 2) tcv_stream_kernel(cuda_qmat m, 
         __syncthreads();
         float acc0 = 0.0f, acc1 = 0.0f;
         tcv_mma_smem<GPW>(ring + ((size_t)(i % TCV_STAGES) * 8 + warp) * TCV_WSM(GPW), xs, xsum, ks * GPW, acc0, acc1);
-        if (c == 0) {
-            red[warp * 16 + gq] = acc0;
-            red[warp * 16 + gq + 8] = acc1;
-        }
-        __syncthreads();
+        tcv_to_red(acc0, acc1, red);
         if ((int)threadIdx.x < MT * 16) {
             const int mm = threadIdx.x / 16, ii = threadIdx.x % 16;
-            float v = 0.0f;
-            for (int k = 0; k < KS; k++) v += red[(k * MT + mm) * 16 + ii];
+            const float v = tcv_slice_sum(red, KS, MT, mm, ii);
             const int r = (((int)blockIdx.x + i * (int)gridDim.x) * MT + mm) * 16 + ii;
             if (r < m.rows) y[r] = accumulate ? y[r] + v : v;
         }
@@ -250,9 +242,9 @@ static cudaError_t tcv_stream_setup(int n_sm, int optin, int *grid) {
 }
 
 extern "C" int cuda_tcv_init(char *err, size_t errlen) {
-    int dev = 0, n = 0, optin = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    int dev = 0, optin = 0;
+    const int n = cuda_sm_count();
+    cudaError_t e = n < 1 ? cudaErrorInvalidDevice : cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e == cudaSuccess) e = tcv_stream_setup<4>(n, optin, &tcv_stream_grid[0]);
     if (e == cudaSuccess) e = tcv_stream_setup<8>(n, optin, &tcv_stream_grid[1]);
@@ -408,9 +400,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
     tcv_mma_to_red<GPW>(w, xs, xsum, ks * GPW, red);
     if ((int)threadIdx.x < half * 16) {
         const int mm = threadIdx.x / 16, i = threadIdx.x % 16;
-        float v = 0.0f, u = 0.0f;
-        for (int k = 0; k < KS; k++) v += red[(k * MT + mm) * 16 + i];
-        for (int k = 0; k < KS; k++) u += red[(k * MT + mm + half) * 16 + i];
+        const float v = tcv_slice_sum(red, KS, MT, mm, i), u = tcv_slice_sum(red, KS, MT, mm + half, i);
         const int row = (blk * half + mm) * 16 + i;
         if (row < gm.rows) act[(size_t)p * ld_act + row] = f2bf(silu(v) * u);
     }
