@@ -2,14 +2,16 @@
 // with the K/V cache write (attn_prep), split-key causal attention with GQA sharing
 // (one block = one KV head × a tile of ≤ 8 query tokens × its group of q heads, K/V
 // tiles of 32 keys staged in shared memory, online softmax in fp32), and the combine
-// of the splits with the sigmoid output gate → bf16 input of o_proj. Decode-sized
-// batches (cuda_attention_decode) take cuda_flash.cu's fused form instead: the prep and
-// the combine inside the attention launch, the same bits (cuda_attn.h).
+// of the splits with the sigmoid output gate → bf16 input of o_proj.
 #include <math.h>
 
-#include "cuda/cuda_attn.h"
+#include "cuda/cuda_internal.h"
 
 #define KT 32
+
+__device__ __forceinline__ uint16_t *kv_ptr(const cuda_seq &s, int layer_ord, int which, int kvh, int g, int pos, int D) {
+    return s.kv + ((((size_t)layer_ord * 2 + which) * kvh + g) * (size_t)s.max_seq + pos) * D;
+}
 
 static __global__ void attn_prep_kernel(float *qg, const float *k, const float *v, const float *q_norm,
                                         const float *k_norm, const int32_t *pos, const int32_t *tok_seq,
@@ -24,13 +26,13 @@ static __global__ void attn_prep_kernel(float *qg, const float *k, const float *
     /* PDL: the norm gain and the rotary frequency need nothing an earlier kernel wrote */
     const float gain = is_q ? q_norm[d] : k_norm[d];
     const int half = rot / 2;
-    const float inv_freq = rope_inv_freq(d, rot, theta);
+    const float inv_freq = d < rot ? powf(theta, -2.0f * (float)(d % half) / (float)rot) : 0.0f;
     pdl_wait();
     float *src = is_q ? qg + (size_t)t * 2 * n_heads * D + (size_t)h * 2 * D
                       : const_cast<float *>(k) + (size_t)t * kvh * D + (size_t)(h - n_heads) * D;
     const float x = src[d];
-    const float ss = block_sum(__fmul_rn(x, x), sh);
-    const float y = __fmul_rn(__fmul_rn(x, rms_inv(ss, D, eps)), gain); /* as attn_prep_row_warp */
+    const float ss = block_sum(x * x, sh);
+    const float y = x * rsqrtf(ss / (float)D + eps) * gain;
     vals[d] = y;
     __syncthreads();
     float o = y;
@@ -39,7 +41,7 @@ static __global__ void attn_prep_kernel(float *qg, const float *k, const float *
         const float ang = (float)p * inv_freq;
         float sn, cs;
         sincosf(ang, &sn, &cs);
-        o = rope_apply(y, vals[d < half ? d + half : d - half], cs, sn, d < half);
+        o = d < half ? y * cs - vals[d + half] * sn : y * cs + vals[d - half] * sn;
     }
     if (is_q) {
         src[d] = o;
@@ -197,18 +199,30 @@ static __global__ void attn_kernel(const float *qg, const int32_t *pos, const cu
     }
 }
 
-/* One warp per (token, head) row; grid (T, ceil(n_heads / 2)), 64 threads. */
-template <int D>
-static __global__ void attn_combine_kernel(const float *part, const float *qg, int T, int n_heads, int n_split,
+static __global__ void attn_combine_kernel(const float *part, const float *qg, int n_heads, int D, int n_split,
                                            uint16_t *out) {
     TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
-    const int t = blockIdx.x, h = blockIdx.y * 2 + (threadIdx.x >> 5);
-    if (h >= n_heads) return;
-    attn_combine_row_warp<D>(part + ((size_t)t * n_heads + h) * n_split * (D + 2), n_split,
-                             qg + (size_t)t * 2 * n_heads * D + (size_t)h * 2 * D + D, out + ((size_t)t * n_heads + h) * D,
-                             threadIdx.x & 31);
+    const int t = blockIdx.x, h = blockIdx.y;
+    const float *p = part + ((size_t)t * n_heads + h) * n_split * (D + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, p[(size_t)s * (D + 2)]);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float L = 0.0f, o = 0.0f;
+        if (M != -INFINITY) {
+            for (int s = 0; s < n_split; s++) {
+                const float *ps = p + (size_t)s * (D + 2);
+                if (ps[0] == -INFINITY) continue;
+                const float e = __expf(ps[0] - M);
+                L += ps[1] * e;
+                o += ps[2 + d] * e;
+            }
+        }
+        const float a = L > 0.0f ? o / L : 0.0f;
+        const float gate = qg[(size_t)t * 2 * n_heads * D + (size_t)h * 2 * D + D + d];
+        out[(size_t)t * n_heads * D + (size_t)h * D + d] = f2bf(a * sigm(gate));
+    }
 }
 
 /* Forces the scalar kernel instead of the tensor-core one (tests compare both). */
@@ -233,16 +247,6 @@ extern "C" int cuda_attn_init(int n_heads, int kv_heads, int D, char *err, size_
                       cudaGetErrorString(e));
     (void)pdl_enabled(); /* its one device query happens here, outside any graph capture */
     return cuda_flash_init(D, err, errlen);
-}
-
-/* The split combine with the output gate (after the plain or the prep-fused attention). */
-static int launch_combine(const struct cuda_ctx *c, const float *part, const float *qg, int T, int n_heads, int D, int n_split,
-                          uint16_t *out) {
-    void (*comb)(const float *, const float *, int, int, int, uint16_t *) =
-        D == 256 ? attn_combine_kernel<256> : D == 128 ? attn_combine_kernel<128> : attn_combine_kernel<64>;
-    LAUNCH_CHECK_RC(c, launch_k_pdl(false, comb, dim3(T, (n_heads + 1) / 2), dim3(64), 0, cstream(c), part, qg, T, n_heads,
-                                    n_split, out),
-                    "attention_combine");
 }
 
 template <int D>
@@ -276,25 +280,10 @@ extern "C" int cuda_attention(const struct cuda_ctx *c, const float *qg, const i
     else if (D == 128) rc = launch_attn<128>(c, qg, pos, seqs, tiles, n_tiles, n_split, layer_ord, n_heads, kv_heads, part);
     else if (D == 64) rc = launch_attn<64>(c, qg, pos, seqs, tiles, n_tiles, n_split, layer_ord, n_heads, kv_heads, part);
     else return errorf(c->err, c->errlen, ST_UNSUPPORTED, "attention: head_dim %d (64, 128 or 256)", D);
-    return rc ? rc : launch_combine(c, part, qg, T, n_heads, D, n_split, out);
-}
-
-extern "C" int cuda_attention_decode(const struct cuda_ctx *c, float *qg, const float *k, const float *v,
-                                     const float *q_norm, const float *k_norm, const int32_t *pos, const int32_t *tok_seq,
-                                     const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
-                                     int n_split, int layer_ord, int T, int n_heads, int kv_heads, int D, int rot,
-                                     float theta, float eps, float *part, int fuse, int *counters, uint16_t *out) {
-    if (T <= 0) return 0;
-    if (fuse > 0 && !scalar_attn) {
-        int launched = 0;
-        const int rc = cuda_flash_decode(c, qg, k, v, q_norm, k_norm, pos, seqs, tiles, n_tiles, n_split, layer_ord, n_heads,
-                                         kv_heads, D, rot, theta, eps, part, fuse >= 2 ? counters : NULL, out, &launched);
-        if (rc) return rc;
-        if (launched) return fuse >= 2 ? 0 : launch_combine(c, part, qg, T, n_heads, D, n_split, out);
-    }
-    const int rc = cuda_attn_prep(c, qg, k, v, q_norm, k_norm, pos, tok_seq, seqs, layer_ord, T, n_heads, kv_heads, D, rot,
-                                  theta, eps);
-    return rc ? rc : cuda_attention(c, qg, pos, seqs, tiles, n_tiles, n_split, layer_ord, T, n_heads, kv_heads, D, part, out);
+    if (rc) return rc;
+    LAUNCH_CHECK_RC(c, launch_k_pdl(false, attn_combine_kernel, dim3(T, n_heads), dim3(D < 256 ? D : 256), 0, cstream(c),
+                                    part, qg, n_heads, D, n_split, out),
+                    "attention_combine");
 }
 
 CUDA_TRACE_TU(attn)

@@ -95,9 +95,6 @@ struct cuda_backend {
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
     int *counters; /* [16] zeroed: last-block counters of the fused decode launches: [0] post-norm
                     * tail, [2] next-layer norm tail, [4..11] the router's top-k (8 tokens each) */
-    int *attn_counters; /* [MID_T * kvh] zeroed: the fused decode attention's, one a (tile, KV head) */
-    int attn_fuse;      /* cuda_attention_decode's form (ORCHID_ATTN_FUSE, A/B) */
-    bool topk_in_pairs; /* one token: the MoE pair kernels run the top-k (ORCHID_TOPK_IN_PAIRS, A/B) */
     cuda_moe_route route;
     /* optional per-op GPU timing of forward (ORCHID_CUDA_PROFILE=1; never inside a capture) */
     int prof_on, prof_n;
@@ -320,15 +317,6 @@ static int trace_write(struct cuda_backend *cb, char *err, size_t errlen) {
 
 /* ---- one layer over a batch ---- */
 
-/* Attention of a batch of up to MID_T tokens: prep, attention and combine in one launch
- * where the shape allows (cuda_attention_decode). */
-static int attention_decode(struct cuda_backend *cb, const dlayer *d, const dmeta &m, const cuda_ctx *c) {
-    const struct model_config *cf = cb->cfg;
-    return cuda_attention_decode(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, m.tiles,
-                                 m.n_tiles, m.n_split, d->ord, m.T, cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta,
-                                 cf->rms_eps, cb->part, cb->attn_fuse, cb->attn_counters, cb->ybf);
-}
-
 /* Small batches (decode) fuse the norms into the launch before them: the residual-adding
  * projection's last block computes the post-attention norm, the MoE down projection's
  * last block the next layer's input norm, and the router's last block the top-k. */
@@ -389,13 +377,10 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
         }
-        if (T <= MID_T) P("attention", attention_decode(cb, d, m, c));
-        else {
-            P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord,
-                                          T, cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
-            P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh,
-                                          cb->kvh, cb->D, cb->part, cb->ybf));
-        }
+        P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
+                                 cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
+        P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
+                                 cb->D, cb->part, cb->ybf));
         if (small)
             P("attn_o_proj+norm", tcv ? cuda_tcv_acc_norm(c, &d->o, cb->ybf, cb->x, &post)
                                       : cuda_gemv_acc_norm(c, &d->o, cb->ybf, T, cb->qd, cb->x, H, &post));
@@ -407,23 +392,13 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const int ld_act = d->gate.rows > d->sh_gate.rows ? d->gate.rows : d->sh_gate.rows; /* the pair kernels' layout */
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
-        if (tcv && cb->topk_in_pairs) { /* the pair kernels route themselves from the logits */
-            const cuda_tcv_route rt = {NULL, NULL, cb->rlog, E, cf->norm_topk_prob};
-            P("router", cuda_moe_router(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg));
-            P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, &rt, cb->xn, K, cb->act,
-                                                        ld_act));
-            P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, &rt, cb->seg, cb->act, ld_act, K, cb->x,
-                                                         last ? NULL : &next));
-            return 0;
-        }
         P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                               cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
         if (tcv) {
-            const cuda_tcv_route rt = {cb->ids, cb->mw, NULL, E, cf->norm_topk_prob};
-            P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, &rt, cb->xn, K, cb->act,
-                                                        ld_act));
-            P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, &rt, cb->seg, cb->act, ld_act, K, cb->x,
-                                                         last ? NULL : &next));
+            P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
+                                                        cb->act, ld_act));
+            P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, cb->act, ld_act,
+                                                         K, cb->x, last ? NULL : &next));
             return 0;
         }
         P("moe_gateup_pairs", cuda_moe_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, H, T, K, cb->act));
@@ -468,7 +443,10 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         const int qw = 2 * cb->qd;
         cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
         P("attn_qkv_skinny", cuda_skinny_multi(c, s, 3, cb->xn, T, H));
-        P("attention", attention_decode(cb, d, m, c));
+        P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
+                                      cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
+        P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
+                                      cb->D, cb->part, cb->ybf));
         P("attn_o_skinny", cuda_skinny_dense(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
     P("post_rmsnorm", cuda_rmsnorm2(c, cb->x, d->post_norm, T, H, cf->rms_eps, NULL, cb->xn, cb->xn32));
@@ -500,12 +478,7 @@ static int run_layers(struct cuda_backend *cb, const dmeta &m, const cuda_ctx *c
  * per split: about two blocks per SM, each at least one 32-key tile (batch-1 decode at
  * context 512: 16 splits of 32 keys; 64 sequences: 2). */
 static int split_for(const struct cuda_backend *cb, int kv_len, int units) {
-    static const int min_keys = [] { /* A/B: ORCHID_ATTN_SPLIT_KEYS = the fewest keys a split gets */
-        const char *e = getenv("ORCHID_ATTN_SPLIT_KEYS");
-        const int k = e ? atoi(e) : 0;
-        return k >= 1 && k <= 65536 ? k : 32;
-    }();
-    const int by_len = (kv_len + min_keys - 1) / min_keys, want = (2 * cb->n_sm + units - 1) / (units > 0 ? units : 1);
+    const int by_len = (kv_len + 31) / 32, want = (2 * cb->n_sm + units - 1) / (units > 0 ? units : 1);
     const int s = by_len < want ? by_len : want;
     return s < 1 ? 1 : s > MAX_SPLIT ? MAX_SPLIT : s;
 }
@@ -852,7 +825,7 @@ static void cuda_destroy(struct backend *base) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     void *bufs[] = {cb->warena, cb->d_meta, cb->x, cb->xn32, cb->xlo, cb->proj, cb->zb, cb->kb, cb->vb, cb->gab, cb->conv_out, cb->y,
                     cb->rlog, cb->seg, cb->mw, cb->ed, cb->sd, cb->part, cb->logits, cb->xn, cb->ybf, cb->act, cb->sact,
-                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters, cb->attn_counters,
+                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters,
                     cb->gdn_qk, cb->gdn_gates};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     if (cb->h_meta) cudaFreeHost(cb->h_meta);
@@ -1001,12 +974,6 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
         const int fetch = l2 && *l2 ? atoi(l2) : 128;
         if (fetch > 0 && cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, (size_t)fetch) != cudaSuccess) cudaGetLastError();
     }
-    {
-        const char *f = getenv("ORCHID_ATTN_FUSE");
-        cb->attn_fuse = f && *f ? atoi(f) : 1;
-        const char *tp = getenv("ORCHID_TOPK_IN_PAIRS");
-        cb->topk_in_pairs = !(tp && !strcmp(tp, "0"));
-    }
     cb->n_sm = cuda_sm_count();
     if (cb->n_sm < 1) cb->n_sm = 132; /* a guess: it only sizes the decode attention splits */
 
@@ -1067,9 +1034,6 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     FAIL(cuda_malloc((void **)&cb->counters, 64, "counters", err, errlen));
     if ((e = cudaMemset(cb->counters, 0, 64)) != cudaSuccess)
         FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: counters: %s", cudaGetErrorString(e)));
-    FAIL(cuda_malloc((void **)&cb->attn_counters, (size_t)MID_T * cb->kvh * 4, "attention counters", err, errlen));
-    if ((e = cudaMemset(cb->attn_counters, 0, (size_t)MID_T * cb->kvh * 4)) != cudaSuccess)
-        FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: attention counters: %s", cudaGetErrorString(e)));
     const int max_tiles = (int)((T * K + 63) / 64) + cb->E;
     const size_t rwords = (size_t)(cb->E + 1) * 2 + cb->E + 2 * T * K + (size_t)max_tiles * 3 + 1;
     int32_t *rb;

@@ -5,20 +5,9 @@
 // 32 keys double-buffered with cp.async; S = Q·Kᵀ and O += P·V with mma.sync
 // m16n8k16 bf16 → fp32; online softmax in fp32 (exp2 domain). The key range may be
 // split (decode): each split writes (m, l, O) partials that cuda_attn.cu combines.
-//
-// Fused decode form (FUSED, cuda_flash_decode; batches of up to 64 tokens): the launch
-// also does attn_prep's work and the combine, so one launch replaces three. Each block
-// normalises and rotates its own query rows from the raw projection; keys at positions
-// this batch brings (>= the sequence's first new position) are not read from the cache
-// but computed from the raw k/v rows where a tile is staged, and the block whose tile
-// owns the token and whose split holds the position writes them to the cache (exactly
-// one writer; no block reads a new position from the cache in this launch); the last
-// block of each (tile, KV head) to finish its split (counter) combines the splits. The
-// same arithmetic as prep + attention + combine (cuda_attn.h): tests compare bits.
-#include <limits.h>
 #include <math.h>
 
-#include "cuda/cuda_attn.h"
+#include "cuda/cuda_internal.h"
 
 #define FQ 64   /* query rows per block */
 #define FK 32   /* keys per tile */
@@ -44,71 +33,39 @@ __device__ __forceinline__ void f_mma(float *d, uint32_t a0, uint32_t a1, uint32
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* The fused form's inputs beyond the plain kernel's (zero / NULL there). */
-struct flash_fuse {
-    const float *k, *v;             /* raw k and v rows of the batch [T][kvh][D] */
-    const float *q_norm, *k_norm;   /* per-dim RMSNorm gains [D] */
-    int rot;                        /* RoPE dims */
-    float theta, eps;
-    int *counters;                  /* [n_tiles * kvh] zero; each (tile, head)'s last block resets its own
-                                     * (NULL: no combine here, the partials are the output) */
-    uint16_t *out;                  /* gated attention output [T][nh][D] bf16 */
-};
+__device__ __forceinline__ const uint16_t *f_kv(const cuda_seq &s, int layer_ord, int which, int kvh, int g, int D) {
+    return s.kv + ((((size_t)layer_ord * 2 + which) * kvh + g) * (size_t)s.max_seq) * D;
+}
 
-template <int D, bool FUSED>
+template <int D>
 static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs,
                                                            const cuda_attn_tile *tiles, int layer_ord, int nh, int kvh,
-                                                           int n_split, float *part, flash_fuse fu) {
+                                                           int n_split, float *part) {
     TRACE_KERNEL();
     constexpr int DS = D + 8, NT = D / 8, KS = D / 16;
     extern __shared__ __align__(16) uint16_t fsm[];
     uint16_t *Qs = fsm;                 /* [FQ][DS] */
     uint16_t *Ks = Qs + FQ * DS;        /* [2][FK][DS] */
     uint16_t *Vs = Ks + 2 * FK * DS;    /* [2][FK][DS] */
-    /* FUSED only: gains and rotary frequencies [3][D], then each warp's row scratch [4][D] */
-    float *gq = reinterpret_cast<float *>(Vs + 2 * FK * DS), *gk = gq + D, *invf = gk + D, *rows = invf + D;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     pdl_trigger();
-    if (FUSED) /* PDL: gains and frequencies are immutable */
-        for (int d = tid; d < D; d += 128) {
-            gq[d] = fu.q_norm[d];
-            gk[d] = fu.k_norm[d];
-            invf[d] = rope_inv_freq(d, fu.rot, fu.theta);
-        }
     pdl_wait(); /* PDL: tiles, seqs, q, pos and the KV cache all come from earlier work */
     const int group = nh / kvh;
     const int tile_i = blockIdx.x / kvh, g = blockIdx.x % kvh, split = blockIdx.y;
     const cuda_attn_tile tl = tiles[tile_i];
     const cuda_seq s = seqs[tl.seq];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int nrows = tl.n * group;
     const float qscale = rsqrtf((float)D) * 1.4426950408889634f; /* fold log2(e): softmax in exp2 */
-    float *wrow = rows + warp * D;
 
-    if (FUSED) {
-        __syncthreads(); /* gq, gk, invf */
-        for (int r = warp; r < FQ; r += 4) {
-            if (r < nrows) {
-                const int t = tl.t0 + r / group;
-                attn_prep_row_warp<D>(qg + (size_t)t * 2 * nh * D + (size_t)(g * group + r % group) * 2 * D, gq, invf, pos[t],
-                                      fu.rot, fu.eps, wrow, lane);
-                for (int d = 2 * lane; d < D; d += 64)
-                    *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = pack_bf2(wrow[d] * qscale, wrow[d + 1] * qscale);
-                __syncwarp();
-            } else {
-                for (int d = 2 * lane; d < D; d += 64) *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = 0u;
-            }
+    for (int i = tid; i < FQ * (D / 2); i += 128) {
+        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+        float a = 0.0f, b = 0.0f;
+        if (r < nrows) {
+            const float *q = qg + (size_t)(tl.t0 + r / group) * 2 * nh * D + (size_t)(g * group + r % group) * 2 * D + d;
+            a = q[0] * qscale;
+            b = q[1] * qscale;
         }
-    } else {
-        for (int i = tid; i < FQ * (D / 2); i += 128) {
-            const int r = i / (D / 2), d = (i % (D / 2)) * 2;
-            float a = 0.0f, b = 0.0f;
-            if (r < nrows) {
-                const float *q = qg + (size_t)(tl.t0 + r / group) * 2 * nh * D + (size_t)(g * group + r % group) * 2 * D + d;
-                a = q[0] * qscale;
-                b = q[1] * qscale;
-            }
-            *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = pack_bf2(a, b);
-        }
+        *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = pack_bf2(a, b);
     }
     const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
     const int p0 = r0 < nrows ? pos[tl.t0 + r0 / group] : -1;
@@ -116,9 +73,7 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     const int kv_len = pos[tl.t0 + tl.n - 1] + 1;
     const int per = (kv_len + n_split - 1) / n_split;
     const int k_lo = split * per, k_hi = min(kv_len, k_lo + per);
-    const uint16_t *kb_ = kv_ptr(s, layer_ord, 0, kvh, g, 0, D), *vb_ = kv_ptr(s, layer_ord, 1, kvh, g, 0, D);
-    /* FUSED: positions from new_lo on are this batch's (tokens s.t0.. in order) */
-    const int new_lo = FUSED ? pos[s.t0] : INT_MAX;
+    const uint16_t *kb_ = f_kv(s, layer_ord, 0, kvh, g, D), *vb_ = f_kv(s, layer_ord, 1, kvh, g, D);
 
     float O[NT][4];
 #pragma unroll
@@ -129,32 +84,11 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
         for (int i = tid; i < FK * (D / 8); i += 128) {
             const int j = i / (D / 8), c = (i % (D / 8)) * 8;
             const bool ok = kb + j < k_hi;
-            if (FUSED && ok && kb + j >= new_lo) continue; /* a new key: computed below, never copied over */
             const size_t off = (size_t)(ok ? kb + j : 0) * D + c;
             f_cp16(Ks + (buf * FK + j) * DS + c, kb_ + off, ok);
             f_cp16(Vs + (buf * FK + j) * DS + c, vb_ + off, ok);
         }
         asm volatile("cp.async.commit_group;\n" ::);
-        if (!FUSED) return;
-        /* new keys of this tile: normalised and rotated as attn_prep does, one warp a key;
-         * written to the cache by the block whose query tile holds the token */
-        const int kvd = kvh * D;
-        for (int kp = max(kb, new_lo) + warp; kp < min(kb + FK, k_hi); kp += 4) {
-            const int t = s.t0 + (kp - new_lo), j = kp - kb;
-            attn_prep_row_warp<D>(fu.k + (size_t)t * kvd + (size_t)g * D, gk, invf, kp, fu.rot, fu.eps, wrow, lane);
-            const bool owner = t >= tl.t0 && t < tl.t0 + tl.n;
-            uint16_t *kc = kv_ptr(s, layer_ord, 0, kvh, g, kp, D), *vc = kv_ptr(s, layer_ord, 1, kvh, g, kp, D);
-            for (int d = lane; d < D; d += 32) {
-                const uint16_t kq = f2bf(wrow[d]), vq = f2bf(fu.v[(size_t)t * kvd + (size_t)g * D + d]);
-                Ks[(buf * FK + j) * DS + d] = kq;
-                Vs[(buf * FK + j) * DS + d] = vq;
-                if (owner) {
-                    kc[d] = kq;
-                    vc[d] = vq;
-                }
-            }
-            __syncwarp();
-        }
     };
 
     if (k_lo < k_hi) load_tile(k_lo, 0);
@@ -260,46 +194,20 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
             o[1] = h2 ? l1 : l0;
         }
     }
-    if constexpr (FUSED) {
-        if (!fu.counters || !last_block_done(fu.counters + blockIdx.x, n_split)) return;
-        /* the last split of this (tile, KV head): combine, one warp a (token, head) row */
-        for (int r = warp; r < nrows; r += 4) {
-            const int t = tl.t0 + r / group, h = g * group + r % group;
-            attn_combine_row_warp<D>(part + ((size_t)t * nh + h) * n_split * (D + 2), n_split,
-                                     qg + (size_t)t * 2 * nh * D + (size_t)h * 2 * D + D, fu.out + ((size_t)t * nh + h) * D,
-                                     lane);
-        }
-    }
 }
 
-static size_t flash_smem(int D, bool fused) { return (size_t)(FQ + 4 * FK) * (D + 8) * 2 + (fused ? (size_t)7 * D * 4 : 0); }
-
-template <int D>
-static cudaError_t flash_set_smem() {
-    cudaError_t e = cudaFuncSetAttribute(flash_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)flash_smem(D, false));
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(flash_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem(D, true));
-    return e;
-}
+static size_t flash_smem(int D) { return (size_t)(FQ + 4 * FK) * (D + 8) * 2; }
 
 extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
+    const int smem = (int)flash_smem(D);
     cudaError_t e;
-    if (D == 256) e = flash_set_smem<256>();
-    else if (D == 128) e = flash_set_smem<128>();
-    else if (D == 64) e = flash_set_smem<64>();
+    if (D == 256) e = cudaFuncSetAttribute(flash_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    else if (D == 128) e = cudaFuncSetAttribute(flash_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    else if (D == 64) e = cudaFuncSetAttribute(flash_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     else return 0; /* other head dims use the scalar kernel */
     if (e != cudaSuccess)
-        return errorf(err, errlen, ST_DEVICE, "flash attention: cudaFuncSetAttribute(%zu B) failed: %s", flash_smem(D, true),
-                      cudaGetErrorString(e));
+        return errorf(err, errlen, ST_DEVICE, "flash attention: cudaFuncSetAttribute(%d B) failed: %s", smem, cudaGetErrorString(e));
     return 0;
-}
-
-typedef void (*flash_fn)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, float *,
-                         flash_fuse);
-template <bool FUSED>
-static flash_fn flash_pick(int D) {
-    return D == 256 ? flash_kernel<256, FUSED> : D == 128 ? flash_kernel<128, FUSED> : flash_kernel<64, FUSED>;
 }
 
 /* Returns 1 when the tensor-core kernel handles this shape (then it was launched), 0 to fall back. */
@@ -309,29 +217,15 @@ extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, c
     *launched = 0;
     const int group = n_heads / kv_heads;
     if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
+    const dim3 grid(n_tiles * kv_heads, n_split);
+    const size_t smem = flash_smem(D);
+    void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, float *) =
+        D == 256 ? flash_kernel<256> : D == 128 ? flash_kernel<128> : flash_kernel<64>;
     *launched = 1;
     /* without the PDL attribute: see launch_attn in cuda_attn.cu */
-    LAUNCH_CHECK_RC(c, launch_k_pdl(false, flash_pick<false>(D), dim3(n_tiles * kv_heads, n_split), dim3(128),
-                                    flash_smem(D, false), cstream(c), qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads,
-                                    n_split, part, flash_fuse{}),
+    LAUNCH_CHECK_RC(c, launch_k_pdl(false, kern, grid, dim3(128), smem, cstream(c), qg, pos, seqs, tiles, layer_ord, n_heads,
+                                    kv_heads, n_split, part),
                     "flash_attention");
-}
-
-extern "C" int cuda_flash_decode(const struct cuda_ctx *c, const float *qg, const float *k, const float *v,
-                                 const float *q_norm, const float *k_norm, const int32_t *pos, const struct cuda_seq *seqs,
-                                 const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
-                                 int kv_heads, int D, int rot, float theta, float eps, float *part, int *counters,
-                                 uint16_t *out, int *launched) {
-    *launched = 0;
-    const int group = n_heads / kv_heads;
-    if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256) || rot < 2 || rot > D || rot % 2) return 0;
-    static const int pdl = env_flag("ORCHID_ATTN_PDL"); /* A/B: scheduled early or not */
-    *launched = 1;
-    const flash_fuse fu = {k, v, q_norm, k_norm, rot, theta, eps, counters, out};
-    LAUNCH_CHECK_RC(c, launch_k_pdl(pdl != 0, flash_pick<true>(D), dim3(n_tiles * kv_heads, n_split), dim3(128),
-                                    flash_smem(D, true), cstream(c), qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads,
-                                    n_split, part, fu),
-                    "flash_decode");
 }
 
 CUDA_TRACE_TU(flash)

@@ -139,24 +139,6 @@ int cuda_flash_init(int head_dim, char *err, size_t errlen);
 int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                          const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
                          int kv_heads, int D, float *part, int *launched);
-/* Its fused form: prep + attention (+ combine when counters != NULL: n_tiles * kv_heads
- * zeroed ints, left zeroed) in one launch, bit-identical to the separate launches;
- * *launched = 0 when the shape needs them. */
-int cuda_flash_decode(const struct cuda_ctx *c, const float *qg, const float *k, const float *v, const float *q_norm,
-                      const float *k_norm, const int32_t *pos, const struct cuda_seq *seqs,
-                      const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
-                      int kv_heads, int D, int rot, float theta, float eps, float *part, int *counters, uint16_t *out,
-                      int *launched);
-/* Prep + attention + combine for a decode-sized batch. fuse: 0 = three launches; 1 = the
- * prep inside the attention launch, then the combine; 2 = the combine inside it too (needs
- * counters). The fused forms apply where the shape allows and the scalar kernel is not
- * forced (else three launches); they leave qg's query half raw (the prep normalises it in
- * place). Every form gives the same bits. */
-int cuda_attention_decode(const struct cuda_ctx *c, float *qg, const float *k, const float *v, const float *q_norm,
-                          const float *k_norm, const int32_t *pos, const int32_t *tok_seq, const struct cuda_seq *seqs,
-                          const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int T, int n_heads,
-                          int kv_heads, int D, int rot, float theta, float eps, float *part, int fuse, int *counters,
-                          uint16_t *out);
 
 /* ---- Gated DeltaNet (cuda_gdn.cu) ---- */
 /* Causal depthwise conv + SiLU over the batch (reads/updates each session's conv state). */
@@ -285,24 +267,14 @@ int cuda_tcv_gnorm_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m,
 int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct cuda_qmat *up, const struct cuda_qmat *down,
                            const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const struct cuda_qmat *sh_down,
                            int K);
-/* Where the one-token pair kernels find the token's experts: ids and weights (K each, the
- * router's top-k tail wrote them), or, with logits != NULL, the router's E (<= 256) logits:
- * then every block runs the same top-k itself (cuda_topk.h; renorm as norm_topk_prob) and
- * the router launch needs no top-k tail. */
-struct cuda_tcv_route {
-    const int32_t *ids;
-    const float *w;
-    const float *logits;
-    int E, renorm;
-};
 int cuda_tcv_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
-                          const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up,
-                          const struct cuda_tcv_route *route, const uint16_t *xn, int K, uint16_t *act, int ld_act);
+                          const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
+                          const uint16_t *xn, int K, uint16_t *act, int ld_act);
 /* cuda_tcv_down_pairs requests its routed rows before its PDL wait: launch it right after
- * the cuda_tcv_gateup_pairs of the same route (whose blocks trigger only after their wait,
- * so the ids' or logits' writer has finished), or after a synchronisation. */
+ * the cuda_tcv_gateup_pairs of the same ids (whose blocks trigger only after their wait, so
+ * the ids' writer has finished), or after a synchronisation. */
 int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sh_down,
-                        const struct cuda_tcv_route *route, const float *seg, const uint16_t *act, int ld_act, int K,
+                        const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act, int K,
                         float *x, const struct cuda_tail_norm *tail);
 
 /* ---- decode-loop helpers ---- */

@@ -22,7 +22,6 @@
 // cuda_skinny.cu for one token, so a token gets the same bits here (batch of one) as in a
 // 2..64-token batch there (tests/gpu/test_cuda_ops.c checks it).
 #include "cuda/cuda_mma.h"
-#include "cuda/cuda_topk.h"
 
 #define TCV_MAXSEG 4
 
@@ -359,33 +358,13 @@ __device__ __forceinline__ cuda_qmat qsel(bool first, const cuda_qmat &a, const 
     return r;
 }
 
-/* Expert id of pair p (< K) of the token: rt.ids[p] (read through L2: the router's tail
- * wrote it), or, routing from the logits, warp 0 runs the router's top-k (cuda_topk.h, the
- * same bits) into shared memory and every thread reads it there (a block barrier: every
- * thread of the block must call this). The weights stay in shared memory for
- * route_smem_w. */
-__device__ __forceinline__ int32_t *route_smem_ids() {
-    __shared__ int32_t ids[32];
-    return ids;
-}
-__device__ __forceinline__ float *route_smem_w() {
-    __shared__ float w[32];
-    return w;
-}
-__device__ __forceinline__ int route_id(const cuda_tcv_route &rt, int p, int K, int warp, int lane) {
-    if (!rt.logits) return __ldcg(rt.ids + p);
-    if (warp == 0) topk_token_cg(rt.logits, rt.E, K, rt.renorm, route_smem_ids(), route_smem_w(), lane);
-    __syncthreads();
-    return route_smem_ids()[p];
-}
-
 /* ---- MoE, one token: block (tile, pair); pair p < K is routed expert ids[p], p = K the
  * shared expert. gate/up: MT/2 m-tiles of gate rows then the same rows of up; act[p][r] =
  * bf16(silu(gate·x) · (up·x)), as the skinny SwiGLU epilogue. ---- */
 
 template <int GPW>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
-                                                                cuda_tcv_route rt, const uint16_t *x, int K, uint16_t *act,
+                                                                const int32_t *ids, const uint16_t *x, int K, uint16_t *act,
                                                                 int ld_act) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
@@ -412,7 +391,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
     } else {
         pdl_wait(); /* the routed rows depend on the router's ids */
         pdl_trigger();
-        const size_t e0 = (size_t)route_id(rt, p, K, warp, lane) * gm.rows;
+        const size_t e0 = (size_t)ids[p] * gm.rows;
         tcv_load<GPW, false>(qsel(is_up, um, gm), e0 + r, r < gm.rows, r + 8 < gm.rows, ks * GPW, c, w);
     }
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
@@ -432,9 +411,9 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
  * cuda_moe_combine does: acc = σ(seg)·shared, acc = fmaf(w_k, routed_k, acc) for k = 0..K-1,
  * x += acc; the last block then normalises x (tail). */
 template <int GPW>
-static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, cuda_tcv_route rt,
-                                                               const float *seg, const uint16_t *act, int ld_act, int K,
-                                                               float *x, cuda_tail_norm tail) {
+static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids,
+                                                               const float *wts, const float *seg, const uint16_t *act,
+                                                               int ld_act, int K, float *x, cuda_tail_norm tail) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
@@ -446,12 +425,8 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
     /* Every row is requested before the wait, the routed ones too: this grid is scheduled
      * only after every block of the gate/up launch before it passed its own wait, i.e.
      * after the router (two launches back) finished, so its ids are final (read through
-     * L2; or the logits, and the top-k here). An exception to PDL rule (a):
-     * docs/ARCHITECTURE.md, trap 13. */
-    const float *wts = rt.w;
-    const int id = route_id(rt, p < K ? p : 0, K, warp, lane);
-    if (rt.logits) wts = route_smem_w();
-    const size_t e0 = p == K ? 0 : (size_t)id * H;
+     * L2). An exception to PDL rule (a): docs/ARCHITECTURE.md, trap 13. */
+    const size_t e0 = p == K ? 0 : (size_t)__ldcg(ids + p) * H;
     tcv_load<GPW, true>(qsel(p == K, sdown, down), e0 + r, r < H, r + 8 < H, ks * GPW, c, w);
     pdl_wait();
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
@@ -487,50 +462,45 @@ extern "C" int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct
 
 template <int GPW>
 static int tcv_gateup_launch(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
-                             const struct cuda_qmat *sg, const struct cuda_qmat *su, const cuda_tcv_route &rt,
-                             const uint16_t *xn, int K, uint16_t *act, int ld_act) {
+                             const struct cuda_qmat *sg, const struct cuda_qmat *su, const int32_t *ids, const uint16_t *xn,
+                             int K, uint16_t *act, int ld_act) {
     const int cols = gate->cols, MT = 8 / ((cols / QGROUP) / GPW), rows_per_block = MT / 2 * 16;
     const int rows = gate->rows > sg->rows ? gate->rows : sg->rows;
     LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW>, dim3((rows + rows_per_block - 1) / rows_per_block, K + 1), dim3(256),
-                                tcv_smem(1, cols, 8), cstream(c), *gate, *up, *sg, *su, rt, xn, K, act, ld_act),
+                                tcv_smem(1, cols, 8), cstream(c), *gate, *up, *sg, *su, ids, xn, K, act, ld_act),
                     "tcv_gateup");
 }
 
 extern "C" int cuda_tcv_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
-                                     const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up,
-                                     const struct cuda_tcv_route *route, const uint16_t *xn, int K, uint16_t *act,
-                                     int ld_act) {
+                                     const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
+                                     const uint16_t *xn, int K, uint16_t *act, int ld_act) {
     const int gpw = tcv_gpw(gate->cols);
-    if (K > 32 || (route->logits && route->E > 256))
-        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv_gateup: top-%d of %d experts", K, route->E);
-    if (gpw == 4) return tcv_gateup_launch<4>(c, gate, up, sh_gate, sh_up, *route, xn, K, act, ld_act);
-    if (gpw == 8) return tcv_gateup_launch<8>(c, gate, up, sh_gate, sh_up, *route, xn, K, act, ld_act);
-    if (gpw == 16) return tcv_gateup_launch<16>(c, gate, up, sh_gate, sh_up, *route, xn, K, act, ld_act);
+    if (gpw == 4) return tcv_gateup_launch<4>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
+    if (gpw == 8) return tcv_gateup_launch<8>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
+    if (gpw == 16) return tcv_gateup_launch<16>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
     return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv_gateup: %d columns", gate->cols);
 }
 
 template <int GPW>
 static int tcv_down_launch(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sd,
-                           const cuda_tcv_route &rt, const float *seg, const uint16_t *act, int ld_act, int K, float *x,
-                           const cuda_tail_norm &tn) {
+                           const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act, int K,
+                           float *x, const cuda_tail_norm &tn) {
     const int cols = down->cols, KS = (cols / QGROUP) / GPW, warps = (K + 1) * KS;
     LAUNCH_CHECK_RC(c, launch_k(tcv_down_kernel<GPW>, dim3((down->rows + 15) / 16), dim3(32 * warps),
-                                tcv_smem(K + 1, cols, warps), cstream(c), *down, *sd, rt, seg, act, ld_act, K, x, tn),
+                                tcv_smem(K + 1, cols, warps), cstream(c), *down, *sd, ids, w, seg, act, ld_act, K, x, tn),
                     "tcv_down");
 }
 
 extern "C" int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sh_down,
-                                   const struct cuda_tcv_route *route, const float *seg, const uint16_t *act,
-                                   int ld_act, int K, float *x, const struct cuda_tail_norm *tail) {
+                                   const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act,
+                                   int K, float *x, const struct cuda_tail_norm *tail) {
     cuda_tail_norm tn;
     if (tail) tn = *tail;
     else tn.counter = NULL;
     const int gpw = tcv_gpw(down->cols);
-    if (K > 32 || (route->logits && route->E > 256))
-        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv_down: top-%d of %d experts", K, route->E);
-    if (gpw == 4) return tcv_down_launch<4>(c, down, sh_down, *route, seg, act, ld_act, K, x, tn);
-    if (gpw == 8) return tcv_down_launch<8>(c, down, sh_down, *route, seg, act, ld_act, K, x, tn);
-    if (gpw == 16) return tcv_down_launch<16>(c, down, sh_down, *route, seg, act, ld_act, K, x, tn);
+    if (gpw == 4) return tcv_down_launch<4>(c, down, sh_down, ids, w, seg, act, ld_act, K, x, tn);
+    if (gpw == 8) return tcv_down_launch<8>(c, down, sh_down, ids, w, seg, act, ld_act, K, x, tn);
+    if (gpw == 16) return tcv_down_launch<16>(c, down, sh_down, ids, w, seg, act, ld_act, K, x, tn);
     return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv_down: %d columns", down->cols);
 }
 
