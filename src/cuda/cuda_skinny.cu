@@ -79,107 +79,120 @@ __host__ __device__ __forceinline__ sk_layout sk_lay(int RB, int K, int NT) {
     return l;
 }
 
-/* Whether a tile's scales and biases can go by cp.async: each row's G bf16 a whole number
- * of 16-byte chunks and every base aligned (the model's arena always is). */
-__device__ __forceinline__ bool sk_async_scales(const sk_args &a, const cuda_qmat &w0, bool swiglu) {
-    const bool al = (((uintptr_t)w0.scales | (uintptr_t)w0.biases) & 15) == 0 &&
-                    (!swiglu || (((uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases) & 15) == 0);
-    return ((w0.cols / QGROUP) * 2) % 16 == 0 && al;
-}
-
-/* Copies a block's weight tile to shared memory by cp.async (not committed): tile row i
- * is matrix row rbase + i of the expert at absolute row erow (SwiGLU: RB/2 gate rows,
- * then the same RB/2 rows of up); rows past the matrix get zero scales and biases.
- * Scales and biases go by cp.async too when each row's G of them are whole aligned
- * 16-byte chunks (H200, 64 sequences: 27.05 -> 25.34 ms a forward; a loop of synchronous
- * loads put up to RB·G/256 dependent DRAM round trips on every block's path), else by
- * synchronous loads (the same values). */
-template <bool SWIGLU>
-__device__ __forceinline__ void sk_stage_tile(const sk_args &a, const cuda_qmat &w0, int RB, int rbase, size_t erow,
-                                              uint32_t *codes, uint16_t *scs, uint16_t *bis) {
-    const int rows = w0.rows, K = w0.cols, G = K / QGROUP, stride = sk_stride(K);
-    const int orows = SWIGLU ? RB / 2 : RB;
-    const int chunks = K / 32; /* 16-byte chunks per row */
-    for (int idx = threadIdx.x; idx < RB * chunks; idx += blockDim.x) {
-        const int i = idx / chunks, ch = idx % chunks;
-        const bool up = SWIGLU && i >= orows;
-        const int r = rbase + (up ? i - orows : i);
-        if (r < rows) {
-            const cuda_qmat &m = up ? a.w1 : w0;
-            cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + r) * (size_t)(K / 8) + ch * 4);
-        }
-    }
-    if (sk_async_scales(a, w0, SWIGLU)) {
-        const int cpr = G / 8; /* 16-byte chunks a row */
-        for (int idx = threadIdx.x; idx < 2 * RB * cpr; idx += blockDim.x) {
-            const int bias = idx >= RB * cpr, rem = idx % (RB * cpr), i = rem / cpr, ch = rem % cpr;
-            const bool up = SWIGLU && i >= orows;
-            const int r = rbase + (up ? i - orows : i);
-            uint16_t *dst = (bias ? bis : scs) + (size_t)i * G + ch * 8;
-            if (r < rows) {
-                const cuda_qmat &m = up ? a.w1 : w0;
-                cpa16(dst, (bias ? m.biases : m.scales) + (erow + r) * G + ch * 8);
-            } else {
-                *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
-            }
-        }
-    } else {
-        for (int idx = threadIdx.x; idx < RB * G; idx += blockDim.x) {
-            const int i = idx / G, g = idx % G;
-            const bool up = SWIGLU && i >= orows;
-            const int r = rbase + (up ? i - orows : i);
-            uint16_t sv = 0, bv = 0;
-            if (r < rows) {
-                const cuda_qmat &m = up ? a.w1 : w0;
-                sv = __ldg(m.scales + (erow + r) * G + g);
-                bv = __ldg(m.biases + (erow + r) * G + g);
-            }
-            scs[idx] = sv;
-            bis[idx] = bv;
-        }
-    }
-}
-
-/* The passes of NT n-tiles of tokens over a staged weight tile: warp w multiplies m-tile
- * w % MT over the k-slice w / MT of the groups, the slices meet in shared memory in a
- * fixed order, then the epilogue (fp32 store / accumulate, or SwiGLU). Each pass stages
- * its tokens (only the valid ones: a column of garbage stays in its own column of the
- * mma and is never written) and their group sums — by cp.async, waiting for every
- * outstanding copy (ASYNC_X: the one-tile kernel, whose weights land in the same wait), or
- * by synchronous loads (the streaming kernel, whose later tiles stay in flight); x_ready:
- * the one pass's tokens and sums are already in place (the previous tile's). */
-template <int NT, bool SWIGLU, bool GROUPED, bool ASYNC_X>
-__device__ __forceinline__ void sk_passes(const sk_args &a, float *y, int ldy, int rows, int K, int RB, int rbase, int m0,
-                                          int count, const uint32_t *codes, const uint16_t *scs, const uint16_t *bis,
-                                          uint16_t *xs, float *xsum, float *red, bool x_ready) {
+/* Block = 8 warps over a tile of RB = 16·MT weight rows (MT = 2 or 4 m-tiles) × all K:
+ * the whole tile is copied to shared memory at once (cp.async, every load independent:
+ * a block has 16–64 KB in flight), then warp w multiplies m-tile w % MT over the k-slice
+ * w / MT of the groups against NT n-tiles of tokens per pass, and the slices meet in
+ * shared memory in a fixed order. SwiGLU tiles hold RB/2 gate rows then the same RB/2
+ * up rows. */
+template <int NT, bool SWIGLU, bool GROUPED>
+static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB) {
+    TRACE_KERNEL();
+    extern __shared__ __align__(16) unsigned char sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, c = lane & 3;
-    const int G = K / QGROUP, stride = sk_stride(K), xstride = K + 8;
+    int expert = 0, m0 = 0, count = a.T;
+    if (GROUPED) {
+        if ((int)blockIdx.y >= a.tiles[a.max_tiles * 3]) return;
+        expert = a.tiles[blockIdx.y * 3];
+        m0 = a.tiles[blockIdx.y * 3 + 1];
+        count = a.tiles[blockIdx.y * 3 + 2] - m0;
+    }
+    cuda_qmat w0 = a.w0;
+    float *y = a.y;
+    int ldy = a.ldy, blk = blockIdx.x;
+    if (!SWIGLU && !GROUPED && a.nseg > 0) {
+        int sg = 0;
+        while (sg + 1 < a.nseg && blk >= a.blk0[sg + 1]) sg++;
+        w0 = a.wseg[sg];
+        y = a.yseg[sg];
+        ldy = a.ldyseg[sg];
+        blk -= a.blk0[sg];
+    }
+    const int rows = w0.rows, K = w0.cols, G = K / QGROUP, stride = sk_stride(K);
     const int MT = RB / 16, KS = 8 / MT;
+    const int orows = SWIGLU ? RB / 2 : RB;   /* output rows of the tile */
+    const int rbase = blk * orows;
+    const size_t erow = (size_t)expert * rows; /* absolute row of the expert's row 0 */
+    const sk_layout L = sk_lay(RB, K, NT);
+    const int xstride = K + 8;
+    uint32_t *codes = reinterpret_cast<uint32_t *>(sm);
+    uint16_t *scs = reinterpret_cast<uint16_t *>(sm + L.scales);
+    uint16_t *bis = scs + RB * G;
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm + L.x);
+    float *xsum = reinterpret_cast<float *>(sm + L.xsum);
+    float *red = reinterpret_cast<float *>(sm + L.red);
+
+    /* stage the tile: tile row i is matrix row rbase + i (SwiGLU: gate rows, then up rows) */
+    {
+        const int chunks = K / 32; /* 16-byte chunks per row */
+        for (int idx = threadIdx.x; idx < RB * chunks; idx += blockDim.x) {
+            const int i = idx / chunks, ch = idx % chunks;
+            const bool up = SWIGLU && i >= orows;
+            const int r = rbase + (up ? i - orows : i);
+            if (r < rows) {
+                const cuda_qmat &m = up ? a.w1 : w0;
+                cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + r) * (size_t)(K / 8) + ch * 4);
+            }
+        }
+        /* scales and biases: by cp.async too when each row's G of them are whole aligned
+         * 16-byte chunks, beside the codes (H200, 64 sequences: 27.05 -> 25.34 ms a forward;
+         * a loop of synchronous loads put up to RB·G/256 dependent DRAM round trips on every
+         * block's path); the same values either way */
+        const bool al = (((uintptr_t)w0.scales | (uintptr_t)w0.biases) & 15) == 0 &&
+                        (!SWIGLU || (((uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases) & 15) == 0);
+        if ((G * 2) % 16 == 0 && al) {
+            const int cpr = G / 8; /* 16-byte chunks a row */
+            for (int idx = threadIdx.x; idx < 2 * RB * cpr; idx += blockDim.x) {
+                const int bias = idx >= RB * cpr, rem = idx % (RB * cpr), i = rem / cpr, ch = rem % cpr;
+                const bool up = SWIGLU && i >= orows;
+                const int r = rbase + (up ? i - orows : i);
+                uint16_t *dst = (bias ? bis : scs) + (size_t)i * G + ch * 8;
+                if (r < rows) {
+                    const cuda_qmat &m = up ? a.w1 : w0;
+                    cpa16(dst, (bias ? m.biases : m.scales) + (erow + r) * G + ch * 8);
+                } else {
+                    *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+                }
+            }
+            cpa_commit();
+        } else {
+            cpa_commit();
+            for (int idx = threadIdx.x; idx < RB * G; idx += blockDim.x) {
+                const int i = idx / G, g = idx % G;
+                const bool up = SWIGLU && i >= orows;
+                const int r = rbase + (up ? i - orows : i);
+                uint16_t sv = 0, bv = 0;
+                if (r < rows) {
+                    const cuda_qmat &m = up ? a.w1 : w0;
+                    sv = __ldg(m.scales + (erow + r) * G + g);
+                    bv = __ldg(m.biases + (erow + r) * G + g);
+                }
+                scs[idx] = sv;
+                bis[idx] = bv;
+            }
+        }
+    }
+
     const int mt = warp % MT, ks = warp / MT;
     const int gper = G / KS, g0 = ks * gper; /* KS divides G (sk_rb) */
     const int tr0 = mt * 16 + gq, tr1 = tr0 + 8; /* tile rows of this lane */
-    const int orows = SWIGLU ? RB / 2 : RB;
     const bool ok0 = rbase + (SWIGLU ? tr0 % orows : tr0) < rows, ok1 = rbase + (SWIGLU ? tr1 % orows : tr1) < rows;
     for (int p0 = 0; p0 < count; p0 += NT * 8) { /* passes of NT n-tiles over the staged tile */
+        /* stage this pass's tokens (only the valid ones: a column of garbage stays in its
+         * own column of the mma and is never written), then their group sums */
         const int nrows = min(NT * 8, count - p0), chunks = K / 8;
-        if (!x_ready || p0 > 0) {
-            if (p0 > 0) __syncthreads(); /* the previous pass is done with xs */
-            for (int idx = threadIdx.x; idx < nrows * chunks; idx += blockDim.x) {
-                const int j = idx / chunks, ch = idx % chunks;
-                int row = p0 + j;
-                if (GROUPED) row = a.x_rows ? a.x_rows[m0 + row] : m0 + row;
-                const uint16_t *src = a.x + (size_t)row * a.ldx + ch * 8;
-                if (ASYNC_X) cpa16(xs + (size_t)j * xstride + ch * 8, src);
-                else *reinterpret_cast<uint4 *>(xs + (size_t)j * xstride + ch * 8) = __ldcg(reinterpret_cast<const uint4 *>(src));
-            }
-            if (ASYNC_X) {
-                cpa_commit();
-                cpa_wait<0>();
-            }
-            __syncthreads();
-            sk_group_sums(xs, nrows, xstride, G, xsum);
+        if (p0 > 0) __syncthreads(); /* the previous pass is done with xs */
+        for (int idx = threadIdx.x; idx < nrows * chunks; idx += blockDim.x) {
+            const int j = idx / chunks, ch = idx % chunks;
+            int row = p0 + j;
+            if (GROUPED) row = a.x_rows ? a.x_rows[m0 + row] : m0 + row;
+            cpa16(xs + (size_t)j * xstride + ch * 8, a.x + (size_t)row * a.ldx + ch * 8);
         }
+        cpa_commit();
+        cpa_wait<0>();
+        __syncthreads();
+        sk_group_sums(xs, nrows, xstride, G, xsum);
         __syncthreads();
         float acc[NT][4];
 #pragma unroll
@@ -234,99 +247,6 @@ __device__ __forceinline__ void sk_passes(const sk_args &a, float *y, int ldy, i
     }
 }
 
-/* Block = 8 warps over a tile of RB = 16·MT weight rows (MT = 2 or 4 m-tiles) × all K:
- * the whole tile is copied to shared memory at once (cp.async, every load independent:
- * a block has 16–64 KB in flight), then the passes (sk_passes). SwiGLU tiles hold RB/2
- * gate rows then the same RB/2 up rows. */
-template <int NT, bool SWIGLU, bool GROUPED>
-static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB) {
-    TRACE_KERNEL();
-    extern __shared__ __align__(16) unsigned char sm[];
-    int expert = 0, m0 = 0, count = a.T;
-    if (GROUPED) {
-        if ((int)blockIdx.y >= a.tiles[a.max_tiles * 3]) return;
-        expert = a.tiles[blockIdx.y * 3];
-        m0 = a.tiles[blockIdx.y * 3 + 1];
-        count = a.tiles[blockIdx.y * 3 + 2] - m0;
-    }
-    cuda_qmat w0 = a.w0;
-    float *y = a.y;
-    int ldy = a.ldy, blk = blockIdx.x;
-    if (!SWIGLU && !GROUPED && a.nseg > 0) {
-        int sg = 0;
-        while (sg + 1 < a.nseg && blk >= a.blk0[sg + 1]) sg++;
-        w0 = a.wseg[sg];
-        y = a.yseg[sg];
-        ldy = a.ldyseg[sg];
-        blk -= a.blk0[sg];
-    }
-    const int rows = w0.rows, K = w0.cols, G = K / QGROUP;
-    const int rbase = blk * (SWIGLU ? RB / 2 : RB);
-    const sk_layout L = sk_lay(RB, K, NT);
-    uint32_t *codes = reinterpret_cast<uint32_t *>(sm);
-    uint16_t *scs = reinterpret_cast<uint16_t *>(sm + L.scales);
-    uint16_t *bis = scs + RB * G;
-    sk_stage_tile<SWIGLU>(a, w0, RB, rbase, (size_t)expert * rows, codes, scs, bis);
-    sk_passes<NT, SWIGLU, GROUPED, true>(a, y, ldy, rows, K, RB, rbase, m0, count, codes, scs, bis,
-                                         reinterpret_cast<uint16_t *>(sm + L.x), reinterpret_cast<float *>(sm + L.xsum),
-                                         reinterpret_cast<float *>(sm + L.red), false);
-}
-
-/* Grouped, streaming: one persistent block an SM walks a contiguous range of the launch's
- * units (route tile t, row block rb; unit = t·n_rb + rb, so consecutive units mostly share
- * a tile and its staged tokens) with S weight tiles in a ring of shared-memory slots:
- * S − 1 tiles are always in flight while one is multiplied (the one-tile kernel left each
- * SM waiting on its blocks' round trips: H200, 64 sequences, ~10 µs a 36 KB block, 1.2 TB/s).
- * The tokens are staged by synchronous loads (a cp.async group would be waited for with
- * the later tiles'). The same tiles, passes and sums as skinny_kernel: the same bits. */
-#define SKS_DESC 32 /* route tiles of a block's range kept in shared memory */
-template <bool SWIGLU, int S>
-static __global__ void __launch_bounds__(256, 1) skinny_stream_kernel(sk_args a, int RB, int n_rb) {
-    TRACE_KERNEL();
-    extern __shared__ __align__(16) unsigned char sm[];
-    __shared__ int desc[SKS_DESC * 3];
-    const int n_units = a.tiles[a.max_tiles * 3] * n_rb;
-    const int u0 = (int)((long long)blockIdx.x * n_units / gridDim.x);
-    const int u1 = (int)((long long)(blockIdx.x + 1) * n_units / gridDim.x);
-    if (u0 >= u1) return;
-    const cuda_qmat &w0 = a.w0;
-    const int rows = w0.rows, K = w0.cols, G = K / QGROUP, orows = SWIGLU ? RB / 2 : RB;
-    const sk_layout L = sk_lay(RB, K, 1);
-    const size_t slot = L.x; /* a slot: codes, scales, biases */
-    uint16_t *xs = reinterpret_cast<uint16_t *>(sm + S * slot);
-    float *xsum = reinterpret_cast<float *>(sm + S * slot + (L.xsum - L.x));
-    float *red = reinterpret_cast<float *>(sm + S * slot + (L.red - L.x));
-    const int t_first = u0 / n_rb;
-    for (int i = threadIdx.x; i < SKS_DESC * 3 && t_first * 3 + i < a.max_tiles * 3; i += blockDim.x)
-        desc[i] = a.tiles[t_first * 3 + i];
-    __syncthreads();
-    auto tile_of = [&](int t, int k) { return t - t_first < SKS_DESC ? desc[(t - t_first) * 3 + k] : __ldcg(a.tiles + t * 3 + k); };
-    auto issue = [&](int u) { /* unit u's weights into its slot, one commit group (empty past the range) */
-        if (u < u1) {
-            const int t = u / n_rb, rb = u % n_rb;
-            unsigned char *sp = sm + (size_t)((u - u0) % S) * slot;
-            uint32_t *codes = reinterpret_cast<uint32_t *>(sp);
-            uint16_t *scs = reinterpret_cast<uint16_t *>(sp + L.scales);
-            sk_stage_tile<SWIGLU>(a, w0, RB, rb * orows, (size_t)tile_of(t, 0) * rows, codes, scs, scs + RB * G);
-        }
-        cpa_commit();
-    };
-    for (int k = 0; k < S - 1; k++) issue(u0 + k);
-    int x_tile = -1;
-    for (int u = u0; u < u1; u++) {
-        cpa_wait<S - 2>(); /* unit u's tile has landed */
-        __syncthreads();   /* ... for every thread; and unit u − 1 is done with its slot */
-        issue(u + S - 1);
-        const int t = u / n_rb, rb = u % n_rb, m0 = tile_of(t, 1), count = tile_of(t, 2) - m0;
-        const unsigned char *sp = sm + (size_t)((u - u0) % S) * slot;
-        const uint16_t *scs = reinterpret_cast<const uint16_t *>(sp + L.scales);
-        sk_passes<1, SWIGLU, true, false>(a, a.y, a.ldy, rows, K, RB, rb * orows, m0, count,
-                                          reinterpret_cast<const uint32_t *>(sp), scs, scs + RB * G, xs, xsum, red,
-                                          t == x_tile);
-        x_tile = count <= 8 ? t : -1; /* one pass: its tokens stay staged for the tile's next unit */
-    }
-}
-
 /* The most shared memory a block may opt into on this device (cuda_skinny_init), capped at
  * SK_MAX_SMEM for the choice of tile: every device with ≥ 200 KB (H100/H200) chooses the
  * same tiles, hence the same sums; an A100 (163 KB) falls back to tiles that fit it. */
@@ -375,36 +295,6 @@ static int sk_dispatch(const struct cuda_ctx *c, const sk_args &a, int want_nt, 
     return sk_launch<4, SWIGLU, GROUPED>(c, a, n_rows, grid_y, what);
 }
 
-/* The streaming grouped kernel: slots of the ring that fit one block an SM (8, else 4; 0 =
- * the one-tile kernel), its shared memory, and the grid (one block an SM). */
-static int sk_sms = 0;
-static bool sk_no_stream = false;
-static int sks_slots(int RB, int K) {
-    const sk_layout L = sk_lay(RB, K, 1);
-    for (int S = 8; S >= 4; S -= 4)
-        if ((size_t)S * L.x + (L.total - L.x) <= (size_t)sk_block_max()) return S;
-    return 0;
-}
-static size_t sks_smem(int RB, int K, int S) {
-    const sk_layout L = sk_lay(RB, K, 1);
-    return (size_t)S * L.x + (L.total - L.x);
-}
-
-/* Launches the streaming form of a grouped product when it applies (returns 1), else 0. */
-template <bool SWIGLU>
-static int sk_stream_launch(const struct cuda_ctx *c, const sk_args &a, int n_rows, const char *what, int *rc) {
-    const int K = a.w0.cols, RB = sk_rb(K, 1), S = RB ? sks_slots(RB, K) : 0;
-    if (sk_no_stream || S == 0 || sk_sms <= 0 || ((uintptr_t)a.w0.scales | (uintptr_t)a.w0.biases) & 15 ||
-        (SWIGLU && ((uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases) & 15) || (K / QGROUP) % 8)
-        return 0;
-    const int n_rb = (n_rows + (SWIGLU ? RB / 2 : RB) - 1) / (SWIGLU ? RB / 2 : RB);
-    if (S == 8) skinny_stream_kernel<SWIGLU, 8><<<sk_sms, 256, sks_smem(RB, K, 8), cstream(c)>>>(a, RB, n_rb);
-    else skinny_stream_kernel<SWIGLU, 4><<<sk_sms, 256, sks_smem(RB, K, 4), cstream(c)>>>(a, RB, n_rb);
-    const cudaError_t e = cudaGetLastError();
-    *rc = e == cudaSuccess ? 0 : errorf(c->err, c->errlen, ST_DEVICE, "%s: launch failed: %s", what, cudaGetErrorString(e));
-    return 1;
-}
-
 #define SK_ATTR(NT, SW, GR)                                                                                            \
     if (e == cudaSuccess)                                                                                              \
         e = cudaFuncSetAttribute(skinny_kernel<NT, SW, GR>, cudaFuncAttributeMaxDynamicSharedMemorySize, sk_block_max());
@@ -422,13 +312,6 @@ extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     SK_ATTR(1, true, false) SK_ATTR(2, true, false) SK_ATTR(4, true, false)
     SK_ATTR(1, false, true) SK_ATTR(2, false, true)
     SK_ATTR(1, true, true) SK_ATTR(2, true, true)
-#define SKS_ATTR(SW, S)                                                                                                \
-    if (e == cudaSuccess)                                                                                              \
-        e = cudaFuncSetAttribute(skinny_stream_kernel<SW, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, sk_block_max());
-    SKS_ATTR(true, 4) SKS_ATTR(true, 8) SKS_ATTR(false, 4) SKS_ATTR(false, 8)
-#undef SKS_ATTR
-    sk_sms = cuda_sm_count();
-    sk_no_stream = env_flag("ORCHID_SK_NO_STREAM");
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     return 0;
 }
@@ -545,7 +428,6 @@ extern "C" int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct
     a.x_rows = r->row_of_slot;
     a.act = act;
     a.ld_act = gate->rows;
-    if (sk_stream_launch<true>(c, a, gate->rows, "skinny_grouped_swiglu", &rc)) return rc;
     return sk_dispatch<true, true>(c, a, 2, gate->rows, r->max_tiles, "skinny_grouped_swiglu");
 }
 
@@ -556,7 +438,6 @@ extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct c
     sk_args a = sk_args_for(down, act, down->cols, r);
     a.y = out;
     a.ldy = down->rows;
-    if (sk_stream_launch<false>(c, a, down->rows, "skinny_grouped_down", &rc)) return rc;
     return sk_dispatch<false, true>(c, a, 2, down->rows, r->max_tiles, "skinny_grouped_down");
 }
 
