@@ -14,7 +14,11 @@ order, times in µs from the first launch after the spin:
 then the means per op name (names from the forward's "# op" lines when every op is one
 launch) sorted by their total step.
 
-  tools/trace_report.py trace_T1.csv [--summary]
+then, with --blocks OP (repeatable), the blocks of every launch named OP: how many, their
+lifetimes (start → end; p10 / p50 / p90 / max, and of the blocks that lived over 1 µs, the
+rest being early exits) and the mean blocks resident per SM over the launch's span.
+
+  tools/trace_report.py trace_T1.csv [--summary] [--blocks OP ...]
 """
 import sys
 from collections import defaultdict
@@ -32,22 +36,44 @@ def load(path):
     return names, blocks
 
 
+def block_stats(op, groups):
+    """groups: the block lists of the launches named op"""
+    life, real, resid = [], [], []
+    for bs in groups:
+        span = max(b[11] for b in bs) - min(b[3] for b in bs)
+        sms = len({b[2] for b in bs})
+        d = [(b[11] - b[3]) / 1e3 for b in bs]
+        life += d
+        real += [x for x in d if x > 1.0]
+        if span > 0 and sms:
+            resid.append(sum(d) * 1e3 / (span * sms))
+    q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+    print(f"\nblocks of {op}: {len(groups)} launches, {len(life) / max(1, len(groups)):.0f} blocks a launch "
+          f"({len(real) / max(1, len(groups)):.0f} living over 1 µs)")
+    for nm, xs in (("all", life), ("> 1 µs", real)):
+        print(f"  {nm:7} lifetime µs p10 {q(xs, .1):6.2f} p50 {q(xs, .5):6.2f} p90 {q(xs, .9):6.2f} max {max(xs) if xs else 0:6.2f}"
+              f" mean {sum(xs) / max(1, len(xs)):6.2f}")
+    print(f"  resident blocks per SM over the launch (mean of launches): {sum(resid) / max(1, len(resid)):.2f}")
+
+
 def main():
     path = sys.argv[1]
     summary = "--summary" in sys.argv
+    want_blocks = [sys.argv[i + 1] for i in range(len(sys.argv) - 1) if sys.argv[i] == "--blocks"]
     names, blocks = load(path)
     by = defaultdict(list)
     for b in blocks:
         by[b[0]].append(b)
     launches = []
     for g, bs in by.items():
+        bs.sort(key=lambda b: b[3])
         waited = [b[5] for b in bs if b[5]]
         tails = [b[6] for b in bs if b[6]]
         marks = [[b[k] for b in bs if b[k]] for k in range(7, 11)]
         launches.append({"blocks": len(bs), "sms": len({b[2] for b in bs}), "start": min(b[3] for b in bs),
                          "end": max(b[11] for b in bs), "w0": min(waited) if waited else None,
                          "w1": max(waited) if waited else None, "tail": max(tails) if tails else None,
-                         "marks": [(min(m), max(m)) if m else None for m in marks]})
+                         "marks": [(min(m), max(m)) if m else None for m in marks], "bs": bs})
     launches.sort(key=lambda x: x["start"])
     if launches and launches[0]["blocks"] == 1 and launches[0]["end"] - launches[0]["start"] > 1e6:
         launches = launches[1:]  # the 30 ms spin
@@ -88,6 +114,12 @@ def main():
     for nm, a in sorted(agg.items(), key=lambda kv: -kv[1][1]):
         n = a[0]
         print(f"{nm[:26]:26} {n:4d} {a[1]/n:7.2f} {a[2]/n:7.2f} {a[5]/n:6.2f} {a[3]/n:7.2f} {a[4]/n:7.0f} {a[1]:9.1f}")
+    for op in want_blocks:
+        groups = [l["bs"] for i, l in enumerate(launches) if named and names[i] == op]
+        if groups:
+            block_stats(op, groups)
+        else:
+            print(f"\nblocks of {op}: no launch of that name")
 
 
 if __name__ == "__main__":

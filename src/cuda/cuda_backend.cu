@@ -550,7 +550,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.seqs = (const cuda_seq *)(cb->d_meta + o_seq);
     m.tiles = (const cuda_attn_tile *)(cb->d_meta + o_tile);
     if (cb->trace_path) {
-        int trc = cuda_trace_begin(16384, err, errlen);
+        int trc = cuda_trace_begin(T > 16 ? 65536 : 16384, err, errlen); /* records a SM: a 64-token forward has ~2.5 M blocks */
         if (!trc) trc = cuda_spin(&c, 30000); /* the host queues the forward meanwhile */
         if (trc) {
             cb->trace_path = NULL;
