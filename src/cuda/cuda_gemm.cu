@@ -370,7 +370,7 @@ extern "C" int cuda_moe_grouped_swiglu(const struct cuda_ctx *c, const struct cu
     a.ld_act = gate->rows;
     a.tiles = r->tiles;
     a.max_tiles = r->max_tiles;
-    return dispatch(c, a, true, dim3((gate->rows + 63) / 64, r->max_tiles), "moe_grouped_swiglu");
+    return dispatch(c, a, true, dim3((gate->rows + 63) / 64, cuda_moe_route_grid(r)), "moe_grouped_swiglu");
 }
 
 extern "C" int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
@@ -381,7 +381,7 @@ extern "C" int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda
     a.ldy = down->rows;
     a.tiles = r->tiles;
     a.max_tiles = r->max_tiles;
-    return dispatch(c, a, false, dim3((down->rows + BN - 1) / BN, r->max_tiles), "moe_grouped_down");
+    return dispatch(c, a, false, dim3((down->rows + BN - 1) / BN, cuda_moe_route_grid(r)), "moe_grouped_down");
 }
 
 CUDA_TRACE_TU(gemm)

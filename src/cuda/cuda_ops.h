@@ -190,7 +190,14 @@ struct cuda_moe_route {
     int32_t *slot_of_pair;/* [T*K] */
     int32_t *tiles;       /* [max_tiles * 3] (expert, m0, m_end), then n_tiles at [max_tiles*3] */
     int max_tiles;
+    int bound_tiles;      /* the most tiles the last cuda_moe_route_build can have made: ⌈T·K/64⌉ + E */
 };
+/* Grid rows of a grouped launch over a route: its bound, not the capacity (a 64-token
+ * batch has at most 264 tiles of the 768 a 4,096-token one may: the rest of the blocks
+ * would only start, read the count and exit — H200: ~17,500 such blocks a launch). */
+static inline int cuda_moe_route_grid(const struct cuda_moe_route *r) {
+    return r->bound_tiles > 0 && r->bound_tiles < r->max_tiles ? r->bound_tiles : r->max_tiles;
+}
 int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, struct cuda_moe_route *r);
 int cuda_moe_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act);

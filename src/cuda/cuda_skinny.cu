@@ -428,7 +428,7 @@ extern "C" int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct
     a.x_rows = r->row_of_slot;
     a.act = act;
     a.ld_act = gate->rows;
-    return sk_dispatch<true, true>(c, a, 2, gate->rows, r->max_tiles, "skinny_grouped_swiglu");
+    return sk_dispatch<true, true>(c, a, 2, gate->rows, cuda_moe_route_grid(r), "skinny_grouped_swiglu");
 }
 
 extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
@@ -438,7 +438,7 @@ extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct c
     sk_args a = sk_args_for(down, act, down->cols, r);
     a.y = out;
     a.ldy = down->rows;
-    return sk_dispatch<false, true>(c, a, 2, down->rows, r->max_tiles, "skinny_grouped_down");
+    return sk_dispatch<false, true>(c, a, 2, down->rows, cuda_moe_route_grid(r), "skinny_grouped_down");
 }
 
 CUDA_TRACE_TU(skinny)
