@@ -97,16 +97,20 @@ extern "C" int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const flo
 
 #define GDN_CH 32
 
-/* Lanes per value row LPR = DK/8 (each lane holds 8 state elements in two float4 runs,
- * j = 4·sub + 4·LPR·u + 0..3, so a warp's shared-memory float4 reads are contiguous);
- * rows per block = 256 / LPR. */
-template <int DK>
+/* Lanes per value row LPR = DK/8 (each lane holds 8 state elements of a row in two float4
+ * runs, j = 4·sub + 4·LPR·u + 0..3, so a warp's shared-memory float4 reads are
+ * contiguous); each thread carries RPT rows, 256/LPR apart: rows per block = RPT·256/LPR.
+ * RPT = 2 for batches of several sequences: each block's chain of round trips (sequence,
+ * state, q/k, barrier, update, store) then moves twice the state (H200, 64 sequences:
+ * ~4 µs a block of 16 rows, ~5 resident an SM, 2.1 TB/s). Each row's arithmetic is the
+ * same for either RPT: the same bits. */
+template <int DK, int RPT>
 static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_out, const float *ga, const float *gb,
                                                               int ldab, const float *A_log, const float *dt_bias,
                                                               const cuda_seq *seqs, int layer_ord, int Hk, int Hv,
                                                               int Dv, float *y) {
     TRACE_KERNEL();
-    constexpr int LPR = DK / 8, ROWS = 256 / LPR;
+    constexpr int LPR = DK / 8, TROWS = 256 / LPR, ROWS = RPT * TROWS;
     __shared__ __align__(16) float qs[GDN_CH][DK];
     __shared__ __align__(16) float ks[GDN_CH][DK];
     __shared__ float vs[GDN_CH][ROWS];
@@ -121,15 +125,21 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
     const cuda_seq s = seqs[blockIdx.y];
     const int C = 2 * Hk * DK + Hv * Dv, key_dim = Hk * DK;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int rloc = tid / LPR, sub = tid % LPR;
-    const int row = rb * ROWS + rloc;
-    const bool row_ok = row < Dv;
-    float *S = s.state + (((size_t)layer_ord * Hv + h) * Dv + (row_ok ? row : 0)) * DK;
-    float st[8];
+    const int rloc0 = tid / LPR, sub = tid % LPR;
+    float *S[RPT];
+    bool row_ok[RPT];
+    float st[RPT][8];
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const float4 v4 = row_ok ? *reinterpret_cast<const float4 *>(S + 4 * LPR * u + 4 * sub) : make_float4(0, 0, 0, 0);
-        st[4 * u] = v4.x; st[4 * u + 1] = v4.y; st[4 * u + 2] = v4.z; st[4 * u + 3] = v4.w;
+    for (int i = 0; i < RPT; i++) {
+        const int row = rb * ROWS + rloc0 + i * TROWS;
+        row_ok[i] = row < Dv;
+        S[i] = s.state + (((size_t)layer_ord * Hv + h) * Dv + (row_ok[i] ? row : 0)) * DK;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const float4 v4 =
+                row_ok[i] ? *reinterpret_cast<const float4 *>(S[i] + 4 * LPR * u + 4 * sub) : make_float4(0, 0, 0, 0);
+            st[i][4 * u] = v4.x; st[i][4 * u + 1] = v4.y; st[i][4 * u + 2] = v4.z; st[i][4 * u + 3] = v4.w;
+        }
     }
     const float qscale = rsqrtf((float)DK);
 
@@ -167,22 +177,27 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
             }
         }
         __syncthreads();
-        for (int tt = 0; tt < n; tt++) {
-            const float o = gdn_token<LPR>(st, ks[tt], qs[tt], sub, vs[tt][rloc], al[tt], be[tt]);
-            if (sub == 0) ys[tt][rloc] = o;
-        }
+        for (int tt = 0; tt < n; tt++)
+#pragma unroll
+            for (int i = 0; i < RPT; i++) {
+                const int rl = rloc0 + i * TROWS;
+                const float o = gdn_token<LPR>(st[i], ks[tt], qs[tt], sub, vs[tt][rl], al[tt], be[tt]);
+                if (sub == 0) ys[tt][rl] = o;
+            }
         __syncthreads();
         for (int i = tid; i < n * ROWS; i += blockDim.x) {
             const int tt = i / ROWS, r = i % ROWS;
             if (rb * ROWS + r < Dv) y[(size_t)(c0 + tt) * Hv * Dv + (size_t)h * Dv + rb * ROWS + r] = ys[tt][r];
         }
     }
-    if (row_ok) {
 #pragma unroll
-        for (int u = 0; u < 2; u++)
-            *reinterpret_cast<float4 *>(S + 4 * LPR * u + 4 * sub) =
-                make_float4(st[4 * u], st[4 * u + 1], st[4 * u + 2], st[4 * u + 3]);
-    }
+    for (int i = 0; i < RPT; i++)
+        if (row_ok[i]) {
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+                *reinterpret_cast<float4 *>(S[i] + 4 * LPR * u + 4 * sub) =
+                    make_float4(st[i][4 * u], st[i][4 * u + 1], st[i][4 * u + 2], st[i][4 * u + 3]);
+        }
 }
 
 extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
@@ -190,12 +205,17 @@ extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, co
                              int layer_ord, int Hk, int Hv, int Dk, int Dv, float *y) {
     if (n_seqs <= 0) return 0;
     if (Hv % Hk) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn: %d value heads over %d key heads", Hv, Hk);
-    const int rows = 256 / (Dk / 8);
+    /* two rows a thread for several sequences (A/B: ORCHID_GDN_RPT=1 keeps one) */
+    static const int rpt_many = [] {
+        const char *e = getenv("ORCHID_GDN_RPT");
+        return e && !strcmp(e, "1") ? 1 : 2;
+    }();
+    const int rpt = n_seqs >= 2 ? rpt_many : 1, rows = rpt * 256 / (Dk / 8);
     const dim3 grid(Hv * ((Dv + rows - 1) / rows), n_seqs);
     void (*kern)(const float *, const float *, const float *, int, const float *, const float *, const cuda_seq *, int, int,
-                 int, int, float *) = Dk == 128 ? gdn_scan_kernel<128>
-                                      : Dk == 64 ? gdn_scan_kernel<64>
-                                      : Dk == 32 ? gdn_scan_kernel<32>
+                 int, int, float *) = Dk == 128 ? (rpt == 2 ? gdn_scan_kernel<128, 2> : gdn_scan_kernel<128, 1>)
+                                      : Dk == 64 ? (rpt == 2 ? gdn_scan_kernel<64, 2> : gdn_scan_kernel<64, 1>)
+                                      : Dk == 32 ? (rpt == 2 ? gdn_scan_kernel<32, 2> : gdn_scan_kernel<32, 1>)
                                                  : NULL;
     if (!kern) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn: key head dim %d (32, 64 or 128)", Dk);
     /* Launched without the PDL attribute (it still triggers, so gated_norm after it may
