@@ -233,6 +233,7 @@ int cuda_skinny_kslices(int K);
  * ORCHID_NO_WIDE=1 keeps them on cuda_skinny.cu (A/B). */
 int cuda_skinny_wide_init(char *err, size_t errlen);
 int cuda_skinny_wide_takes_dense(const struct cuda_gemv_seg *segs, int n_segs, int T);
+int cuda_skinny_wide_max_rows(void); /* rows of one matrix one launch takes (taller ones go in chunks) */
 int cuda_skinny_wide_takes_swiglu(const struct cuda_qmat *gate, int T);
 int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
                            int ldx);

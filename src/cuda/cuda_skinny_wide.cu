@@ -183,6 +183,8 @@ static int sw_dense_tiles(const struct cuda_gemv_seg *segs, int n_segs) {
 }
 static int sw_swiglu_tiles(const struct cuda_qmat *gate) { return (gate->rows + SW_ROWS / 2 - 1) / (SW_ROWS / 2); }
 
+extern "C" int cuda_skinny_wide_max_rows(void) { return SW_MAX_TILES * SW_ROWS; }
+
 extern "C" int cuda_skinny_wide_takes_dense(const struct cuda_gemv_seg *segs, int n_segs, int T) {
     return sw_takes(T, segs[0].m.cols, sw_dense_tiles(segs, n_segs));
 }

@@ -1216,6 +1216,9 @@ int main(void) {
         /* tall matrices: cuda_tcv.cu's one token takes the streaming form (lm_head-like) */
         test_skinny(40000 + 17, 2048, 1, 0, 3, 0);
         test_skinny(70000, 512, 1, 0, 2, 1);
+        /* ... and 9..64 tokens the wide form in chunks of rows */
+        test_skinny(40000 + 17, 2048, 1, 0, 40, 0);
+        test_skinny(45000, 2048, 1, 0, 64, 1);
         test_skinny_multi(512, 3);
         test_skinny_multi(2048, 40);
         test_swiglu(512, 2048, 2, 1);
