@@ -63,7 +63,7 @@
 #endif
 
 static const char *USAGE =
-    "usage: orchid bench (--model DIR | --synth 35b-a3b|small|tiny [--seed N]) --prompt-len N --json-out FILE\n"
+    "usage: orchid bench (--model DIR | --synth 35b-a3b|mini|small|tiny [--seed N]) --prompt-len N --json-out FILE\n"
     "                    [--decode-steps 64] [--rounds 1] [--backend auto|cpu|cuda] [--threads N] [--copy-mib 512]\n"
     "  stdout: one row  | prompt_len | backend | prefill tok/s | decode tok/s | achieved GB/s | copy GB/s | digest |";
 

@@ -11,7 +11,7 @@
 #include "model/synth.h"
 
 static const char *USAGE =
-    "usage: orchid synth --out DIR --shape 35b-a3b|small|tiny [--seed N] [--threads N] [--tokenizer DIR] [--sync] [--quiet]\n"
+    "usage: orchid synth --out DIR --shape 35b-a3b|mini|small|tiny [--seed N] [--threads N] [--tokenizer DIR] [--sync] [--quiet]\n"
     "  writes sharded safetensors + index + config.json (+ tokenizer files from .cache/tokenizer when present)\n"
     "  --sync fsyncs every file before exit (the time then includes the disk)";
 

@@ -95,7 +95,8 @@ static __global__ void attn_kernel(const float *qg, const int32_t *pos, const cu
 #pragma unroll
     for (int r = 0; r < CUDA_ATTN_QT; r++) qpos[r] = r < tl.n ? pos[tl.t0 + r] : -1;
     const int kv_len = pos[tl.t0 + tl.n - 1] + 1;
-    const int per = (kv_len + n_split - 1) / n_split;
+    const int own = min(n_split, (kv_len + CUDA_ATTN_SPLIT_KEYS - 1) / CUDA_ATTN_SPLIT_KEYS); /* splits of this tile */
+    const int per = (kv_len + own - 1) / own;
     const int k_lo = split * per, k_hi = min(kv_len, k_lo + per);
 
     float m[CUDA_ATTN_QT], l[CUDA_ATTN_QT], acc[CUDA_ATTN_QT][DPL];

@@ -474,12 +474,14 @@ static int run_layers(struct cuda_backend *cb, const dmeta &m, const cuda_ctx *c
     return 0;
 }
 
-/* Key splits of a decode-shaped attention launch with `units` (query tile, KV head) blocks
- * per split: about two blocks per SM, each at least one 32-key tile (batch-1 decode at
- * context 512: 16 splits of 32 keys; 64 sequences: 2). */
-static int split_for(const struct cuda_backend *cb, int kv_len, int units) {
-    const int by_len = (kv_len + 31) / 32, want = (2 * cb->n_sm + units - 1) / (units > 0 ? units : 1);
-    const int s = by_len < want ? by_len : want;
+/* Key splits of a decode-shaped attention launch for its longest kv_len: one split a 32
+ * keys up to a cap that gives one query tile's KV heads about two blocks per SM (batch-1
+ * decode at context 512: 16 splits of 32 keys). The cap does not depend on the batch: a
+ * tile uses min(n_split, ⌈its kv_len / 32⌉) splits (CUDA_ATTN_SPLIT_KEYS), the same alone
+ * and batched. */
+static int split_for(const struct cuda_backend *cb, int kv_len) {
+    const int by_len = (kv_len + CUDA_ATTN_SPLIT_KEYS - 1) / CUDA_ATTN_SPLIT_KEYS, cap = (2 * cb->n_sm + cb->kvh - 1) / cb->kvh;
+    const int s = by_len < cap ? by_len : cap;
     return s < 1 ? 1 : s > MAX_SPLIT ? MAX_SPLIT : s;
 }
 
@@ -543,7 +545,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.T = T;
     m.n_seqs = b->n_seqs;
     m.n_tiles = n_tiles;
-    m.n_split = T <= MID_T ? split_for(cb, max_len, n_tiles * cb->kvh) : 1;
+    m.n_split = T <= MID_T ? split_for(cb, max_len) : 1;
     m.tok = (const int32_t *)(cb->d_meta + o_tok);
     m.pos = (const int32_t *)(cb->d_meta + o_pos);
     m.tok_seq = (const int32_t *)(cb->d_meta + o_ts);
@@ -731,7 +733,7 @@ static int cuda_session_create(struct backend *base, int max_seq, struct backend
     CUDA_TRY(cudaMemset(s->kv, 0, kv), err, errlen, "session create");
     CUDA_TRY(cudaMemset(s->conv, 0, conv), err, errlen, "session create");
     CUDA_TRY(cudaMemset(s->state, 0, st), err, errlen, "session create");
-    s->n_split = split_for(cb, max_seq, cb->kvh); /* the graph's: enough for the longest context */
+    s->n_split = split_for(cb, max_seq); /* the graph's: enough for the longest context */
     *out = s;
     return 0;
 }

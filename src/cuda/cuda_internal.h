@@ -296,40 +296,48 @@ __device__ __forceinline__ bool last_block_done(int *counter, int total = 0) {
 
 /* RMSNorm of T rows of x (L2 reads: other blocks wrote them) by one block. It runs after
  * every other block of its launch, on the critical path of the decode step, so the first
- * TN_REG·blockDim values of a row and their gains are read once, together, and kept in
- * registers for the second pass (same sums in the same order as reading them twice). */
+ * TN_REG·L values of a row and their gains are read once, together, and kept in registers
+ * for the second pass (same sums in the same order as reading them twice). The sum runs on
+ * L = 256 lanes (the block's first 256 threads; the rest add 0) in rmsnorm_kernel's order
+ * — lane l sums x[l], x[l + 256], ... by fma, then block_sum — so a row normalised here (one
+ * token's decode) has the bits the batched path's rmsnorm kernel gives it. A block of fewer
+ * than 256 threads (none of the tails today) sums on all of them: correct, other bits. */
 #define TN_REG 16
+#define TN_LANES 256
 __device__ __forceinline__ void tail_rmsnorm(const float *x, int ldx, int T, int n, const cuda_tail_norm &tn) {
     __shared__ float sh[32];
+    const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
+    const bool lane = (int)threadIdx.x < L;
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * ldx;
         float v[TN_REG], g[TN_REG];
 #pragma unroll
         for (int k = 0; k < TN_REG; k++) {
-            const int i = threadIdx.x + k * blockDim.x;
-            v[k] = i < n ? __ldcg(xr + i) : 0.0f;
-            g[k] = i < n ? tn.gain[i] : 0.0f;
+            const int i = threadIdx.x + k * L;
+            v[k] = lane && i < n ? __ldcg(xr + i) : 0.0f;
+            g[k] = lane && i < n ? tn.gain[i] : 0.0f;
         }
         float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < TN_REG; k++)
-            if (threadIdx.x + k * blockDim.x < n) ss += v[k] * v[k];
-        for (int i = threadIdx.x + TN_REG * blockDim.x; i < n; i += blockDim.x) {
+            if (lane && threadIdx.x + k * L < n) ss = __fmaf_rn(v[k], v[k], ss);
+        for (int i = threadIdx.x + TN_REG * L; lane && i < n; i += L) {
             const float a = __ldcg(xr + i);
-            ss += a * a;
+            ss = __fmaf_rn(a, a, ss);
         }
         ss = block_sum(ss, sh);
         const float inv = rsqrtf(ss / (float)n + tn.eps);
+        if (!lane) continue; /* (every thread has been through block_sum's barriers) */
 #pragma unroll
         for (int k = 0; k < TN_REG; k++) {
-            const int i = threadIdx.x + k * blockDim.x;
+            const int i = threadIdx.x + k * L;
             if (i < n) {
                 const float o = v[k] * inv * g[k];
                 tn.xn[(size_t)t * n + i] = f2bf(o);
                 if (tn.xn32) tn.xn32[(size_t)t * n + i] = o;
             }
         }
-        for (int i = threadIdx.x + TN_REG * blockDim.x; i < n; i += blockDim.x) {
+        for (int i = threadIdx.x + TN_REG * L; i < n; i += L) {
             const float o = __ldcg(xr + i) * inv * tn.gain[i];
             tn.xn[(size_t)t * n + i] = f2bf(o);
             if (tn.xn32) tn.xn32[(size_t)t * n + i] = o;

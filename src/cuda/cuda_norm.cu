@@ -38,8 +38,8 @@ static __global__ void rmsnorm_kernel(const float *x, const float *gain, int n, 
     pdl_wait();
     const int t = blockIdx.x;
     const float *xr = x + (size_t)(rows ? rows[t] : t) * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    float ss = 0.0f; /* 256 threads: the order tail_rmsnorm repeats (cuda_internal.h) */
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = __fmaf_rn(xr[i], xr[i], ss);
     ss = block_sum(ss, sh);
     const float inv = rsqrtf(ss / (float)n + eps);
     uint16_t *o = xn + (size_t)t * n;

@@ -48,6 +48,10 @@ struct cuda_seq {
 
 /* An attention query tile: up to CUDA_ATTN_QT consecutive tokens of one sequence. */
 #define CUDA_ATTN_QT 8
+/* Key splits: a launch has n_split of them, a tile uses min(n_split, ⌈kv_len / 32⌉) — with
+ * n_split = min(cap, ⌈longest kv_len / 32⌉) that is min(cap, ⌈own kv_len / 32⌉), a function
+ * of the sequence's own length only, so its bits do not depend on the batch. */
+#define CUDA_ATTN_SPLIT_KEYS 32
 struct cuda_attn_tile {
     int seq, t0, n, pad;
 };

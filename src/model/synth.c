@@ -44,9 +44,13 @@ struct shape {
     int layers, hidden, heads, kv_heads, head_dim, lk_heads, lv_heads, lk_dim, lv_dim, experts, topk, moe_inter, sh_inter;
 };
 
-/* tiny and small equal tools/make_test_model.py CONFIGS; 35b-a3b is MODEL.md §1.1. */
+/* tiny and small equal tools/make_test_model.py CONFIGS; 35b-a3b is MODEL.md §1.1; mini
+ * has the full model's widths (so every CUDA kernel form the real checkpoint takes applies:
+ * tiny and small are too narrow for the one-token tensor-core kernels) with 4 layers and
+ * 16 experts, ~0.75 GB: the GPU tests' decode-invariance model. */
 static const struct shape SHAPES[] = {
     {"35b-a3b", 40, 2048, 16, 2, 256, 16, 32, 128, 128, 256, 8, 512, 512},
+    {"mini", 4, 2048, 16, 2, 256, 16, 32, 128, 128, 16, 8, 512, 512},
     {"small", 8, 256, 16, 2, 256, 16, 32, 128, 128, 16, 8, 128, 128},
     {"tiny", 4, 128, 4, 2, 64, 4, 8, 32, 32, 8, 2, 64, 64},
 };

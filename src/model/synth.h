@@ -60,7 +60,7 @@
 
 #include "runtime/safetensors.h"
 
-#define SYNTH_SHAPES "35b-a3b|small|tiny"
+#define SYNTH_SHAPES "35b-a3b|mini|small|tiny"
 
 struct synth_options {
     const char *shape;         /* "35b-a3b", "small" or "tiny" */

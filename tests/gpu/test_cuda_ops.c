@@ -954,6 +954,84 @@ out:
     tmodel_close(&m);
 }
 
+static double max_rel(const float *a, const float *b, size_t n);
+
+/* ---- decode batch invariance (issue 6): each of n_seq sequences prefilled alone, then
+ * greedy decode steps alone (one token a forward: cuda_tcv.cu's path, norms in the launch
+ * tails) and all n_seq together (one token each: the 2..64-token path — skinny or wide
+ * kernels, the rmsnorm kernel, the grouped MoE): every step's logits must be the same bits.
+ * Prompts of different lengths, so the attention's key splits differ per sequence. ---- */
+static void test_decode_invariance(const char *shape, int n_seq, int n_steps) {
+    char err[512];
+    struct tmodel m;
+    if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
+    const int V = m.cfg.vocab, cap = 200;
+    struct backend *gpu = NULL;
+    if (cuda_backend_create(&gpu, &m.cfg, &m.w, err, sizeof err)) { CHECK(0, "%s: backend: %s", shape, err); tmodel_close(&m); return; }
+    struct backend_session **ss = calloc((size_t)n_seq, sizeof *ss);
+    int *plen = malloc((size_t)n_seq * sizeof(int));
+    int32_t *prompts = malloc((size_t)n_seq * 64 * 4), *tok = malloc((size_t)n_seq * 4), *pos = malloc((size_t)n_seq * 4);
+    int32_t *seq = malloc((size_t)n_seq * 4), *rows = malloc((size_t)n_seq * 4);
+    float *alone = malloc((size_t)n_seq * n_steps * V * 4), *last = malloc((size_t)n_seq * V * 4);
+    float **dst = malloc((size_t)n_seq * sizeof(float *));
+    int rc = 0, bad_steps = 0, diverged = 0;
+    double worst = 0;
+    for (int i = 0; i < n_seq && !rc; i++) {
+        rc = gpu->session_create(gpu, cap, &ss[i], err, sizeof err);
+        plen[i] = 3 + (i * 37) % 61; /* 3..63 tokens: 2..64-token prefill chunks, alone */
+        prompt_tokens(prompts + (size_t)i * 64, plen[i], V, 1000u + (uint32_t)i);
+    }
+    /* alone: prefill, then n_steps greedy steps of one token */
+    for (int i = 0; i < n_seq && !rc; i++) {
+        rc = feed(gpu, ss[i], prompts + (size_t)i * 64, plen[i], 0, plen[i] - 1, last + (size_t)i * V, V, err, sizeof err);
+        for (int k = 0; k < n_steps && !rc; k++) {
+            const int32_t t = argmax_row(k ? alone + ((size_t)i * n_steps + k - 1) * V : last + (size_t)i * V, V);
+            rc = feed(gpu, ss[i], &t, 1, plen[i] + k, 0, alone + ((size_t)i * n_steps + k) * V, V, err, sizeof err);
+        }
+    }
+    /* together: the same prefills (alone), then the steps as one batch of n_seq tokens */
+    for (int i = 0; i < n_seq && !rc; i++) {
+        gpu->session_reset(gpu, ss[i]);
+        rc = feed(gpu, ss[i], prompts + (size_t)i * 64, plen[i], 0, plen[i] - 1, last + (size_t)i * V, V, err, sizeof err);
+        tok[i] = argmax_row(last + (size_t)i * V, V);
+    }
+    float *got = malloc((size_t)n_seq * V * 4);
+    for (int k = 0; k < n_steps && !rc; k++) {
+        for (int i = 0; i < n_seq; i++) {
+            pos[i] = plen[i] + k;
+            seq[i] = i;
+            rows[i] = i;
+            dst[i] = got + (size_t)i * V;
+        }
+        struct fwd_batch b = {.n_tokens = n_seq, .tokens = tok, .pos = pos, .seq = seq, .sessions = ss, .n_seqs = n_seq,
+                              .n_out = n_seq, .out_rows = rows, .out_logits = dst};
+        rc = gpu->forward(gpu, &b, err, sizeof err);
+        int differ = 0;
+        for (int i = 0; i < n_seq && !rc; i++) {
+            const float *a = alone + ((size_t)i * n_steps + k) * V;
+            if (memcmp(a, got + (size_t)i * V, (size_t)V * 4)) {
+                differ++;
+                const double e = max_rel(got + (size_t)i * V, a, (size_t)V);
+                if (e > worst) worst = e;
+            }
+            tok[i] = argmax_row(got + (size_t)i * V, V);
+            diverged += tok[i] != argmax_row(a, V);
+        }
+        bad_steps += differ > 0;
+    }
+    CHECK(rc == 0, "%s: decode invariance: %s", shape, err);
+    printf("  %s: %d sequences decoded together vs alone, %d steps: %d steps with differing logits (worst max rel %.3g), "
+           "%d tokens diverged\n", shape, n_seq, n_steps, bad_steps, worst, diverged);
+    CHECK(bad_steps == 0 && diverged == 0, "%s: %d sequences: batched decode differs from alone in %d of %d steps", shape,
+          n_seq, bad_steps, n_steps);
+    for (int i = 0; i < n_seq; i++)
+        if (ss[i]) gpu->session_destroy(gpu, ss[i]);
+    free(ss); free(plen); free(prompts); free(tok); free(pos); free(seq); free(rows); free(alone); free(last); free(dst);
+    free(got);
+    gpu->destroy(gpu);
+    tmodel_close(&m);
+}
+
 /* ---- session state transfer (prefix checkpoints) ---- */
 
 /* Largest |a - b| / max|b| over n floats; 0 when bitwise equal. */
@@ -1294,6 +1372,9 @@ int main(void) {
         test_e2e("synth:tiny", 40, 32);
     }
     test_e2e("synth:small", 40, 32);
+    printf("decode batch invariance:\n");
+    test_decode_invariance("synth:mini", 5, 6);  /* the skinny kernels */
+    test_decode_invariance("synth:mini", 12, 4); /* more than 8 tokens: the wide kernels */
     printf("state transfer:\n");
     test_state_transfer("synth:tiny");
     test_state_transfer("synth:small");
