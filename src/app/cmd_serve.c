@@ -22,7 +22,7 @@ static void usage(FILE *f) {
             "usage: orchid serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--max-seq N]\n"
             "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend auto|cpu|cuda]\n"
             "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N | --cache-mem GiB] [--cache-interval N]\n"
-            "                    [--thinking on|off]\n"
+            "                    [--thinking on|off] [--batch-invariant on|off]\n"
             "                    [--quiet] [--mock]\n"
             "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"
             "  --max-seq N     context per sequence, prompt + completion (default 8192)\n"
@@ -34,6 +34,10 @@ static void usage(FILE *f) {
             "  --cache-interval N   also checkpoint long prompts every N tokens (default 4096; 0 = never)\n"
             "  --api-key KEY   require `Authorization: Bearer KEY` (also $ORCHID_API_KEY)\n"
             "  --thinking X    default when a request does not say (default: the template's, on)\n"
+            "  --batch-invariant X  on (default): a request's tokens are the bits it would get alone,\n"
+            "                  whatever runs beside it (on CUDA prompt chunks then get forwards of\n"
+            "                  their own); off: pack prompt chunks with decoding rows (faster\n"
+            "                  prompt intake, results may differ in the last bits)\n"
             "  --quiet         no per-request log lines\n"
             "  --mock          serve the scripted test model instead of a checkpoint (tests only)\n");
 }
@@ -55,6 +59,7 @@ int cmd_serve(int argc, char **argv) {
     long port = 8000, max_seq = 8192, max_queue = 256, parallel = 4, threads = 0, max_body = 8L << 20;
     long cache_mb = 2048, cache_interval = 4096;
     int thinking = -1;
+    bool invariant = true;
     bool mock = false, quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -91,6 +96,14 @@ int cmd_serve(int argc, char **argv) {
             }
             cache_mb = (long)(gib * 1024.0);
         }
+        else if (!strcmp(a, "--batch-invariant")) {
+            if (!strcmp(v, "on")) invariant = true;
+            else if (!strcmp(v, "off")) invariant = false;
+            else {
+                fprintf(stderr, "orchid serve: --batch-invariant must be on or off; got '%s'\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--thinking")) {
             if (!strcmp(v, "on")) thinking = 1;
             else if (!strcmp(v, "off")) thinking = 0;
@@ -123,6 +136,7 @@ int cmd_serve(int argc, char **argv) {
     so.max_seq = (int)max_seq;
     so.prefill_chunk = 512;
     so.cache_interval = (int)cache_interval;
+    so.batch_invariant = invariant;
     so.open = mock ? port_open_mock : port_open_engine;
     so.port.model_dir = model;
     so.port.backend = backend;

@@ -926,6 +926,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     if (!cb) return errorf(err, errlen, ST_NOMEM, "out of memory");
     cb->base.name = "cuda";
     cb->base.max_batch_tokens = CUDA_MAX_BATCH;
+    cb->base.invariant_tokens = MID_T; /* one-token sequences up to here take the invariant kernels */
     cb->base.session_create = cuda_session_create;
     cb->base.session_destroy = cuda_session_destroy;
     cb->base.session_reset = cuda_session_reset;

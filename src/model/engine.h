@@ -44,6 +44,10 @@ void engine_close(engine *e);
 
 const struct model_config *engine_config(const engine *e);
 const char *engine_backend_name(const engine *e);
+/* The backend's batch invariance (backend.h invariant_tokens): 0 = any batch gives every
+ * token its alone bits; N = only batches of at most N one-token sequences, and a prompt
+ * chunk fed alone, do. */
+int engine_invariant_tokens(const engine *e);
 const char *engine_model_dir(const engine *e);
 double engine_load_seconds(const engine *e);
 size_t engine_tensor_count(const engine *e);  /* tensors in the checkpoint, skipped ones included */

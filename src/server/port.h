@@ -33,6 +33,8 @@ struct model_port {
     int n_stop;
     int32_t turn_start_id; /* the token that opens a chat turn (<|im_start|>); -1: none.
                               The scheduler checkpoints prompts at turn starts. */
+    int invariant_tokens;  /* engine_invariant_tokens: 0 = any batch is batch-invariant; N =
+                              only prompt chunks alone and one-token rows N at most */
 
     /* ---- text side: any thread ---- */
     /* Renders a conversation (OpenAI messages / tools as cJSON) to prompt text.

@@ -22,6 +22,9 @@
  * prompt containing "MOCK_FAIL" makes the forward fail (the 500 path).
  * The forward honours batch_seq.argmax as engine.h defines it (sampler_argmax
  * of the row; with NULL logits only the ids), like a device backend.
+ * ORCHID_MOCK_INVARIANT_TOKENS=N (N > 0) makes the mock report the CUDA backend's kind of
+ * batch invariance (port.h invariant_tokens) and fail any forward that breaks it: a
+ * prompt chunk of several tokens beside anything else, or more than N one-token rows.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -49,6 +52,7 @@ struct mock_seq {
 struct mock_ctx {
     char bytes[256];
     int step_ms;
+    int invariant_tokens; /* > 0: the forward enforces the contract it reports */
 };
 
 /* ---- text side ---- */
@@ -290,6 +294,13 @@ static void mock_logits(const int32_t *t, int L, float *out) {
 
 static int mock_forward(void *ctx, struct batch_seq *seqs, int n_seqs, char *err, size_t errlen) {
     struct mock_ctx *m = ctx;
+    if (m->invariant_tokens > 0) {
+        int multi = 0;
+        for (int i = 0; i < n_seqs; i++) multi += seqs[i].n_tokens > 1;
+        if ((multi && n_seqs > 1) || n_seqs > m->invariant_tokens)
+            return errorf(err, errlen, ST_INTERNAL, "mock: a batch of %d sequences (%d prompt chunks) breaks batch invariance",
+                          n_seqs, multi);
+    }
     for (int i = 0; i < n_seqs; i++) {
         struct mock_seq *s = (struct mock_seq *)seqs[i].s;
         if (seqs[i].n_tokens < 0 || s->len + seqs[i].n_tokens > s->cap)
@@ -339,6 +350,8 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     m->step_ms = 2;
     const char *e = getenv("ORCHID_MOCK_STEP_MS");
     if (e && *e) m->step_ms = atoi(e);
+    e = getenv("ORCHID_MOCK_INVARIANT_TOKENS");
+    if (e && *e) m->invariant_tokens = atoi(e);
     e = getenv("ORCHID_MOCK_LOAD_MS"); /* simulates a slow model load (tests of /health) */
     if (e && *e && atoi(e) > 0) {
         struct timespec ts = {atoi(e) / 1000, (long)(atoi(e) % 1000) * 1000000L};
@@ -353,6 +366,7 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     p->stop_ids[0] = M_IM_END;
     p->stop_ids[1] = M_EOT;
     p->turn_start_id = M_IM_START;
+    p->invariant_tokens = m->invariant_tokens;
     p->n_stop = 2;
     p->render_chat = mock_render;
     p->encode = mock_encode;

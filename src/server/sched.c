@@ -400,8 +400,15 @@ static void *sched_main(void *arg) {
         metrics_queue(w, atomic_load(&S->n_running));
         pthread_mutex_unlock(&S->mu);
 
-        /* Build one batch over every running job. */
+        /* Build one batch over every running job: the decoding ones (one token each) first,
+         * then prompt chunks (their tokens shared out of prefill_chunk in slot order). With
+         * batch invariance asked for on a backend that has it only for some batches
+         * (port.invariant_tokens > 0: CUDA), each prompt chunk gets the whole budget, as
+         * alone, and its own forward, and the one-token rows go in forwards of at most
+         * invariant_tokens — every sequence then gets the bits it gets alone. */
+        const bool split = S->opt.batch_invariant && S->port.invariant_tokens > 0;
         int nb = 0, budget = S->opt.prefill_chunk;
+        for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < S->n_slots; i++) {
             struct slot *sl = &S->slots[i];
             struct job *j = sl->job;
@@ -410,16 +417,18 @@ static void *sched_main(void *arg) {
                 finish_job(S, sl, j, FIN_CANCELLED, NULL);
                 continue;
             }
+            if ((j->n_fed < j->n_prompt) != (pass == 1)) continue;
             struct batch_seq *b = &S->batch[nb];
             b->s = sl->s;
             b->all_logits = false;
             if (j->n_fed < j->n_prompt) {
                 int left = j->n_prompt - j->n_fed;
-                int take = left < budget ? left : budget;
+                const int room = split ? S->opt.prefill_chunk : budget;
+                int take = left < room ? left : room;
                 const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
                 if (ck && j->n_fed + take > ck) take = ck - j->n_fed; /* stop there to save it */
                 if (take <= 0) continue;
-                budget -= take;
+                if (!split) budget -= take;
                 b->tokens = j->prompt + j->n_fed;
                 b->n_tokens = take;
                 b->logits = NULL;
@@ -434,7 +443,18 @@ static void *sched_main(void *arg) {
         }
         if (nb == 0) continue;
         err[0] = 0;
-        int rc = S->port.forward(S->port.ctx, S->batch, nb, err, sizeof err);
+        int rc = 0;
+        if (!split) {
+            rc = S->port.forward(S->port.ctx, S->batch, nb, err, sizeof err);
+        } else {
+            for (int k = 0; k < nb && !rc;) {
+                int n = 1;
+                if (S->batch[k].n_tokens == 1)
+                    while (k + n < nb && n < S->port.invariant_tokens && S->batch[k + n].n_tokens == 1) n++;
+                rc = S->port.forward(S->port.ctx, S->batch + k, n, err, sizeof err);
+                k += n;
+            }
+        }
         if (rc) {
             fprintf(stderr, "request failed: forward: %s\n", err);
             for (int k = 0; k < nb; k++) {

@@ -97,6 +97,7 @@ struct sched_options {
     int max_seq;       /* session capacity (prompt + completion); clamped to the model's */
     int prefill_chunk; /* prompt tokens fed per step, over all sequences */
     int cache_interval; /* also checkpoint long prompts every this many tokens (0: never) */
+    bool batch_invariant; /* each sequence gets the bits it would get alone (port.invariant_tokens) */
     port_open_fn open;
     struct port_options port;
 };

@@ -271,5 +271,41 @@ int main(void) {
     CHECK(sched_submit(S, j) == ST_UNSUPPORTED, "refused after shutdown");
     job_release(j);
     sched_free(S);
+
+    /* batch invariance on a backend that has it only for some batches (the mock enforces
+     * CUDA's kind: prompt chunks alone, at most 2 one-token rows a forward): with it asked
+     * for, every job runs its script whatever runs beside it; without, the packed batches
+     * break the contract (the mock fails them), so the split above is what kept them whole */
+    setenv("ORCHID_MOCK_INVARIANT_TOKENS", "2", 1);
+    for (int inv = 1; inv >= 0; inv--) {
+        so.parallel = 5;
+        so.max_queue = 8;
+        so.batch_invariant = inv;
+        CHECK(sched_start(&S, &so, err, sizeof err) == 0, "%s", err);
+        CHECK(sched_wait_loaded(S, err, sizeof err) == SCHED_READY, "load: %s", err);
+        p = sched_port(S);
+        CHECK(p->invariant_tokens == 2, "mock reports invariant_tokens %d", p->invariant_tokens);
+        static const char *texts[5] = {"SCRIPT:alpha<|im_end|>", "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyySCRIPT:beta gamma<|im_end|>",
+                                       "SCRIPT:d<|im_end|>", "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzSCRIPT:epsilon<|im_end|>",
+                                       "SCRIPT:zeta eta<|im_end|>"};
+        static const char *want[5] = {"alpha", "beta gamma", "d", "epsilon", "zeta eta"};
+        struct job *jobs[5];
+        for (int i = 0; i < 5; i++) {
+            jobs[i] = make_job(p, texts[i], 40);
+            CHECK(sched_submit(S, jobs[i]) == 0, "submit %d", i);
+        }
+        int ok = 0, failed = 0;
+        for (int i = 0; i < 5; i++) {
+            const char *out = run_job(jobs[i]);
+            ok += jobs[i]->finish == FIN_STOP && !strcmp(out, want[i]);
+            failed += jobs[i]->finish == FIN_ERROR;
+            job_release(jobs[i]);
+        }
+        if (inv) CHECK(ok == 5, "batch-invariant scheduling: %d of 5 scripts whole (%d failed)", ok, failed);
+        else CHECK(failed > 0, "packed scheduling should break the mock's contract (%d of 5 whole)", ok);
+        sched_shutdown(S);
+        sched_free(S);
+    }
+    unsetenv("ORCHID_MOCK_INVARIANT_TOKENS");
     return check_summary();
 }
