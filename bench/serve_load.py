@@ -294,6 +294,7 @@ def main():
     ap.add_argument("--ready-timeout", type=int, default=300)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--json", default="serve_load.json")
+    ap.add_argument("--server-args", default="", help="more flags for every server started (e.g. '--batch-invariant off')")
     args = ap.parse_args()
     skip = set(s for s in args.skip.split(",") if s)
     levels = [int(x) for x in args.levels.split(",") if x]
@@ -306,7 +307,8 @@ def main():
 
     # batched server, prefix cache on: the sweep, then the replay
     if not ({"sweep", "replay"} <= skip):
-        s = Server(args, args.port, ["--parallel", str(args.parallel)], "serve_batched.log", args.url)
+        s = Server(args, args.port, ["--parallel", str(args.parallel)] + args.server_args.split(), "serve_batched.log",
+                   args.url)
         try:
             if "sweep" not in skip:
                 out["batched"] = sweep(args, s.url, levels, "batched", False)
@@ -324,7 +326,8 @@ def main():
         if args.url and not given:
             print("no --serial-url / --url-nocache: serial and cache-off parts skipped", file=sys.stderr)
         else:
-            s = Server(args, args.port + 1, ["--parallel", "1", "--prefix-cache-mb", "0"], "serve_serial_nocache.log", given)
+            s = Server(args, args.port + 1, ["--parallel", "1", "--prefix-cache-mb", "0"] + args.server_args.split(),
+                       "serve_serial_nocache.log", given)
             try:
                 if want_serial:
                     out["serial"] = sweep(args, s.url, serial_levels, "serial", True)
