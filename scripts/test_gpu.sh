@@ -2,7 +2,9 @@
 # scripts/test_gpu.sh — `make test-gpu`: the CUDA backend against the CPU reference
 # (tests/gpu/test_cuda_ops.c: every op on fresh random inputs with per-op tolerances,
 # then end to end on the tiny mlx-lm checkpoint and the synthetic small shape, greedy
-# decode >= 31/32 tokens identical). Needs an NVIDIA GPU; ends with "N passed, N failed".
+# decode >= 31/32 tokens identical; decode batch invariance on the synthetic mini shape:
+# sequences decoded together and alone give bitwise equal logits). Needs an NVIDIA GPU;
+# ends with "N passed, N failed". bench/serve_same.py checks the same through the server.
 #   BUILD=dir          where the binaries are (default build)
 #   ORCHID_GPU_TINY    tiny checkpoint directory (default .cache/gpu_models/tiny; made
 #                      with tools/make_test_model.py when .venv has mlx-lm)
