@@ -95,9 +95,8 @@ static __global__ void attn_kernel(const float *qg, const int32_t *pos, const cu
 #pragma unroll
     for (int r = 0; r < CUDA_ATTN_QT; r++) qpos[r] = r < tl.n ? pos[tl.t0 + r] : -1;
     const int kv_len = pos[tl.t0 + tl.n - 1] + 1;
-    const int own = min(n_split, (kv_len + CUDA_ATTN_SPLIT_KEYS - 1) / CUDA_ATTN_SPLIT_KEYS); /* splits of this tile */
-    const int per = (kv_len + own - 1) / own;
-    const int k_lo = split * per, k_hi = min(kv_len, k_lo + per);
+    int k_lo, k_hi;
+    attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
 
     float m[CUDA_ATTN_QT], l[CUDA_ATTN_QT], acc[CUDA_ATTN_QT][DPL];
 #pragma unroll

@@ -71,9 +71,8 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     const int p0 = r0 < nrows ? pos[tl.t0 + r0 / group] : -1;
     const int p1 = r1 < nrows ? pos[tl.t0 + r1 / group] : -1;
     const int kv_len = pos[tl.t0 + tl.n - 1] + 1;
-    const int own = min(n_split, (kv_len + CUDA_ATTN_SPLIT_KEYS - 1) / CUDA_ATTN_SPLIT_KEYS); /* splits of this tile */
-    const int per = (kv_len + own - 1) / own;
-    const int k_lo = split * per, k_hi = min(kv_len, k_lo + per);
+    int k_lo, k_hi;
+    attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
     const uint16_t *kb_ = f_kv(s, layer_ord, 0, kvh, g, D), *vb_ = f_kv(s, layer_ord, 1, kvh, g, D);
 
     float O[NT][4];

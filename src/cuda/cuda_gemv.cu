@@ -163,22 +163,12 @@ extern "C" int cuda_gemv_acc_norm(const struct cuda_ctx *c, const struct cuda_qm
     return gemv_launch(c, &s, 1, x, T, ldx, tail);
 }
 
-static cuda_qmat qmat_at(const cuda_qmat *m, int mat) {
-    cuda_qmat r = *m;
-    const size_t rows = (size_t)mat * m->rows;
-    r.codes = m->codes + rows * (size_t)(m->cols * m->bits / 32);
-    r.scales = m->scales + rows * (size_t)(m->cols / QGROUP);
-    r.biases = m->biases + rows * (size_t)(m->cols / QGROUP);
-    r.n_mats = 1;
-    return r;
-}
-
 extern "C" int cuda_qmatmul(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T,
                             int ldx, float *y, int ldy, int accumulate) {
     if (T >= 2 && T <= 64 && cuda_skinny_supported(m) && ldx % 8 == 0)
         return cuda_skinny_dense(c, m, mat, x, T, ldx, y, ldy, accumulate);
     if (T <= 16) {
-        const cuda_gemv_seg s = {qmat_at(m, mat), y, ldy, accumulate};
+        const cuda_gemv_seg s = {qmat_rows(*m, (size_t)mat * m->rows, m->rows), y, ldy, accumulate};
         if (T == 1 && cuda_tcv_supported(m) && cuda_tcv_enabled()) /* the sums skinny gives a token in a batch */
             return cuda_tcv_multi(c, &s, 1, x);
         return cuda_gemv_multi(c, &s, 1, x, T, ldx);

@@ -262,6 +262,28 @@ __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_gro
 template <int N>
 __device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+/* Rows [r0, r0 + n) (absolute: matrix mat of a stack starts at mat·rows) of a qmat as a
+ * one-matrix qmat of its own: the host's view for launches over a part of a stack. */
+static inline cuda_qmat qmat_rows(const cuda_qmat &m, size_t r0, int n) {
+    cuda_qmat v = m;
+    v.codes = m.codes + r0 * (size_t)(m.cols * m.bits / 32);
+    v.scales = m.scales + r0 * (size_t)(m.cols / QGROUP);
+    v.biases = m.biases + r0 * (size_t)(m.cols / QGROUP);
+    v.rows = n;
+    v.n_mats = 1;
+    return v;
+}
+
+/* Key range [*k_lo, *k_hi) of split `split` of a query tile whose last token sees kv_len
+ * keys: the tile uses min(n_split, ⌈kv_len / CUDA_ATTN_SPLIT_KEYS⌉) splits (its own length
+ * decides, not the batch: cuda_ops.h), later splits are empty. Both attention kernels. */
+__device__ __forceinline__ void attn_split_keys(int kv_len, int n_split, int split, int *k_lo, int *k_hi) {
+    const int own = min(n_split, (kv_len + CUDA_ATTN_SPLIT_KEYS - 1) / CUDA_ATTN_SPLIT_KEYS);
+    const int per = (kv_len + own - 1) / own;
+    *k_lo = split * per;
+    *k_hi = min(kv_len, *k_lo + per);
+}
+
 /* Pointers of row r (absolute, i.e. mat*rows + row) of a qmat. */
 __device__ __forceinline__ const uint32_t *qrow_codes(const cuda_qmat &m, size_t r) {
     return m.codes + r * (size_t)(m.cols * m.bits / 32);

@@ -361,25 +361,17 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
     a.y = y;
     a.ldy = ldy;
     a.accumulate = accumulate;
-    /* matrix `mat` of a stack: offset by whole matrices (same as the grouped expert offset) */
-    const size_t rows = (size_t)mat * m->rows;
-    a.w0.codes = m->codes + rows * (size_t)(m->cols / 8);
-    a.w0.scales = m->scales + rows * (size_t)(m->cols / QGROUP);
-    a.w0.biases = m->biases + rows * (size_t)(m->cols / QGROUP);
+    a.w0 = qmat_rows(*m, (size_t)mat * m->rows, m->rows); /* matrix `mat` of a stack */
     const cuda_gemv_seg sg = {a.w0, y, ldy, accumulate};
     if (cuda_skinny_wide_takes_dense(&sg, 1, T)) return cuda_skinny_wide_dense(c, &sg, 1, x, T, ldx);
     /* a tall matrix (the lm_head of 9..64 rows) through the wide form in chunks of the rows
      * one launch of it takes: one pass builds each A fragment once for all tokens, where
      * this kernel's 8-token passes build it T/8 times (the same sums either way) */
     const int chunk = cuda_skinny_wide_max_rows();
-    cuda_gemv_seg part = sg;
-    part.m.rows = chunk;
+    cuda_gemv_seg part = {qmat_rows(a.w0, 0, chunk), y, ldy, accumulate};
     if (m->rows > chunk && chunk % 16 == 0 && cuda_skinny_wide_takes_dense(&part, 1, T)) {
         for (int r0 = 0; r0 < m->rows; r0 += chunk) {
-            part.m.rows = m->rows - r0 < chunk ? m->rows - r0 : chunk;
-            part.m.codes = a.w0.codes + (size_t)r0 * (m->cols / 8);
-            part.m.scales = a.w0.scales + (size_t)r0 * (m->cols / QGROUP);
-            part.m.biases = a.w0.biases + (size_t)r0 * (m->cols / QGROUP);
+            part.m = qmat_rows(a.w0, r0, m->rows - r0 < chunk ? m->rows - r0 : chunk);
             part.y = y + r0;
             if ((rc = cuda_skinny_wide_dense(c, &part, 1, x, T, ldx))) return rc;
         }
