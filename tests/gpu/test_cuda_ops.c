@@ -1355,7 +1355,7 @@ int main(void) {
     test_moe(256, 8, 2048, 512, 5, 3);
     test_moe(64, 4, 1024, 512, 3, 3);
     test_moe(8, 4, 1024, 512, 12, 3); /* ~6 tokens an expert: token 0 anywhere in its tile */
-    test_moe(8, 4, 1024, 512, 40, 3); /* ~20 tokens an expert: several passes over a streamed tile */
+    test_moe(8, 4, 1024, 512, 40, 3); /* ~20 tokens an expert: several passes over a staged tile */
     printf("ops: %d passed, %d failed so far\n", check_passed_, check_failed_);
 
     printf("end to end:\n");
