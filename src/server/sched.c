@@ -413,7 +413,9 @@ static void *sched_main(void *arg) {
             struct slot *sl = &S->slots[i];
             struct job *j = sl->job;
             if (!j) continue;
-            if (atomic_load(&j->cancel)) {
+            /* cancellations are taken in the first pass only: a job already in the batch
+             * (decoding, pass 0) must not be finished — freed — before its forward */
+            if (pass == 0 && atomic_load(&j->cancel)) {
                 finish_job(S, sl, j, FIN_CANCELLED, NULL);
                 continue;
             }
