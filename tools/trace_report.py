@@ -18,7 +18,11 @@ then, with --blocks OP (repeatable), the blocks of every launch named OP: how ma
 lifetimes (start → end; p10 / p50 / p90 / max, and of the blocks that lived over 1 µs, the
 rest being early exits) and the mean blocks resident per SM over the launch's span.
 
-  tools/trace_report.py trace_T1.csv [--summary] [--blocks OP ...]
+and, with --phases OP (repeatable), where a block of OP spends its life: the blocks that
+passed all of the kernel's marks 4..7, the p50 and mean µs of start → mark 4 → 5 → 6 → 7
+→ end (what each mark means is written beside its trace_mark call).
+
+  tools/trace_report.py trace_T1.csv [--summary] [--blocks OP ...] [--phases OP ...]
 """
 import sys
 from collections import defaultdict
@@ -29,7 +33,9 @@ def load(path):
     with open(path) as f:
         for line in f:
             if line.startswith("# op "):
-                names.append(line.split(None, 3)[3].strip())
+                f_ = line.split()
+                # "# op i name [kernels]": an op that made n launches names n of them
+                names += [f_[3]] * (int(f_[4]) if len(f_) > 4 else 1)
             elif line[0].isdigit():
                 v = [int(x) for x in line.strip().split(",")]
                 blocks.append(v)  # grid, block, sm, start, prewait, waited, tail, mark4..7, end
@@ -56,10 +62,24 @@ def block_stats(op, groups):
     print(f"  resident blocks per SM over the launch (mean of launches): {sum(resid) / max(1, len(resid)):.2f}")
 
 
+def phase_stats(op, groups):
+    """groups: the block lists of the launches named op; phases between the marks"""
+    bs = [b for g in groups for b in g if all(b[k] for k in range(7, 11))]
+    print(f"\nphases of {op}: {len(bs)} blocks with every mark (of {sum(len(g) for g in groups)})")
+    if not bs:
+        return
+    cuts = [3, 7, 8, 9, 10, 11]  # start, mark4..7, end
+    labels = ["start>m4", "m4>m5", "m5>m6", "m6>m7", "m7>end"]
+    for j, lab in enumerate(labels):
+        d = sorted((b[cuts[j + 1]] - b[cuts[j]]) / 1e3 for b in bs)
+        print(f"  {lab:9} p50 {d[len(d) // 2]:6.2f}  p90 {d[int(.9 * len(d))]:6.2f}  mean {sum(d) / len(d):6.2f} µs")
+
+
 def main():
     path = sys.argv[1]
     summary = "--summary" in sys.argv
     want_blocks = [sys.argv[i + 1] for i in range(len(sys.argv) - 1) if sys.argv[i] == "--blocks"]
+    want_phases = [sys.argv[i + 1] for i in range(len(sys.argv) - 1) if sys.argv[i] == "--phases"]
     names, blocks = load(path)
     by = defaultdict(list)
     for b in blocks:
@@ -120,6 +140,12 @@ def main():
             block_stats(op, groups)
         else:
             print(f"\nblocks of {op}: no launch of that name")
+    for op in want_phases:
+        groups = [l["bs"] for i, l in enumerate(launches) if named and names[i] == op]
+        if groups:
+            phase_stats(op, groups)
+        else:
+            print(f"\nphases of {op}: no launch of that name")
 
 
 if __name__ == "__main__":

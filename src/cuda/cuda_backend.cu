@@ -107,6 +107,8 @@ struct cuda_backend {
     const char *trace_path; /* != NULL: the next forward records its in-kernel timeline here */
     int trace_n;
     const char *trace_name[PROF_MAX]; /* the forward's op names, in launch order */
+    unsigned trace_launches[PROF_MAX]; /* kernels each op launched */
+    unsigned trace_launch0;            /* cuda_trace_launch_count() at the previous op's end */
 };
 
 /* ---- weights ---- */
@@ -219,7 +221,12 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
 
 static void prof_mark(struct cuda_backend *cb, const char *name) {
     if (cb->trace_path) { /* tracing: names only (events would add gaps between the kernels) */
-        if (cb->trace_n < PROF_MAX) cb->trace_name[cb->trace_n++] = name;
+        if (cb->trace_n < PROF_MAX) {
+            const unsigned now = cuda_trace_launch_count();
+            cb->trace_launches[cb->trace_n] = now - cb->trace_launch0;
+            cb->trace_launch0 = now;
+            cb->trace_name[cb->trace_n++] = name;
+        }
         return;
     }
     if (!cb->prof_on || cb->prof_n >= PROF_MAX) return;
@@ -281,12 +288,14 @@ extern "C" int cuda_backend_set_profile(struct backend *b, int on, char *err, si
 
 /* The next forward (not captured) records every block's start, pdl_wait and end on the
  * GPU clock (cuda_trace_begin) behind a 30 ms spin, and writes them to path as CSV:
- * "# op <i> <name>" lines (the forward's ops in launch order), then one line per block:
+ * "# op <i> <name> <kernels it launched>" lines (the forward's ops in launch order; the
+ * count is 0 in non-trace builds, which never get here), then one line per block:
  * grid,block,sm and its start, pre-wait, waited, tail, marks 4..7 and end times (ns, 0 = none). */
 extern "C" int cuda_backend_trace_next(struct backend *b, const char *path) {
     struct cuda_backend *cb = (struct cuda_backend *)b;
     cb->trace_path = path;
     cb->trace_n = 0;
+    cb->trace_launch0 = cuda_trace_launch_count();
     return 0;
 }
 
@@ -302,7 +311,7 @@ static int trace_write(struct cuda_backend *cb, char *err, size_t errlen) {
         free(r);
         return errorf(err, errlen, ST_IO, "trace: cannot write %s", path);
     }
-    for (int i = 0; i < cb->trace_n; i++) fprintf(f, "# op %d %s\n", i, cb->trace_name[i]);
+    for (int i = 0; i < cb->trace_n; i++) fprintf(f, "# op %d %s %u\n", i, cb->trace_name[i], cb->trace_launches[i]);
     fprintf(f, "grid,block,sm,start,prewait,waited,tail,mark4,mark5,mark6,mark7,end\n");
     for (size_t i = 0; i < n; i++) {
         fprintf(f, "%llu,%u,%u", r[i].grid, r[i].block, r[i].sm);
@@ -554,6 +563,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     if (cb->trace_path) {
         int trc = cuda_trace_begin(T > 16 ? 65536 : 16384, err, errlen); /* records a SM: a 64-token forward has ~2.5 M blocks */
         if (!trc) trc = cuda_spin(&c, 30000); /* the host queues the forward meanwhile */
+        cb->trace_launch0 = cuda_trace_launch_count(); /* the spin is no op's launch */
         if (trc) {
             cb->trace_path = NULL;
             return trc;

@@ -21,9 +21,19 @@ extern "C" {
 
 #define QGROUP 64
 
+/* Trace builds count every checked launch (cuda_trace_launches, cuda_util.cu), so the
+ * timeline can say which launches each named op of a forward made. */
+#ifdef ORCHID_TRACE
+extern "C" unsigned cuda_trace_launches;
+#define TRACE_COUNT_LAUNCH() (cuda_trace_launches++)
+#else
+#define TRACE_COUNT_LAUNCH() ((void)0)
+#endif
+
 /* Checks the launch just made; returns from the calling launcher on failure. */
 #define LAUNCH_CHECK(c, what)                                                                          \
     do {                                                                                               \
+        TRACE_COUNT_LAUNCH();                                                                          \
         cudaError_t e_ = cudaGetLastError();                                                           \
         if (e_ != cudaSuccess)                                                                         \
             return errorf((c)->err, (c)->errlen, ST_DEVICE, "CUDA launch of %s failed: %s", (what),    \
@@ -43,6 +53,7 @@ extern "C" {
  * returns from the calling launcher on failure only. */
 #define LAUNCH_TRY(c, call, what)                                                                      \
     do {                                                                                               \
+        TRACE_COUNT_LAUNCH();                                                                          \
         cudaError_t r_ = (call);                                                                       \
         const cudaError_t l_ = cudaGetLastError();                                                     \
         if (r_ == cudaSuccess) r_ = l_;                                                                \

@@ -79,22 +79,40 @@ __device__ __forceinline__ void sk_group_step(const uint32_t (&af)[4][4], const 
     acc[3] += fmaf(w.s1, cg[3], w.b1 * sxb);
 }
 
-/* Σ of the 64 bf16 x values of one group, in the fixed order every path uses. */
-__device__ __forceinline__ float sk_group_sum(const uint4 *xp) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int v = 0; v < 8; v++) {
-        const uint4 q = xp[v];
-        sum += bf_lo(q.x) + bf_hi(q.x) + bf_lo(q.y) + bf_hi(q.y) + bf_lo(q.z) + bf_hi(q.z) + bf_lo(q.w) + bf_hi(q.w);
-    }
-    return sum;
+/* Σ of the 8 bf16 values of one 16-byte chunk, left to right. */
+__device__ __forceinline__ float sk_chunk_sum(const uint4 q) {
+    return bf_lo(q.x) + bf_hi(q.x) + bf_lo(q.y) + bf_hi(q.y) + bf_lo(q.z) + bf_hi(q.z) + bf_lo(q.w) + bf_hi(q.w);
 }
 
 /* Σx of every group of n staged rows of G groups (row r at xs + r·stride) into
- * xsum[r·G + g], the block's threads taking the (row, group) pairs in turn. */
+ * xsum[r·G + g], in the fixed order every path uses: the sums of the group's 8 16-byte
+ * chunks (sk_chunk_sum) added in chunk order to 0. A thread takes one (row, group) sum at
+ * a time, two at once (independent chains), rows fastest across the block's threads:
+ * with stride ≡ 16 bytes mod 128 (the skinny kernels pad their rows by 8 bf16) the 8
+ * lanes of a 16-byte load phase read 8 rows' chunks in distinct banks. (Groups fastest
+ * put a warp's loads 128 bytes apart, an 8-way bank conflict on every load: 1.3 µs of a
+ * grouped MoE block's 10 and 4–5 µs of a 64-token wide block on the H200.) */
+__device__ __forceinline__ float sk_group_sum(const uint16_t *x64) {
+    const uint4 *xp = reinterpret_cast<const uint4 *>(x64);
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < 8; v++) sum += sk_chunk_sum(xp[v]);
+    return sum;
+}
 __device__ __forceinline__ void sk_group_sums(const uint16_t *xs, int n, size_t stride, int G, float *xsum) {
-    for (int i = threadIdx.x; i < n * G; i += blockDim.x)
-        xsum[i] = sk_group_sum(reinterpret_cast<const uint4 *>(xs + (size_t)(i / G) * stride + (i % G) * QGROUP));
+    if (n == 1) { /* one token (the decode kernels): group g at xs + 64 g */
+        for (int g = threadIdx.x; g < G; g += blockDim.x) xsum[g] = sk_group_sum(xs + g * QGROUP);
+        return;
+    }
+    const int total = n * G;
+    for (int i0 = threadIdx.x; i0 < total; i0 += 2 * blockDim.x) {
+        const int i1 = i0 + blockDim.x; /* two independent sums a round */
+        const int r0 = i0 % n, g0 = i0 / n, r1 = i1 % n, g1 = i1 / n;
+        const float s0 = sk_group_sum(xs + (size_t)r0 * stride + g0 * QGROUP);
+        const float s1 = i1 < total ? sk_group_sum(xs + (size_t)r1 * stride + g1 * QGROUP) : 0.0f;
+        xsum[r0 * G + g0] = s0;
+        if (i1 < total) xsum[r1 * G + g1] = s1;
+    }
 }
 
 /* ---- a warp's m-tile read straight into registers (cuda_tcv.cu, cuda_skinny_wide.cu) ----

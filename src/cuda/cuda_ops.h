@@ -314,6 +314,9 @@ typedef struct cuda_trace_dev {
 int cuda_trace_begin(unsigned cap_per_sm, char *err, size_t errlen);
 /* Stops recording; *out (malloc'd, caller frees) gets the records, *n their count. */
 int cuda_trace_end(cuda_trace_rec **out, size_t *n, char *err, size_t errlen);
+/* Kernel launches made so far (trace builds; 0 otherwise): the difference between two
+ * calls is the launches of what ran between them. */
+unsigned cuda_trace_launch_count(void);
 
 #ifdef __cplusplus
 }

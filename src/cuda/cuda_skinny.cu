@@ -92,11 +92,13 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, c = lane & 3;
     int expert = 0, m0 = 0, count = a.T;
-    if (GROUPED) {
-        if ((int)blockIdx.y >= a.tiles[a.max_tiles * 3]) return;
-        expert = a.tiles[blockIdx.y * 3];
-        m0 = a.tiles[blockIdx.y * 3 + 1];
-        count = a.tiles[blockIdx.y * 3 + 2] - m0;
+    if (GROUPED) { /* the tile count and this tile's entry requested together (one round trip) */
+        const int n_tiles = a.tiles[a.max_tiles * 3];
+        const int e = a.tiles[blockIdx.y * 3], b = a.tiles[blockIdx.y * 3 + 1], end = a.tiles[blockIdx.y * 3 + 2];
+        if ((int)blockIdx.y >= n_tiles) return;
+        expert = e;
+        m0 = b;
+        count = end - b;
     }
     cuda_qmat w0 = a.w0;
     float *y = a.y;
@@ -122,6 +124,12 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm + L.x);
     float *xsum = reinterpret_cast<float *>(sm + L.xsum);
     float *red = reinterpret_cast<float *>(sm + L.red);
+
+    /* grouped: the token rows of the tile's slots, requested before the weight copies are
+     * issued and read after (one round trip less on the way to the first pass's tokens) */
+    __shared__ int slot_row[SK_MAX_T];
+    int my_row = 0;
+    if (GROUPED && (int)threadIdx.x < count) my_row = a.x_rows ? a.x_rows[m0 + threadIdx.x] : m0 + (int)threadIdx.x;
 
     /* stage the tile: tile row i is matrix row rbase + i (SwiGLU: gate rows, then up rows) */
     {
@@ -174,6 +182,11 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
         }
     }
 
+    if (GROUPED) {
+        if ((int)threadIdx.x < count) slot_row[threadIdx.x] = my_row;
+        __syncthreads();
+    }
+    trace_mark(TRACE_MARK4); /* the tile's copies issued */
     const int mt = warp % MT, ks = warp / MT;
     const int gper = G / KS, g0 = ks * gper; /* KS divides G (sk_rb) */
     const int tr0 = mt * 16 + gq, tr1 = tr0 + 8; /* tile rows of this lane */
@@ -185,15 +198,16 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
         if (p0 > 0) __syncthreads(); /* the previous pass is done with xs */
         for (int idx = threadIdx.x; idx < nrows * chunks; idx += blockDim.x) {
             const int j = idx / chunks, ch = idx % chunks;
-            int row = p0 + j;
-            if (GROUPED) row = a.x_rows ? a.x_rows[m0 + row] : m0 + row;
+            const int row = GROUPED ? slot_row[p0 + j] : p0 + j;
             cpa16(xs + (size_t)j * xstride + ch * 8, a.x + (size_t)row * a.ldx + ch * 8);
         }
         cpa_commit();
         cpa_wait<0>();
         __syncthreads();
+        trace_mark(TRACE_MARK5); /* tile and tokens landed */
         sk_group_sums(xs, nrows, xstride, G, xsum);
         __syncthreads();
+        trace_mark(TRACE_MARK6);
         float acc[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -218,6 +232,7 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
             }
         }
 
+        trace_mark(TRACE_MARK7); /* (warp 0's) products done */
         /* the k-slices meet in shared memory, summed in slice order */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)

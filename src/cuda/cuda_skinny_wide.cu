@@ -63,6 +63,10 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     const int ks = blockIdx.y, KS = gridDim.y, tile = blockIdx.x, T = a.T;
+    /* n-split (blockIdx.z of gridDim.z): this block's n-tiles [nt0, nt1) of the ⌈T/8⌉,
+     * tokens t0 .. t0 + nT - 1, staged from row 0 of xs */
+    const int ntt = (T + 7) / 8, nt0 = (int)blockIdx.z * ntt / (int)gridDim.z;
+    const int nnt = ((int)blockIdx.z + 1) * ntt / (int)gridDim.z - nt0, t0 = nt0 * 8, nT = min(T - t0, nnt * 8);
     int s = 0;
     while (s + 1 < a.nseg && tile >= a.blk0[s + 1]) s++;
     const int blk = tile - a.blk0[s];
@@ -74,24 +78,26 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     const int r0 = blk * ORW + lr0;
     tcv_w<GPW> w;
     tcv_load<GPW, false>(is_up ? a.up : m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
+    trace_mark(TRACE_MARK4); /* (thread 0's) weight loads issued */
 
     /* the k-slice's columns of every token, then their group sums */
     constexpr int XC = GPW * QGROUP, XS = XC + 8;
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)SW_MAX_T * XS * 2);
-    for (int i = threadIdx.x; i < T * (XC / 8); i += blockDim.x) {
+    for (int i = threadIdx.x; i < nT * (XC / 8); i += blockDim.x) {
         const int t = i / (XC / 8), ch = i % (XC / 8);
-        cpa16(xs + (size_t)t * XS + ch * 8, a.x + (size_t)t * a.ldx + (size_t)ks * XC + ch * 8);
+        cpa16(xs + (size_t)t * XS + ch * 8, a.x + (size_t)(t0 + t) * a.ldx + (size_t)ks * XC + ch * 8);
     }
     cpa_commit();
     cpa_wait<0>();
     __syncthreads();
-    sk_group_sums(xs, T, XS, GPW, xsum);
+    trace_mark(TRACE_MARK5); /* tokens landed */
+    sk_group_sums(xs, nT, XS, GPW, xsum);
     __syncthreads();
+    trace_mark(TRACE_MARK6);
 
-    /* columns of tokens ≥ T hold whatever shared memory held: they stay in their own
+    /* columns of tokens past nT hold whatever shared memory held: they stay in their own
      * columns of the mma and are never written */
-    const int ntt = (T + 7) / 8;
     float acc[SW_MAX_T / 8][4];
 #pragma unroll
     for (int nt = 0; nt < SW_MAX_T / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -102,19 +108,20 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
         sk_frags(f, af);
 #pragma unroll
         for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
-            if (nt >= ntt) break;
+            if (nt >= nnt) break;
             sk_group_step(af, f, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, xsum[(nt * 8 + 2 * c) * GPW + gi],
                           xsum[(nt * 8 + 2 * c + 1) * GPW + gi], acc[nt]);
         }
     }
 
+    trace_mark(TRACE_MARK7); /* (warp 0's) products done: its weights had landed */
     /* this slice's partials: rows lr0, lr0 + 8 (SwiGLU: up rows at 64 +), tokens 2c, 2c + 1 */
     float *P = a.part + (size_t)(tile * KS + ks) * T * SW_ROWS;
     const int pr = (is_up ? ORW : 0) + lr0;
 #pragma unroll
     for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
-        if (nt >= ntt) break;
-        const int ta = nt * 8 + 2 * c, tb = ta + 1;
+        if (nt >= nnt) break;
+        const int ta = t0 + nt * 8 + 2 * c, tb = ta + 1;
         if (ta < T) {
             P[(size_t)ta * SW_ROWS + pr] = acc[nt][0];
             P[(size_t)ta * SW_ROWS + pr + 8] = acc[nt][2];
@@ -124,18 +131,44 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
             P[(size_t)tb * SW_ROWS + pr + 8] = acc[nt][3];
         }
     }
-    if (!sw_last_of(&a.cnt[tile], KS)) return;
-    for (int i = threadIdx.x; i < T * ORW; i += blockDim.x) {
-        const int t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
-        if (r >= m.rows) continue;
-        float v = 0.0f, u = 0.0f;
-        for (int k = 0; k < KS; k++) v += __ldcg(a.part + ((size_t)(tile * KS + k) * T + t) * SW_ROWS + lr);
-        if (SWIGLU) {
-            for (int k = 0; k < KS; k++) u += __ldcg(a.part + ((size_t)(tile * KS + k) * T + t) * SW_ROWS + ORW + lr);
-            a.act[(size_t)t * a.ld_act + r] = f2bf(silu(v) * u);
-        } else {
-            float *dst = a.y[s] + (size_t)t * a.ldy[s] + r;
-            *dst = a.accumulate ? *dst + v : v;
+    if (!sw_last_of(&a.cnt[tile], KS * (int)gridDim.z)) return;
+    /* The last block adds the slices' partials in slice order from 0. A thread takes SW_U
+     * outputs at once and requests all of their partials (and the outputs it accumulates
+     * into) before adding any: one L2 round trip for SW_U · (KS + 1) loads (an output at a
+     * time was 32 dependent round trips a thread, ~20 µs of the 64-token out-projection on
+     * the H200). */
+    constexpr int SW_U = GPW == 16 ? 8 : 4; /* (8 at GPW 8 spilled under its 128-register bound) */
+    for (int i0 = threadIdx.x; i0 < T * ORW; i0 += SW_U * blockDim.x) {
+        float pv[SW_U][SW_MAX_KS], pu[SW_U][SW_MAX_KS], old[SW_U];
+#pragma unroll
+        for (int j = 0; j < SW_U; j++) {
+            const int i = i0 + j * blockDim.x, t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
+            const bool in = i < T * ORW && r < m.rows;
+            const float *p = a.part + ((size_t)(tile * KS) * T + t) * SW_ROWS + lr;
+#pragma unroll
+            for (int k = 0; k < SW_MAX_KS; k++) {
+                const bool ok = in && k < KS;
+                pv[j][k] = ok ? __ldcg(p + (size_t)k * T * SW_ROWS) : 0.0f;
+                if (SWIGLU) pu[j][k] = ok ? __ldcg(p + (size_t)k * T * SW_ROWS + ORW) : 0.0f;
+            }
+            old[j] = !SWIGLU && in && a.accumulate ? a.y[s][(size_t)t * a.ldy[s] + r] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < SW_U; j++) {
+            const int i = i0 + j * blockDim.x, t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
+            if (i >= T * ORW || r >= m.rows) continue;
+            float v = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int k = 0; k < SW_MAX_KS; k++)
+                if (k < KS) v += pv[j][k];
+            if (SWIGLU) {
+#pragma unroll
+                for (int k = 0; k < SW_MAX_KS; k++)
+                    if (k < KS) u += pu[j][k];
+                a.act[(size_t)t * a.ld_act + r] = f2bf(silu(v) * u);
+            } else {
+                a.y[s][(size_t)t * a.ldy[s] + r] = a.accumulate ? old[j] + v : v;
+            }
         }
     }
 }
@@ -204,13 +237,30 @@ static sw_args sw_args_for(const uint16_t *x, int ldx, int T) {
     return a;
 }
 
+/* Blocks a launch's (tile, slice) pairs are split into along the tokens: the most of 1,
+ * 2, 4, 8 (at most one n-tile a block) that still fits one wave (resident blocks: 1 an SM
+ * at GPW 16, 2 at 8). A launch of few tiles otherwise leaves SMs idle while each of its
+ * blocks runs all n-tiles (H200, 64 tokens: the out-projection, 64 blocks on 132 SMs,
+ * 21 µs of products a block; the shared expert's gate/up, 32 blocks). The sums of a
+ * (row, token) do not depend on the split. */
+static int sw_nsplit(int blocks, int ntt, int gpw) {
+    static int sms = 0;
+    if (!sms) sms = cuda_sm_count() > 0 ? cuda_sm_count() : 1;
+    static const bool off = env_flag("ORCHID_SW_NOSPLIT");
+    const int wave = sms * (gpw == 16 ? 1 : 2);
+    int ns = 1;
+    while (!off && ns * 2 <= ntt && ns < 8 && blocks * ns * 2 <= wave) ns *= 2;
+    return ns;
+}
+
 /* One launch, the slice width picked from K (the caller asked sw_takes). */
 template <bool SWIGLU>
 static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
     const int gpw = sw_gpw(K), ks = (K / QGROUP) / gpw;
     if (!sw_takes(a.T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", a.T, K);
-    if (gpw == 8) sw_kernel<8, SWIGLU><<<dim3(tiles, ks), 256, sw_smem(8), cstream(c)>>>(a);
-    else sw_kernel<16, SWIGLU><<<dim3(tiles, ks), 256, sw_smem(16), cstream(c)>>>(a);
+    const int ns = sw_nsplit(tiles * ks, (a.T + 7) / 8, gpw);
+    if (gpw == 8) sw_kernel<8, SWIGLU><<<dim3(tiles, ks, ns), 256, sw_smem(8), cstream(c)>>>(a);
+    else sw_kernel<16, SWIGLU><<<dim3(tiles, ks, ns), 256, sw_smem(16), cstream(c)>>>(a);
     LAUNCH_CHECK(c, SWIGLU ? "skinny_wide_swiglu" : "skinny_wide");
 }
 

@@ -173,6 +173,14 @@ static int trace_set(const cuda_trace_dev *d) {
 static int trace_set(const cuda_trace_dev *) { return -1; }
 #endif
 
+#ifdef ORCHID_TRACE
+extern "C" unsigned cuda_trace_launches;
+unsigned cuda_trace_launches;
+extern "C" unsigned cuda_trace_launch_count(void) { return cuda_trace_launches; }
+#else
+extern "C" unsigned cuda_trace_launch_count(void) { return 0; }
+#endif
+
 extern "C" int cuda_trace_begin(unsigned cap_per_sm, char *err, size_t errlen) {
 #ifndef ORCHID_TRACE
     (void)cap_per_sm;
