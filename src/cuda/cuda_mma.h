@@ -8,6 +8,14 @@
 
 #include "cuda/cuda_internal.h"
 
+/* Whether the skinny kernels (cuda_skinny.cu, cuda_skinny_wide.cu) launch with PDL:
+ * their weight copies then go out while the previous kernel finishes (H200, 64 sequences:
+ * see docs/PERFORMANCE.md, session 6). ORCHID_SK_NOPDL=1 launches them plainly (A/B). */
+static inline bool sk_pdl() {
+    static const bool off = env_flag("ORCHID_SK_NOPDL");
+    return !off;
+}
+
 /* Codes j and j+4 of a word as the bf16x2 (q_j, q_{j+4}), exact. */
 __device__ __forceinline__ uint32_t q_pair(uint32_t w, int j) {
     const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; /* bf16 128 + q */

@@ -91,8 +91,10 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     extern __shared__ __align__(16) unsigned char sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, c = lane & 3;
+    pdl_trigger();
     int expert = 0, m0 = 0, count = a.T;
     if (GROUPED) { /* the tile count and this tile's entry requested together (one round trip) */
+        pdl_wait(); /* the route is the previous kernels' */
         const int n_tiles = a.tiles[a.max_tiles * 3];
         const int e = a.tiles[blockIdx.y * 3], b = a.tiles[blockIdx.y * 3 + 1], end = a.tiles[blockIdx.y * 3 + 2];
         if ((int)blockIdx.y >= n_tiles) return;
@@ -125,6 +127,8 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     float *xsum = reinterpret_cast<float *>(sm + L.xsum);
     float *red = reinterpret_cast<float *>(sm + L.red);
 
+    /* dense: the weight copies go out before the wait (weights are immutable), the tokens
+     * after it */
     /* grouped: the token rows of the tile's slots, requested before the weight copies are
      * issued and read after (one round trip less on the way to the first pass's tokens) */
     __shared__ int slot_row[SK_MAX_T];
@@ -185,6 +189,8 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     if (GROUPED) {
         if ((int)threadIdx.x < count) slot_row[threadIdx.x] = my_row;
         __syncthreads();
+    } else {
+        pdl_wait();
     }
     trace_mark(TRACE_MARK4); /* the tile's copies issued */
     const int mt = warp % MT, ks = warp / MT;
@@ -297,8 +303,9 @@ static int sk_launch(const struct cuda_ctx *c, const sk_args &a, int n_rows, int
     const int RB = sk_rb(a.w0.cols, NT);
     const int orows = SWIGLU ? RB / 2 : RB;
     const dim3 grid((n_rows + orows - 1) / orows, grid_y);
-    skinny_kernel<NT, SWIGLU, GROUPED><<<grid, 256, sk_lay(RB, a.w0.cols, NT).total, cstream(c)>>>(a, RB);
-    LAUNCH_CHECK(c, what);
+    LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), skinny_kernel<NT, SWIGLU, GROUPED>, grid, dim3(256),
+                                    sk_lay(RB, a.w0.cols, NT).total, cstream(c), a, RB),
+                    what);
 }
 
 /* n_rows: rows of the (per-expert) matrix, or for several matrices Σ blocks × RB. */

@@ -76,9 +76,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     const bool is_up = SWIGLU && warp >= 4;
     const int lr0 = (SWIGLU ? (warp & 3) : warp) * 16 + gq; /* this lane's first row in the tile */
     const int r0 = blk * ORW + lr0;
-    tcv_w<GPW> w;
-    tcv_load<GPW, false>(is_up ? a.up : m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
+    pdl_trigger();
+    tcv_w<GPW> w; /* weights before the wait (coherent loads: .nc ones would sink below it) */
+    tcv_load<GPW, true>(is_up ? a.up : m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
     trace_mark(TRACE_MARK4); /* (thread 0's) weight loads issued */
+    pdl_wait();
 
     /* the k-slice's columns of every token, then their group sums */
     constexpr int XC = GPW * QGROUP, XS = XC + 8;
@@ -259,9 +261,9 @@ static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
     const int gpw = sw_gpw(K), ks = (K / QGROUP) / gpw;
     if (!sw_takes(a.T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", a.T, K);
     const int ns = sw_nsplit(tiles * ks, (a.T + 7) / 8, gpw);
-    if (gpw == 8) sw_kernel<8, SWIGLU><<<dim3(tiles, ks, ns), 256, sw_smem(8), cstream(c)>>>(a);
-    else sw_kernel<16, SWIGLU><<<dim3(tiles, ks, ns), 256, sw_smem(16), cstream(c)>>>(a);
-    LAUNCH_CHECK(c, SWIGLU ? "skinny_wide_swiglu" : "skinny_wide");
+    const char *what = SWIGLU ? "skinny_wide_swiglu" : "skinny_wide";
+    if (gpw == 8) LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), sw_kernel<8, SWIGLU>, dim3(tiles, ks, ns), dim3(256), sw_smem(8), cstream(c), a), what);
+    LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), sw_kernel<16, SWIGLU>, dim3(tiles, ks, ns), dim3(256), sw_smem(16), cstream(c), a), what);
 }
 
 extern "C" int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs,
