@@ -186,7 +186,7 @@ inline bool pdl_enabled() {
 }
 
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
- * ORCHID_NO_TCV, ORCHID_NO_WIDE). */
+ * ORCHID_NO_TCV, ORCHID_NO_WIDE, ORCHID_SW_NOSPLIT, ORCHID_SK_NOPDL). */
 inline bool env_flag(const char *name) {
     const char *e = getenv(name);
     return e && *e && strcmp(e, "0");
