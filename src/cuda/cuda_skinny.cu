@@ -28,6 +28,8 @@
 //   * Grouped: block y is a (expert, slot range) tile of the route of cuda_moe.cu
 //     (≤ 64 slots); tokens are gathered through row_of_slot; output rows are slots.
 // Epilogues: fp32 store or accumulate (y[t, r]), or SwiGLU bf16(silu(gate)·up).
+// Launched with PDL (sk_pdl, cuda_mma.h; trap 13's rules): trigger at the start, weights
+// before the wait where they do not depend on the route.
 #include "cuda/cuda_mma.h"
 
 #define SK_MAX_T 64
@@ -127,10 +129,10 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     float *xsum = reinterpret_cast<float *>(sm + L.xsum);
     float *red = reinterpret_cast<float *>(sm + L.red);
 
-    /* dense: the weight copies go out before the wait (weights are immutable), the tokens
-     * after it */
-    /* grouped: the token rows of the tile's slots, requested before the weight copies are
-     * issued and read after (one round trip less on the way to the first pass's tokens) */
+    /* PDL: a dense block issues its weight copies before its wait (weights are immutable)
+     * and stages the tokens after it; a grouped block waited above (its tile is the route's).
+     * Grouped: the token rows of the tile's slots, requested before the weight copies are
+     * issued and read after (one round trip less on the way to the first pass's tokens). */
     __shared__ int slot_row[SK_MAX_T];
     int my_row = 0;
     if (GROUPED && (int)threadIdx.x < count) my_row = a.x_rows ? a.x_rows[m0 + threadIdx.x] : m0 + (int)threadIdx.x;
