@@ -42,6 +42,10 @@ def load(path):
     return names, blocks
 
 
+def quantile(xs, p):
+    return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+
 def block_stats(op, groups):
     """groups: the block lists of the launches named op"""
     life, real, resid = [], [], []
@@ -53,11 +57,11 @@ def block_stats(op, groups):
         real += [x for x in d if x > 1.0]
         if span > 0 and sms:
             resid.append(sum(d) * 1e3 / (span * sms))
-    q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
     print(f"\nblocks of {op}: {len(groups)} launches, {len(life) / max(1, len(groups)):.0f} blocks a launch "
           f"({len(real) / max(1, len(groups)):.0f} living over 1 µs)")
     for nm, xs in (("all", life), ("> 1 µs", real)):
-        print(f"  {nm:7} lifetime µs p10 {q(xs, .1):6.2f} p50 {q(xs, .5):6.2f} p90 {q(xs, .9):6.2f} max {max(xs) if xs else 0:6.2f}"
+        print(f"  {nm:7} lifetime µs p10 {quantile(xs, .1):6.2f} p50 {quantile(xs, .5):6.2f} p90 {quantile(xs, .9):6.2f}"
+              f" max {max(xs) if xs else 0:6.2f}"
               f" mean {sum(xs) / max(1, len(xs)):6.2f}")
     print(f"  resident blocks per SM over the launch (mean of launches): {sum(resid) / max(1, len(resid)):.2f}")
 
@@ -71,15 +75,14 @@ def phase_stats(op, groups):
     cuts = [3, 7, 8, 9, 10, 11]  # start, mark4..7, end
     labels = ["start>m4", "m4>m5", "m5>m6", "m6>m7", "m7>end"]
     for j, lab in enumerate(labels):
-        d = sorted((b[cuts[j + 1]] - b[cuts[j]]) / 1e3 for b in bs)
-        print(f"  {lab:9} p50 {d[len(d) // 2]:6.2f}  p90 {d[int(.9 * len(d))]:6.2f}  mean {sum(d) / len(d):6.2f} µs")
+        d = [(b[cuts[j + 1]] - b[cuts[j]]) / 1e3 for b in bs]
+        print(f"  {lab:9} p50 {quantile(d, .5):6.2f}  p90 {quantile(d, .9):6.2f}  mean {sum(d) / len(d):6.2f} µs")
 
 
 def main():
     path = sys.argv[1]
     summary = "--summary" in sys.argv
-    want_blocks = [sys.argv[i + 1] for i in range(len(sys.argv) - 1) if sys.argv[i] == "--blocks"]
-    want_phases = [sys.argv[i + 1] for i in range(len(sys.argv) - 1) if sys.argv[i] == "--phases"]
+    wants = [(sys.argv[i], sys.argv[i + 1]) for i in range(len(sys.argv) - 1) if sys.argv[i] in ("--blocks", "--phases")]
     names, blocks = load(path)
     by = defaultdict(list)
     for b in blocks:
@@ -134,18 +137,13 @@ def main():
     for nm, a in sorted(agg.items(), key=lambda kv: -kv[1][1]):
         n = a[0]
         print(f"{nm[:26]:26} {n:4d} {a[1]/n:7.2f} {a[2]/n:7.2f} {a[5]/n:6.2f} {a[3]/n:7.2f} {a[4]/n:7.0f} {a[1]:9.1f}")
-    for op in want_blocks:
+    for flag, op in wants:  # --blocks / --phases OP, in the order given
+        what, stats = ("blocks", block_stats) if flag == "--blocks" else ("phases", phase_stats)
         groups = [l["bs"] for i, l in enumerate(launches) if named and names[i] == op]
         if groups:
-            block_stats(op, groups)
+            stats(op, groups)
         else:
-            print(f"\nblocks of {op}: no launch of that name")
-    for op in want_phases:
-        groups = [l["bs"] for i, l in enumerate(launches) if named and names[i] == op]
-        if groups:
-            phase_stats(op, groups)
-        else:
-            print(f"\nphases of {op}: no launch of that name")
+            print(f"\n{what} of {op}: no launch of that name")
 
 
 if __name__ == "__main__":

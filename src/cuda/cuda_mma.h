@@ -92,14 +92,8 @@ __device__ __forceinline__ float sk_chunk_sum(const uint4 q) {
     return bf_lo(q.x) + bf_hi(q.x) + bf_lo(q.y) + bf_hi(q.y) + bf_lo(q.z) + bf_hi(q.z) + bf_lo(q.w) + bf_hi(q.w);
 }
 
-/* Σx of every group of n staged rows of G groups (row r at xs + r·stride) into
- * xsum[r·G + g], in the fixed order every path uses: the sums of the group's 8 16-byte
- * chunks (sk_chunk_sum) added in chunk order to 0. A thread takes one (row, group) sum at
- * a time, two at once (independent chains), rows fastest across the block's threads:
- * with stride ≡ 16 bytes mod 128 (the skinny kernels pad their rows by 8 bf16) the 8
- * lanes of a 16-byte load phase read 8 rows' chunks in distinct banks. (Groups fastest
- * put a warp's loads 128 bytes apart, an 8-way bank conflict on every load: 1.3 µs of a
- * grouped MoE block's 10 and 4–5 µs of a 64-token wide block on the H200.) */
+/* Σ of the 64 bf16 values of one group: its 8 chunks' sums added in chunk order to 0 (the
+ * fixed order every path uses). */
 __device__ __forceinline__ float sk_group_sum(const uint16_t *x64) {
     const uint4 *xp = reinterpret_cast<const uint4 *>(x64);
     float sum = 0.0f;
@@ -107,8 +101,16 @@ __device__ __forceinline__ float sk_group_sum(const uint16_t *x64) {
     for (int v = 0; v < 8; v++) sum += sk_chunk_sum(xp[v]);
     return sum;
 }
+
+/* Σx of every group of n staged rows of G groups (row r at xs + r·stride) into
+ * xsum[r·G + g], each by sk_group_sum. A thread takes one (row, group) sum at
+ * a time, two at once (independent chains), rows fastest across the block's threads:
+ * with stride ≡ 16 bytes mod 128 (the skinny kernels pad their rows by 8 bf16) the 8
+ * lanes of a 16-byte load phase read 8 rows' chunks in distinct banks. (Groups fastest
+ * put a warp's loads 128 bytes apart, an 8-way bank conflict on every load: 1.3 µs of a
+ * grouped MoE block's 10 and 4–5 µs of a 64-token wide block on the H200.) */
 __device__ __forceinline__ void sk_group_sums(const uint16_t *xs, int n, size_t stride, int G, float *xsum) {
-    if (n == 1) { /* one token (the decode kernels): group g at xs + 64 g */
+    if (n == 1) { /* one token (the decode kernels): group g at xs + 64 g, no divisions on their path */
         for (int g = threadIdx.x; g < G; g += blockDim.x) xsum[g] = sk_group_sum(xs + g * QGROUP);
         return;
     }

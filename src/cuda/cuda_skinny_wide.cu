@@ -41,6 +41,7 @@ struct sw_args {
 
 static float *sw_part;
 static int *sw_cnt;
+static int sw_sms = 1; /* multiprocessors (cuda_skinny_wide_init): the wave of sw_nsplit */
 
 /* True in the last of the n blocks that count on *counter (then reset for the next
  * launch); the barrier and the acq_rel atomic order the blocks' partial writes before the
@@ -189,6 +190,9 @@ static int sw_gpw(int K) {
 
 extern "C" int cuda_skinny_wide_init(char *err, size_t errlen) {
     if (sw_part) return 0;
+    const int n_sm = cuda_sm_count();
+    if (n_sm < 1) return errorf(err, errlen, ST_DEVICE, "skinny_wide: cannot read the multiprocessor count");
+    sw_sms = n_sm;
     const size_t bytes = (size_t)SW_MAX_TILES * SW_MAX_KS * SW_MAX_T * SW_ROWS * 4;
     int rc = cuda_malloc((void **)&sw_part, bytes, "skinny_wide partial sums", err, errlen);
     if (!rc) rc = cuda_malloc((void **)&sw_cnt, SW_MAX_TILES * sizeof(int), "skinny_wide counters", err, errlen);
@@ -246,10 +250,8 @@ static sw_args sw_args_for(const uint16_t *x, int ldx, int T) {
  * 21 µs of products a block; the shared expert's gate/up, 32 blocks). The sums of a
  * (row, token) do not depend on the split. */
 static int sw_nsplit(int blocks, int ntt, int gpw) {
-    static int sms = 0;
-    if (!sms) sms = cuda_sm_count() > 0 ? cuda_sm_count() : 1;
     static const bool off = env_flag("ORCHID_SW_NOSPLIT");
-    const int wave = sms * (gpw == 16 ? 1 : 2);
+    const int wave = sw_sms * (gpw == 16 ? 1 : 2);
     int ns = 1;
     while (!off && ns * 2 <= ntt && ns < 8 && blocks * ns * 2 <= wave) ns *= 2;
     return ns;

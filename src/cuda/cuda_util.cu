@@ -174,8 +174,7 @@ static int trace_set(const cuda_trace_dev *) { return -1; }
 #endif
 
 #ifdef ORCHID_TRACE
-extern "C" unsigned cuda_trace_launches;
-unsigned cuda_trace_launches;
+unsigned cuda_trace_launches; /* declared in cuda_internal.h */
 extern "C" unsigned cuda_trace_launch_count(void) { return cuda_trace_launches; }
 #else
 extern "C" unsigned cuda_trace_launch_count(void) { return 0; }
