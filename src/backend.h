@@ -43,9 +43,11 @@ struct backend {
     const char *name;
     int max_batch_tokens; /* the engine never passes more tokens in one call */
     /* Batch invariance: 0 = every token's outputs are the same bits whatever shares its
-     * batch (the CPU reference); N > 0 = only one-token sequences batched N at most, and
-     * a prefill chunk alone, get the bits they get alone (CUDA: the 2..64-token kernels
-     * repeat the one-token arithmetic, the prefill GEMMs do not). */
+     * batch (the CPU reference); N > 0 = only one-token sequences batched N at most, a
+     * prefill chunk alone, and prefill chunks of more than N tokens each sharing one call,
+     * get the bits they get alone (CUDA: the 2..64-token kernels repeat the one-token
+     * arithmetic, the prefill GEMMs do not but compute each row the same way at any row
+     * count, and the scan and attention work per sequence). */
     int invariant_tokens;
     int (*session_create)(struct backend *b, int max_seq, struct backend_session **out, char *err, size_t errlen);
     void (*session_destroy)(struct backend *b, struct backend_session *s);

@@ -142,6 +142,7 @@ void engine_close(engine *e) {
 const struct model_config *engine_config(const engine *e) { return &e->cfg; }
 const char *engine_backend_name(const engine *e) { return e->be->name; }
 int engine_invariant_tokens(const engine *e) { return e->be->invariant_tokens; }
+int engine_max_batch_tokens(const engine *e) { return e->be->max_batch_tokens; }
 const char *engine_model_dir(const engine *e) { return e->model_dir; }
 double engine_load_seconds(const engine *e) { return e->load_seconds; }
 

@@ -45,9 +45,12 @@ void engine_close(engine *e);
 const struct model_config *engine_config(const engine *e);
 const char *engine_backend_name(const engine *e);
 /* The backend's batch invariance (backend.h invariant_tokens): 0 = any batch gives every
- * token its alone bits; N = only batches of at most N one-token sequences, and a prompt
- * chunk fed alone, do. */
+ * token its alone bits; N = only batches of at most N one-token sequences, a prompt chunk
+ * fed alone, and prompt chunks of more than N tokens each fed together within one backend
+ * call (at most engine_max_batch_tokens in all), do. */
 int engine_invariant_tokens(const engine *e);
+/* Tokens one backend call takes; engine_forward splits larger batches into such calls. */
+int engine_max_batch_tokens(const engine *e);
 const char *engine_model_dir(const engine *e);
 double engine_load_seconds(const engine *e);
 size_t engine_tensor_count(const engine *e);  /* tensors in the checkpoint, skipped ones included */

@@ -34,6 +34,7 @@ static struct {
     int n_statuses;
     long req[EP_COUNT][MAX_STATUSES];
     long prompt, completion, cached, cancelled, argmax;
+    long fwd_calls, fwd_tokens;
     int queued, running;
     long kv_used, kv_capacity;
     struct hist ttft, itl, e2e;
@@ -77,6 +78,13 @@ void metrics_argmax_tokens(long n) {
     pthread_mutex_unlock(&M.mu);
 }
 
+void metrics_forward(long calls, long tokens) {
+    pthread_mutex_lock(&M.mu);
+    M.fwd_calls += calls;
+    M.fwd_tokens += tokens;
+    pthread_mutex_unlock(&M.mu);
+}
+
 void metrics_queue(int queued, int running) {
     pthread_mutex_lock(&M.mu);
     M.queued = queued;
@@ -114,6 +122,8 @@ long metrics_get(const char *name) {
     else if (!strcmp(name, "prompt_tokens")) v = M.prompt;
     else if (!strcmp(name, "cached_tokens")) v = M.cached;
     else if (!strcmp(name, "argmax_tokens")) v = M.argmax;
+    else if (!strcmp(name, "forward_calls")) v = M.fwd_calls;
+    else if (!strcmp(name, "forward_tokens")) v = M.fwd_tokens;
     pthread_mutex_unlock(&M.mu);
     return v;
 }
@@ -185,6 +195,12 @@ int metrics_render(char **out, size_t *len) {
     outf(&o, "# HELP orchid_argmax_only_tokens_total Generated tokens taken from the model's argmax (greedy, "
              "no logprobs or penalties) without copying their logits to the host.\n"
              "# TYPE orchid_argmax_only_tokens_total counter\norchid_argmax_only_tokens_total %ld\n", M.argmax);
+    outf(&o, "# HELP orchid_model_forwards_total Model forward calls the scheduler issued.\n"
+             "# TYPE orchid_model_forwards_total counter\norchid_model_forwards_total %ld\n", M.fwd_calls);
+    outf(&o, "# HELP orchid_model_forward_tokens_total Tokens those forwards carried (prompt chunks and decode "
+             "rows; tokens / forwards = the mean batch).\n"
+             "# TYPE orchid_model_forward_tokens_total counter\norchid_model_forward_tokens_total %ld\n",
+         M.fwd_tokens);
     outf(&o, "# HELP orchid_requests_cancelled_total Generations cancelled (client gone or shutdown).\n"
              "# TYPE orchid_requests_cancelled_total counter\norchid_requests_cancelled_total %ld\n", M.cancelled);
     outf(&o, "# HELP orchid_queue_depth Requests waiting for the scheduler.\n"

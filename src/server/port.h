@@ -34,7 +34,9 @@ struct model_port {
     int32_t turn_start_id; /* the token that opens a chat turn (<|im_start|>); -1: none.
                               The scheduler checkpoints prompts at turn starts. */
     int invariant_tokens;  /* engine_invariant_tokens: 0 = any batch is batch-invariant; N =
-                              only prompt chunks alone and one-token rows N at most */
+                              only one-token rows N at most, a prompt chunk alone, and
+                              prompt chunks of more than N tokens packed whole */
+    int max_batch_tokens;  /* engine_max_batch_tokens: tokens one backend call takes (0: no bound) */
 
     /* ---- text side: any thread ---- */
     /* Renders a conversation (OpenAI messages / tools as cJSON) to prompt text.

@@ -23,8 +23,10 @@
  * The forward honours batch_seq.argmax as engine.h defines it (sampler_argmax
  * of the row; with NULL logits only the ids), like a device backend.
  * ORCHID_MOCK_INVARIANT_TOKENS=N (N > 0) makes the mock report the CUDA backend's kind of
- * batch invariance (port.h invariant_tokens) and fail any forward that breaks it: a
- * prompt chunk of several tokens beside anything else, or more than N one-token rows.
+ * batch invariance (port.h invariant_tokens) and fail any forward that breaks it: more
+ * than N one-token rows, a prompt chunk of 2..N tokens beside anything else, a chunk of
+ * more than N beside a one-token row, or packed chunks over ORCHID_MOCK_MAX_BATCH_TOKENS
+ * (reported as port.max_batch_tokens; default 0, no bound).
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -53,6 +55,7 @@ struct mock_ctx {
     char bytes[256];
     int step_ms;
     int invariant_tokens; /* > 0: the forward enforces the contract it reports */
+    int max_batch_tokens; /* > 0: packed prompt chunks at most this many tokens in all */
 };
 
 /* ---- text side ---- */
@@ -294,12 +297,22 @@ static void mock_logits(const int32_t *t, int L, float *out) {
 
 static int mock_forward(void *ctx, struct batch_seq *seqs, int n_seqs, char *err, size_t errlen) {
     struct mock_ctx *m = ctx;
-    if (m->invariant_tokens > 0) {
-        int multi = 0;
-        for (int i = 0; i < n_seqs; i++) multi += seqs[i].n_tokens > 1;
-        if ((multi && n_seqs > 1) || n_seqs > m->invariant_tokens)
-            return errorf(err, errlen, ST_INTERNAL, "mock: a batch of %d sequences (%d prompt chunks) breaks batch invariance",
-                          n_seqs, multi);
+    if (m->invariant_tokens > 0 && n_seqs > 1) {
+        const int inv = m->invariant_tokens;
+        int one = 0, lng = 0, shrt = 0;
+        long total = 0;
+        for (int i = 0; i < n_seqs; i++) {
+            const int n = seqs[i].n_tokens;
+            one += n == 1;
+            lng += n > inv;
+            shrt += n > 1 && n <= inv;
+            total += n;
+        }
+        const bool ok = !shrt && (lng ? !one && (m->max_batch_tokens <= 0 || total <= m->max_batch_tokens) : one <= inv);
+        if (!ok)
+            return errorf(err, errlen, ST_INTERNAL,
+                          "mock: a batch of %d sequences (%d one-token, %d long and %d short prompt chunks, %ld tokens) "
+                          "breaks batch invariance", n_seqs, one, lng, shrt, total);
     }
     for (int i = 0; i < n_seqs; i++) {
         struct mock_seq *s = (struct mock_seq *)seqs[i].s;
@@ -352,6 +365,8 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     if (e && *e) m->step_ms = atoi(e);
     e = getenv("ORCHID_MOCK_INVARIANT_TOKENS");
     if (e && *e) m->invariant_tokens = atoi(e);
+    e = getenv("ORCHID_MOCK_MAX_BATCH_TOKENS");
+    if (e && *e) m->max_batch_tokens = atoi(e);
     e = getenv("ORCHID_MOCK_LOAD_MS"); /* simulates a slow model load (tests of /health) */
     if (e && *e && atoi(e) > 0) {
         struct timespec ts = {atoi(e) / 1000, (long)(atoi(e) % 1000) * 1000000L};
@@ -367,6 +382,7 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     p->stop_ids[1] = M_EOT;
     p->turn_start_id = M_IM_START;
     p->invariant_tokens = m->invariant_tokens;
+    p->max_batch_tokens = m->max_batch_tokens;
     p->n_stop = 2;
     p->render_chat = mock_render;
     p->encode = mock_encode;

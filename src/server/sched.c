@@ -8,7 +8,13 @@
  * penalties, no logit_bias: sampler_argmax_only) asks the forward for the argmax alone, so no
  * logits row is copied to the host and nothing is sampled there; the token is the
  * one sampler_sample would have chosen. ORCHID_NO_DEVICE_ARGMAX=1 (read once at
- * start) turns this off: every token then comes from a host-sampled logits row. */
+ * start) turns this off: every token then comes from a host-sampled logits row.
+ *
+ * Batch-invariant mode on a backend with partial invariance (CUDA) packs the prompt
+ * chunks of more than invariant_tokens tokens of one step into shared forwards
+ * (sched_plan_invariant): a 512-token chunk alone leaves the prefill GEMMs and the
+ * sequential GDN scan mostly idle. ORCHID_NO_PREFILL_PACK=1 (read once at start) gives
+ * every chunk its own forward again (A/B measurements). */
 #include "server/sched.h"
 
 #include <errno.h>
@@ -54,7 +60,9 @@ struct sched {
     int *batch_slot;
     threadpool *pool;            /* samples the running sequences in parallel */
     int *samp_slot;              /* [n_slots] slots to sample on the host this step */
+    int *group_len;              /* [n_slots] entries of each batch-invariant forward this step */
     bool device_argmax;          /* argmax-only rows for plain greedy jobs (see the top) */
+    bool pack_prompts;           /* batch-invariant mode packs long prompt chunks (see the top) */
 };
 
 static void sample_item(void *ctx, int i) {
@@ -69,6 +77,43 @@ static void want_token(const struct sched *S, struct slot *sl, struct batch_seq 
     const bool only = S->device_argmax && sampler_argmax_only(sl->job->smp);
     b->logits = only ? NULL : sl->logits;
     b->argmax = only ? &sl->argmax : NULL;
+}
+
+/* Batch classes for sched_plan_invariant, in the order forwards are issued. */
+static int invariant_class(const struct batch_seq *b, int inv) {
+    return b->n_tokens == 1 ? 0 : b->n_tokens > inv ? 1 : 2;
+}
+
+int sched_plan_invariant(struct batch_seq *b, int *slot, int nb, int inv, int max_tokens, int *group_len) {
+    /* stable insertion sort by class: nb is at most the slot count, and the batch
+     * arrives nearly ordered (decoding rows first, then prompt chunks) */
+    for (int i = 1; i < nb; i++) {
+        const struct batch_seq x = b[i];
+        const int xs = slot[i], c = invariant_class(&x, inv);
+        int k = i;
+        for (; k > 0 && invariant_class(&b[k - 1], inv) > c; k--) {
+            b[k] = b[k - 1];
+            slot[k] = slot[k - 1];
+        }
+        b[k] = x;
+        slot[k] = xs;
+    }
+    int ng = 0;
+    for (int k = 0; k < nb;) {
+        const int c = invariant_class(&b[k], inv);
+        int n = 1;
+        if (c == 0) {
+            while (k + n < nb && n < inv && b[k + n].n_tokens == 1) n++;
+        } else if (c == 1) {
+            long sum = b[k].n_tokens;
+            while (k + n < nb && invariant_class(&b[k + n], inv) == 1 &&
+                   (max_tokens <= 0 || sum + b[k + n].n_tokens <= max_tokens))
+                sum += b[k + n++].n_tokens;
+        }
+        group_len[ng++] = n;
+        k += n;
+    }
+    return ng;
 }
 
 /* ---- jobs ---- */
@@ -332,7 +377,8 @@ static int load(struct sched *S) {
         }
     }
     S->samp_slot = calloc((size_t)S->n_slots, sizeof *S->samp_slot);
-    if (!S->samp_slot) {
+    S->group_len = calloc((size_t)S->n_slots, sizeof *S->group_len);
+    if (!S->samp_slot || !S->group_len) {
         rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for scheduler slots");
         goto fail;
     }
@@ -346,6 +392,9 @@ static int load(struct sched *S) {
     const char *no_amax = getenv("ORCHID_NO_DEVICE_ARGMAX");
     S->device_argmax = !(no_amax && *no_amax && strcmp(no_amax, "0") != 0);
     if (!S->device_argmax) fprintf(stderr, "ORCHID_NO_DEVICE_ARGMAX: every token is sampled on the host from its logits\n");
+    const char *no_pack = getenv("ORCHID_NO_PREFILL_PACK");
+    S->pack_prompts = !(no_pack && *no_pack && strcmp(no_pack, "0") != 0);
+    if (!S->pack_prompts) fprintf(stderr, "ORCHID_NO_PREFILL_PACK: every prompt chunk gets a forward of its own\n");
     pthread_mutex_lock(&S->mu);
     S->state = SCHED_READY;
     pthread_cond_broadcast(&S->cv);
@@ -404,8 +453,9 @@ static void *sched_main(void *arg) {
          * then prompt chunks (their tokens shared out of prefill_chunk in slot order). With
          * batch invariance asked for on a backend that has it only for some batches
          * (port.invariant_tokens > 0: CUDA), each prompt chunk gets the whole budget, as
-         * alone, and its own forward, and the one-token rows go in forwards of at most
-         * invariant_tokens — every sequence then gets the bits it gets alone. */
+         * alone, and sched_plan_invariant cuts the batch into forwards that keep every
+         * sequence's alone bits (long prompt chunks packed, short ones alone, one-token
+         * rows at most invariant_tokens a forward). */
         const bool split = S->opt.batch_invariant && S->port.invariant_tokens > 0;
         int nb = 0, budget = S->opt.prefill_chunk;
         for (int pass = 0; pass < 2; pass++)
@@ -444,18 +494,19 @@ static void *sched_main(void *arg) {
             S->batch_slot[nb++] = i;
         }
         if (nb == 0) continue;
+        long step_tokens = 0;
+        for (int k = 0; k < nb; k++) step_tokens += S->batch[k].n_tokens;
         err[0] = 0;
         int rc = 0;
         if (!split) {
             rc = S->port.forward(S->port.ctx, S->batch, nb, err, sizeof err);
+            metrics_forward(1, step_tokens);
         } else {
-            for (int k = 0; k < nb && !rc;) {
-                int n = 1;
-                if (S->batch[k].n_tokens == 1)
-                    while (k + n < nb && n < S->port.invariant_tokens && S->batch[k + n].n_tokens == 1) n++;
-                rc = S->port.forward(S->port.ctx, S->batch + k, n, err, sizeof err);
-                k += n;
-            }
+            const int ng = sched_plan_invariant(S->batch, S->batch_slot, nb, S->port.invariant_tokens,
+                                                S->pack_prompts ? S->port.max_batch_tokens : 1, S->group_len);
+            for (int g = 0, k = 0; g < ng && !rc; k += S->group_len[g++])
+                rc = S->port.forward(S->port.ctx, S->batch + k, S->group_len[g], err, sizeof err);
+            metrics_forward(ng, step_tokens);
         }
         if (rc) {
             fprintf(stderr, "request failed: forward: %s\n", err);
@@ -630,6 +681,7 @@ void sched_free(struct sched *S) {
     free(S->batch_slot);
     threadpool_destroy(S->pool);
     free(S->samp_slot);
+    free(S->group_len);
     free(S->q);
     free(S->tmp);
     pthread_mutex_destroy(&S->mu);

@@ -106,6 +106,18 @@ enum sched_state { SCHED_LOADING = 0, SCHED_READY, SCHED_FAILED, SCHED_STOPPED }
 
 struct sched;
 
+/* Cuts one scheduler step's batch into forwards that give every sequence the bits it
+ * gets alone on a backend with partial batch invariance (port.h invariant_tokens = inv
+ * > 0; max_tokens = port.max_batch_tokens, 0 = unbounded). Reorders entries [0, nb) of
+ * b and slot together, stably, as: one-token rows, prompt chunks of more than inv
+ * tokens, shorter chunks; then forwards are one-token rows inv at most; long chunks
+ * packed while their tokens total at most max_tokens (each is whole in one backend
+ * call, so its GEMMs, scan and attention see exactly what they see alone); each short
+ * chunk alone (alone it takes the 2..inv-token kernels, which a pack would not).
+ * group_len[g] receives forward g's entry count; returns the number of forwards.
+ * Exposed for tests. */
+int sched_plan_invariant(struct batch_seq *b, int *slot, int nb, int inv, int max_tokens, int *group_len);
+
 /* Starts the scheduler thread; it loads the model in the background. */
 int sched_start(struct sched **out, const struct sched_options *opt, char *err, size_t errlen);
 enum sched_state sched_state(struct sched *s, char *err, size_t errlen);

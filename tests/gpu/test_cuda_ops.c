@@ -1032,6 +1032,83 @@ static void test_decode_invariance(const char *shape, int n_seq, int n_steps) {
     tmodel_close(&m);
 }
 
+/* Packed prompt chunks (the scheduler's batch-invariant packing, sched_plan_invariant):
+ * n_seq prompts of 165..200 tokens fed in two chunks each (100, then the rest: both
+ * over 64 tokens, so the prefill kernels), first each sequence alone, then the chunks
+ * of all sequences in one forward per round, each chunk's last row asked for. Every
+ * sequence's logits must be the same bits both ways (the GEMMs compute a row the same
+ * at any row count; the scan and attention work per sequence; the lm_head's 1-row and
+ * n-row forms are the decode-invariance test's); then one decode step together. */
+static void test_prefill_pack_invariance(const char *shape, int n_seq) {
+    char err[512];
+    struct tmodel m;
+    if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
+    enum { C1 = 100, PMAX = 200 };
+    const int V = m.cfg.vocab;
+    struct backend *gpu = NULL;
+    if (cuda_backend_create(&gpu, &m.cfg, &m.w, err, sizeof err)) { CHECK(0, "%s: backend: %s", shape, err); tmodel_close(&m); return; }
+    struct backend_session **ss = calloc((size_t)n_seq, sizeof *ss);
+    int *plen = malloc((size_t)n_seq * sizeof(int));
+    int32_t *prompts = malloc((size_t)n_seq * PMAX * 4);
+    const int tmax = n_seq * PMAX;
+    int32_t *tok = malloc((size_t)tmax * 4), *pos = malloc((size_t)tmax * 4), *seq = malloc((size_t)tmax * 4);
+    int32_t *rows = malloc((size_t)n_seq * 4);
+    float *alone = malloc((size_t)n_seq * 3 * V * 4), *got = malloc((size_t)n_seq * V * 4);
+    float **dst = malloc((size_t)n_seq * sizeof(float *));
+    int rc = 0, differ[3] = {0, 0, 0};
+    double worst = 0;
+    for (int i = 0; i < n_seq && !rc; i++) {
+        rc = gpu->session_create(gpu, PMAX + 8, &ss[i], err, sizeof err);
+        plen[i] = 165 + (i * 29) % 36;
+        prompt_tokens(prompts + (size_t)i * PMAX, plen[i], V, 7000u + (uint32_t)i);
+    }
+    /* alone: chunk 1, chunk 2, then one greedy step; the last row of each */
+    for (int i = 0; i < n_seq && !rc; i++) {
+        const int32_t *p = prompts + (size_t)i * PMAX;
+        float *a = alone + (size_t)i * 3 * V;
+        rc = feed(gpu, ss[i], p, C1, 0, C1 - 1, a, V, err, sizeof err);
+        if (!rc) rc = feed(gpu, ss[i], p + C1, plen[i] - C1, C1, plen[i] - C1 - 1, a + V, V, err, sizeof err);
+        const int32_t t = argmax_row(a + V, V);
+        if (!rc) rc = feed(gpu, ss[i], &t, 1, plen[i], 0, a + 2 * V, V, err, sizeof err);
+    }
+    for (int i = 0; i < n_seq; i++) gpu->session_reset(gpu, ss[i]);
+    /* packed: round 0 = every first chunk in one forward, round 1 = every second chunk,
+     * round 2 = one token each */
+    for (int r = 0; r < 3 && !rc; r++) {
+        int T = 0;
+        for (int i = 0; i < n_seq; i++) {
+            const int p0 = r == 0 ? 0 : r == 1 ? C1 : plen[i], n = r == 0 ? C1 : r == 1 ? plen[i] - C1 : 1;
+            for (int k = 0; k < n; k++, T++) {
+                tok[T] = r == 2 ? argmax_row(alone + ((size_t)i * 3 + 1) * V, V) : prompts[(size_t)i * PMAX + p0 + k];
+                pos[T] = p0 + k;
+                seq[T] = i;
+            }
+            rows[i] = T - 1;
+            dst[i] = got + (size_t)i * V;
+        }
+        struct fwd_batch b = {.n_tokens = T, .tokens = tok, .pos = pos, .seq = seq, .sessions = ss, .n_seqs = n_seq,
+                              .n_out = n_seq, .out_rows = rows, .out_logits = dst};
+        rc = gpu->forward(gpu, &b, err, sizeof err);
+        for (int i = 0; i < n_seq && !rc; i++) {
+            const float *a = alone + ((size_t)i * 3 + r) * V;
+            if (memcmp(a, got + (size_t)i * V, (size_t)V * 4)) {
+                differ[r]++;
+                const double e = max_rel(got + (size_t)i * V, a, (size_t)V);
+                if (e > worst) worst = e;
+            }
+        }
+    }
+    CHECK(rc == 0, "%s: prefill packing: %s", shape, err);
+    printf("  %s: %d prompts packed vs alone: sequences with differing logits after chunk 1 / chunk 2 / a step: "
+           "%d / %d / %d (worst max rel %.3g)\n", shape, n_seq, differ[0], differ[1], differ[2], worst);
+    CHECK(!differ[0] && !differ[1] && !differ[2], "%s: %d packed prompts differ from alone", shape, n_seq);
+    for (int i = 0; i < n_seq; i++)
+        if (ss[i]) gpu->session_destroy(gpu, ss[i]);
+    free(ss); free(plen); free(prompts); free(tok); free(pos); free(seq); free(rows); free(alone); free(got); free(dst);
+    gpu->destroy(gpu);
+    tmodel_close(&m);
+}
+
 /* ---- session state transfer (prefix checkpoints) ---- */
 
 /* Largest |a - b| / max|b| over n floats; 0 when bitwise equal. */
@@ -1375,6 +1452,8 @@ int main(void) {
     printf("decode batch invariance:\n");
     test_decode_invariance("synth:mini", 5, 6);  /* the skinny kernels */
     test_decode_invariance("synth:mini", 12, 4); /* more than 8 tokens: the wide kernels */
+    test_prefill_pack_invariance("synth:mini", 5);
+    test_prefill_pack_invariance("synth:mini", 12);
     printf("state transfer:\n");
     test_state_transfer("synth:tiny");
     test_state_transfer("synth:small");

@@ -51,7 +51,46 @@ static struct job *make_job(const struct model_port *p, const char *text, int ma
     return j;
 }
 
+/* sched_plan_invariant on a hand-made batch: n_tokens of each entry, slots 0..nb-1;
+ * want = the expected order of slots, then the expected forward sizes (entry counts). */
+static void check_plan(const char *name, const int *ntok, int nb, int inv, int max_tokens, const int *want_slot,
+                       const int *want_group, int want_ng) {
+    struct batch_seq b[16];
+    int slot[16], group[16];
+    for (int i = 0; i < nb; i++) {
+        b[i] = (struct batch_seq){.n_tokens = ntok[i]};
+        slot[i] = i;
+    }
+    const int ng = sched_plan_invariant(b, slot, nb, inv, max_tokens, group);
+    CHECK(ng == want_ng, "%s: %d forwards, want %d", name, ng, want_ng);
+    for (int i = 0; i < nb; i++) {
+        CHECK(slot[i] == want_slot[i], "%s: entry %d is slot %d, want %d", name, i, slot[i], want_slot[i]);
+        CHECK(b[i].n_tokens == ntok[slot[i]], "%s: entry %d moved without its slot", name, i);
+    }
+    for (int g = 0; g < ng && g < want_ng; g++)
+        CHECK(group[g] == want_group[g], "%s: forward %d has %d entries, want %d", name, g, group[g], want_group[g]);
+}
+
+static void test_plan_invariant(void) {
+    /* decode rows first (3, at most 4 a forward; then 5 at most 2), then long chunks
+     * packed within 100 tokens, the short chunk (4 <= inv) alone, last */
+    const int a[] = {1, 1, 1, 40, 4, 50, 30, 60};
+    check_plan("mixed", a, 8, 4, 100, (const int[]){0, 1, 2, 3, 5, 6, 7, 4}, (const int[]){3, 2, 2, 1}, 4);
+    const int a2[] = {1, 1, 1, 1, 1, 3};
+    check_plan("rows", a2, 6, 2, 100, (const int[]){0, 1, 2, 3, 4, 5}, (const int[]){2, 2, 1, 1}, 4);
+    /* unbounded packs; a one-token prompt chunk rides with the decode rows */
+    const int c[] = {30, 1, 20, 10};
+    check_plan("unbounded", c, 4, 4, 0, (const int[]){1, 0, 2, 3}, (const int[]){1, 3}, 2);
+    /* a chunk over the bound goes alone; nothing else is dropped */
+    const int d[] = {200, 40, 70};
+    check_plan("over the bound", d, 3, 4, 100, (const int[]){0, 1, 2}, (const int[]){1, 1, 1}, 3);
+    const int e[] = {1};
+    check_plan("one row", e, 1, 4, 100, (const int[]){0}, (const int[]){1}, 1);
+    check_plan("empty", e, 0, 4, 100, (const int[]){0}, (const int[]){0}, 0);
+}
+
 int main(void) {
+    test_plan_invariant();
     struct api_request r;
     struct api_error e;
 
@@ -273,10 +312,12 @@ int main(void) {
     sched_free(S);
 
     /* batch invariance on a backend that has it only for some batches (the mock enforces
-     * CUDA's kind: prompt chunks alone, at most 2 one-token rows a forward): with it asked
-     * for, every job runs its script whatever runs beside it; without, the packed batches
-     * break the contract (the mock fails them), so the split above is what kept them whole */
+     * CUDA's kind: at most 2 one-token rows a forward, chunks of 2 tokens alone, longer
+     * chunks packed within 40 tokens): with it asked for, every job runs its script
+     * whatever runs beside it; without, the mixed batches break the contract (the mock
+     * fails them), so the split above is what kept them whole */
     setenv("ORCHID_MOCK_INVARIANT_TOKENS", "2", 1);
+    setenv("ORCHID_MOCK_MAX_BATCH_TOKENS", "40", 1);
     for (int inv = 1; inv >= 0; inv--) {
         so.parallel = 5;
         so.max_queue = 8;
@@ -307,5 +348,6 @@ int main(void) {
         sched_free(S);
     }
     unsetenv("ORCHID_MOCK_INVARIANT_TOKENS");
+    unsetenv("ORCHID_MOCK_MAX_BATCH_TOKENS");
     return check_summary();
 }
