@@ -55,7 +55,91 @@ struct sk_args {
     cuda_qmat wseg[SK_MAX_SEG];
     float *yseg[SK_MAX_SEG];
     int ldyseg[SK_MAX_SEG];
+    int bulk; /* sm_90: stage the weight tile by cp.async.bulk (sk_bulk_stage) */
+    int mrep; /* subtiles a block: RB-row tiles, each with the k-slices of one (sk_launch) */
 };
+
+/* Tile row i of a block of mrep subtiles of RB rows (SwiGLU: each subtile orows = RB/2 gate
+ * rows, then the same rows of up): its matrix row, and whether it is an up row. */
+__device__ __forceinline__ int sk_tile_row(int i, int RB, int orows, int rbase, bool swiglu, bool *up) {
+    const int sub = i / RB, ii = i % RB;
+    *up = swiglu && ii >= orows;
+    return rbase + sub * orows + (*up ? ii - orows : ii);
+}
+
+/* sm_90: the weight tile by the bulk-copy engine — one instruction a codes row (K/2 bytes
+ * into its padded shared row) and one a scales or biases run (a segment's rows are
+ * contiguous there and in shared memory), completion counted in bytes on one mbarrier;
+ * against ~RB·K/32 16-byte cp.async with their index arithmetic (2,304 for a gate/up
+ * tile). A segment is one matrix's rows of one subtile (sk_tile_row). Returns false
+ * (nothing issued) where it does not apply: then the caller copies with cp.async. Rows
+ * past the matrix are not copied: their fragments are masked (ok0/ok1) and their outputs
+ * never stored; their scales and biases are zeroed as the cp.async form does. The caller
+ * waits with sk_bulk_wait before reading the tile. */
+__device__ __forceinline__ bool sk_bulk_stage(const sk_args &a, const cuda_qmat &w0, bool swiglu, int RB, int orows, int rbase,
+                                              size_t erow, uint32_t *codes, uint16_t *scs, uint16_t *bis, int G, int K,
+                                              int stride, unsigned long long *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const bool al = (((uintptr_t)w0.scales | (uintptr_t)w0.biases | (uintptr_t)w0.codes) & 15) == 0 &&
+                    (!swiglu || (((uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases | (uintptr_t)a.w1.codes) & 15) == 0);
+    if (!a.bulk || !al || (G * 2) % 16 || (K / 2) % 16) return false;
+    const int rows = w0.rows, halves = swiglu ? 2 : 1, nseg = a.mrep * halves, per = orows + 2;
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int valid = 0; /* valid rows over the subtiles (each counted for every half) */
+        for (int sub = 0; sub < a.mrep; sub++) valid += max(0, min(orows, rows - rbase - sub * orows));
+        const unsigned bytes = (unsigned)(halves * valid * (K / 2 + 4 * G));
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+    }
+    /* slot i: segment i / per (subtile seg / halves, half seg % halves); k < orows a codes
+     * row, orows the scales, orows + 1 the biases */
+    for (int i = threadIdx.x; i < nseg * per; i += blockDim.x) {
+        const int seg = i / per, k = i % per, sub = seg / halves, h = seg % halves;
+        const int r0 = rbase + sub * orows, nvalid = max(0, min(orows, rows - r0)), t0 = sub * RB + h * orows;
+        const cuda_qmat &m = h ? a.w1 : w0;
+        const void *src;
+        void *dst;
+        unsigned n;
+        if (k < orows) {
+            dst = codes + (size_t)(t0 + k) * stride;
+            src = m.codes + (erow + r0 + k) * (size_t)(K / 8);
+            n = k < nvalid ? K / 2 : 0;
+        } else {
+            const bool bias = k > orows;
+            dst = (bias ? bis : scs) + (size_t)t0 * G;
+            src = (bias ? m.biases : m.scales) + (erow + r0) * G;
+            n = nvalid * G * 2;
+            if (nvalid < orows) /* rows past the matrix: zero scales or biases */
+                for (int e = nvalid * G; e < orows * G; e++) (bias ? bis : scs)[(size_t)t0 * G + e] = 0;
+        }
+        if (n)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(n), "r"(b)
+                         : "memory");
+    }
+    return true;
+#else
+    return false;
+#endif
+}
+
+/* Waits for sk_bulk_stage's bytes (phase 0 of its mbarrier). */
+__device__ __forceinline__ void sk_bulk_wait(unsigned long long *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0; selp.u32 %0, 1, 0, q; }"
+                     : "=r"(done)
+                     : "r"(b)
+                     : "memory");
+#endif
+}
 
 
 /* Shared-memory layout of a block (RB weight rows × K, NT n-tiles of tokens):
@@ -88,7 +172,7 @@ __host__ __device__ __forceinline__ sk_layout sk_lay(int RB, int K, int NT) {
  * shared memory in a fixed order. SwiGLU tiles hold RB/2 gate rows then the same RB/2
  * up rows. */
 template <int NT, bool SWIGLU, bool GROUPED>
-static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB) {
+static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny_kernel(sk_args a, int RB) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -117,14 +201,15 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     }
     const int rows = w0.rows, K = w0.cols, G = K / QGROUP, stride = sk_stride(K);
     const int MT = RB / 16, KS = 8 / MT;
-    const int orows = SWIGLU ? RB / 2 : RB;   /* output rows of the tile */
-    const int rbase = blk * orows;
+    const int orows = SWIGLU ? RB / 2 : RB;   /* output rows of a subtile */
+    const int TR = RB * a.mrep;               /* tile rows staged: mrep subtiles */
+    const int rbase = blk * orows * a.mrep;
     const size_t erow = (size_t)expert * rows; /* absolute row of the expert's row 0 */
-    const sk_layout L = sk_lay(RB, K, NT);
+    const sk_layout L = sk_lay(TR, K, NT);
     const int xstride = K + 8;
     uint32_t *codes = reinterpret_cast<uint32_t *>(sm);
     uint16_t *scs = reinterpret_cast<uint16_t *>(sm + L.scales);
-    uint16_t *bis = scs + RB * G;
+    uint16_t *bis = scs + TR * G;
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm + L.x);
     float *xsum = reinterpret_cast<float *>(sm + L.xsum);
     float *red = reinterpret_cast<float *>(sm + L.red);
@@ -137,13 +222,16 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     int my_row = 0;
     if (GROUPED && (int)threadIdx.x < count) my_row = a.x_rows ? a.x_rows[m0 + threadIdx.x] : m0 + (int)threadIdx.x;
 
-    /* stage the tile: tile row i is matrix row rbase + i (SwiGLU: gate rows, then up rows) */
-    {
+    /* stage the tile: tile row i is matrix row sk_tile_row(i) (SwiGLU: a subtile's gate
+     * rows, then its up rows) */
+    __shared__ __align__(8) unsigned long long wbar;
+    const bool bulk = sk_bulk_stage(a, w0, SWIGLU, RB, orows, rbase, erow, codes, scs, bis, G, K, stride, &wbar);
+    if (!bulk) {
         const int chunks = K / 32; /* 16-byte chunks per row */
-        for (int idx = threadIdx.x; idx < RB * chunks; idx += blockDim.x) {
+        for (int idx = threadIdx.x; idx < TR * chunks; idx += blockDim.x) {
             const int i = idx / chunks, ch = idx % chunks;
-            const bool up = SWIGLU && i >= orows;
-            const int r = rbase + (up ? i - orows : i);
+            bool up;
+            const int r = sk_tile_row(i, RB, orows, rbase, SWIGLU, &up);
             if (r < rows) {
                 const cuda_qmat &m = up ? a.w1 : w0;
                 cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + r) * (size_t)(K / 8) + ch * 4);
@@ -157,10 +245,10 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
                         (!SWIGLU || (((uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases) & 15) == 0);
         if ((G * 2) % 16 == 0 && al) {
             const int cpr = G / 8; /* 16-byte chunks a row */
-            for (int idx = threadIdx.x; idx < 2 * RB * cpr; idx += blockDim.x) {
-                const int bias = idx >= RB * cpr, rem = idx % (RB * cpr), i = rem / cpr, ch = rem % cpr;
-                const bool up = SWIGLU && i >= orows;
-                const int r = rbase + (up ? i - orows : i);
+            for (int idx = threadIdx.x; idx < 2 * TR * cpr; idx += blockDim.x) {
+                const int bias = idx >= TR * cpr, rem = idx % (TR * cpr), i = rem / cpr, ch = rem % cpr;
+                bool up;
+                const int r = sk_tile_row(i, RB, orows, rbase, SWIGLU, &up);
                 uint16_t *dst = (bias ? bis : scs) + (size_t)i * G + ch * 8;
                 if (r < rows) {
                     const cuda_qmat &m = up ? a.w1 : w0;
@@ -172,10 +260,10 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
             cpa_commit();
         } else {
             cpa_commit();
-            for (int idx = threadIdx.x; idx < RB * G; idx += blockDim.x) {
+            for (int idx = threadIdx.x; idx < TR * G; idx += blockDim.x) {
                 const int i = idx / G, g = idx % G;
-                const bool up = SWIGLU && i >= orows;
-                const int r = rbase + (up ? i - orows : i);
+                bool up;
+                const int r = sk_tile_row(i, RB, orows, rbase, SWIGLU, &up);
                 uint16_t sv = 0, bv = 0;
                 if (r < rows) {
                     const cuda_qmat &m = up ? a.w1 : w0;
@@ -197,8 +285,7 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
     trace_mark(TRACE_MARK4); /* the tile's copies issued */
     const int mt = warp % MT, ks = warp / MT;
     const int gper = G / KS, g0 = ks * gper; /* KS divides G (sk_rb) */
-    const int tr0 = mt * 16 + gq, tr1 = tr0 + 8; /* tile rows of this lane */
-    const bool ok0 = rbase + (SWIGLU ? tr0 % orows : tr0) < rows, ok1 = rbase + (SWIGLU ? tr1 % orows : tr1) < rows;
+    const int lr0 = mt * 16 + gq, lr1 = lr0 + 8; /* this lane's rows of a subtile */
     for (int p0 = 0; p0 < count; p0 += NT * 8) { /* passes of NT n-tiles over the staged tile */
         /* stage this pass's tokens (only the valid ones: a column of garbage stays in its
          * own column of the mma and is never written), then their group sums */
@@ -211,62 +298,67 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
         }
         cpa_commit();
         cpa_wait<0>();
+        if (bulk && p0 == 0) sk_bulk_wait(&wbar);
         __syncthreads();
         trace_mark(TRACE_MARK5); /* tile and tokens landed */
         sk_group_sums(xs, nrows, xstride, G, xsum);
         __syncthreads();
         trace_mark(TRACE_MARK6);
-        float acc[NT][4];
+        for (int sub = 0; sub < a.mrep; sub++) { /* subtiles one after another, each as a tile of RB rows */
+            const int tr0 = sub * RB + lr0, tr1 = sub * RB + lr1, sbase = rbase + sub * orows;
+            const bool ok0 = sbase + (SWIGLU ? lr0 % orows : lr0) < rows, ok1 = sbase + (SWIGLU ? lr1 % orows : lr1) < rows;
+            float acc[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
-        for (int gi = 0; gi < gper; gi++) {
-            const int grp = g0 + gi;
-            sk_w w;
-            w.q0 = ok0 ? *reinterpret_cast<const uint2 *>(codes + (size_t)tr0 * stride + grp * 8 + 2 * c) : make_uint2(0, 0);
-            w.q1 = ok1 ? *reinterpret_cast<const uint2 *>(codes + (size_t)tr1 * stride + grp * 8 + 2 * c) : make_uint2(0, 0);
-            w.s0 = bf(scs[tr0 * G + grp]);
-            w.b0 = bf(bis[tr0 * G + grp]);
-            w.s1 = bf(scs[tr1 * G + grp]);
-            w.b1 = bf(bis[tr1 * G + grp]);
-            uint32_t af[4][4];
-            sk_frags(w, af);
+                for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
+            for (int gi = 0; gi < gper; gi++) {
+                const int grp = g0 + gi;
+                sk_w w;
+                w.q0 = ok0 ? *reinterpret_cast<const uint2 *>(codes + (size_t)tr0 * stride + grp * 8 + 2 * c) : make_uint2(0, 0);
+                w.q1 = ok1 ? *reinterpret_cast<const uint2 *>(codes + (size_t)tr1 * stride + grp * 8 + 2 * c) : make_uint2(0, 0);
+                w.s0 = bf(scs[tr0 * G + grp]);
+                w.b0 = bf(bis[tr0 * G + grp]);
+                w.s1 = bf(scs[tr1 * G + grp]);
+                w.b1 = bf(bis[tr1 * G + grp]);
+                uint32_t af[4][4];
+                sk_frags(w, af);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                /* Σx of the group for the C columns 2c and 2c + 1 */
-                sk_group_step(af, w, xs + (size_t)(nt * 8 + gq) * xstride + grp * QGROUP + 16 * c,
-                              xsum[(nt * 8 + 2 * c) * G + grp], xsum[(nt * 8 + 2 * c + 1) * G + grp], acc[nt]);
+                for (int nt = 0; nt < NT; nt++) {
+                    /* Σx of the group for the C columns 2c and 2c + 1 */
+                    sk_group_step(af, w, xs + (size_t)(nt * 8 + gq) * xstride + grp * QGROUP + 16 * c,
+                                  xsum[(nt * 8 + 2 * c) * G + grp], xsum[(nt * 8 + 2 * c + 1) * G + grp], acc[nt]);
+                }
             }
-        }
 
-        trace_mark(TRACE_MARK7); /* (warp 0's) products done */
-        /* the k-slices meet in shared memory, summed in slice order */
+            trace_mark(TRACE_MARK7); /* (warp 0's) products done */
+            /* the k-slices meet in shared memory, summed in slice order */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) red[((size_t)warp * NT * 4 + nt * 4 + i) * 32 + lane] = acc[nt][i];
-        __syncthreads();
-        const int per_mt = NT * 4 * 32;
-        for (int q = threadIdx.x; q < (SWIGLU ? MT / 2 : MT) * per_mt; q += blockDim.x) {
-            const int m = q / per_mt, e = q % per_mt; /* m-tile (SwiGLU: of the gate half) and its element */
-            const int l = e & 31, i = (e >> 5) & 3, nt = e >> 7;
-            const int j = p0 + nt * 8 + 2 * (l & 3) + (i & 1); /* token / slot index in the tile */
-            const int r = rbase + m * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
-            float v = 0.0f, u = 0.0f;
-            for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + m) * NT * 4 + nt * 4 + i) * 32 + l];
-            if (SWIGLU)
-                for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * NT * 4 + nt * 4 + i) * 32 + l];
-            if (j >= count || r >= rows) continue;
-            const size_t orow = (size_t)(GROUPED ? m0 + j : j);
-            if (SWIGLU) {
-                a.act[orow * a.ld_act + r] = f2bf(silu(v) * u);
-            } else {
-                float *dst = y + orow * ldy + r;
-                *dst = a.accumulate ? *dst + v : v;
+                for (int i = 0; i < 4; i++) red[((size_t)warp * NT * 4 + nt * 4 + i) * 32 + lane] = acc[nt][i];
+            __syncthreads();
+            const int per_mt = NT * 4 * 32;
+            for (int q = threadIdx.x; q < (SWIGLU ? MT / 2 : MT) * per_mt; q += blockDim.x) {
+                const int m = q / per_mt, e = q % per_mt; /* m-tile (SwiGLU: of the gate half) and its element */
+                const int l = e & 31, i = (e >> 5) & 3, nt = e >> 7;
+                const int j = p0 + nt * 8 + 2 * (l & 3) + (i & 1); /* token / slot index in the tile */
+                const int r = sbase + m * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+                float v = 0.0f, u = 0.0f;
+                for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + m) * NT * 4 + nt * 4 + i) * 32 + l];
+                if (SWIGLU)
+                    for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * NT * 4 + nt * 4 + i) * 32 + l];
+                if (j >= count || r >= rows) continue;
+                const size_t orow = (size_t)(GROUPED ? m0 + j : j);
+                if (SWIGLU) {
+                    a.act[orow * a.ld_act + r] = f2bf(silu(v) * u);
+                } else {
+                    float *dst = y + orow * ldy + r;
+                    *dst = a.accumulate ? *dst + v : v;
+                }
             }
+            __syncthreads(); /* red is reused by the next subtile or pass */
         }
-        __syncthreads(); /* red is reused by the next pass */
     }
 }
 
@@ -274,6 +366,20 @@ static __global__ void __launch_bounds__(256, 2) skinny_kernel(sk_args a, int RB
  * SK_MAX_SMEM for the choice of tile: every device with ≥ 200 KB (H100/H200) chooses the
  * same tiles, hence the same sums; an A100 (163 KB) falls back to tiles that fit it. */
 static int sk_optin = SK_MAX_SMEM;
+/* Weight tiles by cp.async.bulk (sk_bulk_stage): sm_90 and newer unless ORCHID_SK_NOBULK=1
+ * (A/B; the same values land either way, so the same bits). Set by cuda_skinny_init. */
+static int sk_bulk_on = 0;
+/* ... for rows of at least this many bytes of codes: the grouped gate/up's 1 KB rows gained
+ * (H200, 64 sequences: 194 -> 171 µs a layer, block prologue 4.7 -> 3.9 µs); the grouped
+ * down's 256-byte rows lost (124 -> 128 µs: 66 copies of 256 bytes, prologue 3.0 -> 3.9). */
+#define SK_BULK_MIN_ROW 1024
+/* Subtiles a grouped block takes (sk_args.mrep; ORCHID_SK_MREP_SWIGLU / _DOWN = 1 or 2,
+ * read by cuda_skinny_init). A grouped block's prologue (tile entry, token rows, copies
+ * issued) costs the same whatever its bytes; two subtiles share it. H200, 64 sequences,
+ * ms a forward: 22.47 (1 / 1) -> 22.16 (down 2: down 109 -> 102 µs a layer) -> 21.67
+ * (both 2: gate/up 175 -> 163 µs a layer). Each subtile keeps the k-slices of an RB-row
+ * tile, so the sums (and the one-token kernels' bits) do not change. */
+static int sk_mrep_swiglu = 2, sk_mrep_down = 2;
 static int sk_block_max(void) { return sk_optin < SK_MAX_SMEM ? sk_optin : SK_MAX_SMEM; }
 
 /* Rows per block RB: 64 (4 m-tiles × 2 k-slices: G even), 32 (2 × 4: G % 4 == 0) or 128
@@ -300,13 +406,16 @@ static int sk_nt(int K, int want, bool grouped) {
     return 1;
 }
 
+/* a.mrep subtiles a block when they fit the shared memory of a block, else 1. */
 template <int NT, bool SWIGLU, bool GROUPED>
-static int sk_launch(const struct cuda_ctx *c, const sk_args &a, int n_rows, int grid_y, const char *what) {
-    const int RB = sk_rb(a.w0.cols, NT);
-    const int orows = SWIGLU ? RB / 2 : RB;
+static int sk_launch(const struct cuda_ctx *c, const sk_args &a0, int n_rows, int grid_y, const char *what) {
+    const int RB = sk_rb(a0.w0.cols, NT);
+    sk_args a = a0;
+    if (a.mrep < 1 || sk_lay(RB * a.mrep, a.w0.cols, NT).total > (size_t)sk_block_max()) a.mrep = 1;
+    const int orows = (SWIGLU ? RB / 2 : RB) * a.mrep;
     const dim3 grid((n_rows + orows - 1) / orows, grid_y);
     LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), skinny_kernel<NT, SWIGLU, GROUPED>, grid, dim3(256),
-                                    sk_lay(RB, a.w0.cols, NT).total, cstream(c), a, RB),
+                                    sk_lay(RB * a.mrep, a.w0.cols, NT).total, cstream(c), a, RB),
                     what);
 }
 
@@ -329,6 +438,13 @@ extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: device attributes: %s", cudaGetErrorString(e));
     sk_optin = optin;
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) major = 0;
+    const char *nb = getenv("ORCHID_SK_NOBULK");
+    sk_bulk_on = major >= 9 && !(nb && *nb && strcmp(nb, "0") != 0);
+    const char *ms = getenv("ORCHID_SK_MREP_SWIGLU"), *md = getenv("ORCHID_SK_MREP_DOWN");
+    if (ms && *ms) sk_mrep_swiglu = atoi(ms) == 2 ? 2 : 1;
+    if (md && *md) sk_mrep_down = atoi(md) == 2 ? 2 : 1;
     int rc = cuda_skinny_wide_init(err, errlen);
     if (!rc) rc = cuda_tcv_init(err, errlen); /* its one-token kernels copy these tiles */
     if (rc) return rc;
@@ -368,6 +484,8 @@ static sk_args sk_args_for(const struct cuda_qmat *w, const uint16_t *x, int ldx
     a.w0 = *w;
     a.x = x;
     a.ldx = ldx;
+    a.bulk = sk_bulk_on && w->cols / 2 >= SK_BULK_MIN_ROW;
+    a.mrep = 1;
     if (r) {
         a.tiles = r->tiles;
         a.max_tiles = r->max_tiles;
@@ -461,6 +579,7 @@ extern "C" int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct
     a.x_rows = r->row_of_slot;
     a.act = act;
     a.ld_act = gate->rows;
+    a.mrep = sk_mrep_swiglu;
     return sk_dispatch<true, true>(c, a, 2, gate->rows, cuda_moe_route_grid(r), "skinny_grouped_swiglu");
 }
 
@@ -471,6 +590,7 @@ extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct c
     sk_args a = sk_args_for(down, act, down->cols, r);
     a.y = out;
     a.ldy = down->rows;
+    a.mrep = sk_mrep_down;
     return sk_dispatch<false, true>(c, a, 2, down->rows, cuda_moe_route_grid(r), "skinny_grouped_down");
 }
 
