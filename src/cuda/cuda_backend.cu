@@ -973,6 +973,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
             FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: cudaEventCreate failed: %s", cudaGetErrorString(e)));
     FAIL(cuda_gemm_init(err, errlen));
     FAIL(cuda_skinny_init(err, errlen));
+    FAIL(cuda_moe_init(err, errlen));
     FAIL(cuda_gdn_prefill_init(err, errlen));
     const char *pe = getenv("ORCHID_CUDA_PROFILE");
     if (pe && atoi(pe)) FAIL(cuda_backend_set_profile(&cb->base, 1, err, errlen));

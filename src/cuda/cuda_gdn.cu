@@ -55,24 +55,35 @@ static __global__ void conv_state_kernel(const float *qkv, const cuda_seq *seqs,
 }
 
 /* One token per sequence (decode): conv and state update in one pass, a thread per
- * (sequence, channel). */
+ * (sequence, channel). KK > 0: the kernel size known at compile time (the model's 4), so
+ * the window lives in registers and its loads are issued together; KK = 0: K at run time
+ * (the window in local memory: 12.5 µs at 64 sequences on the H200). Same order of terms. */
+template <int KK>
 static __global__ void conv1d_step_kernel(const float *qkv, const float *w, const cuda_seq *seqs, int layer_ord, int T,
-                                          int C, int K, float *out) {
+                                          int C, int K_rt, float *out) {
     TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
+    constexpr int KMAX = KK > 0 ? KK : 16;
+    const int K = KK > 0 ? KK : K_rt;
     const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)T * C) return;
     const int t = (int)(i / C), c = (int)(i % C);
     const cuda_seq s = seqs[t];
     float *st = s.conv + (size_t)layer_ord * (K - 1) * C + c;
-    float win[16];
-    for (int j = 0; j < K - 1; j++) win[j] = st[(size_t)j * C];
+    float win[KMAX];
+#pragma unroll
+    for (int j = 0; j < KMAX - 1; j++)
+        if (j < K - 1) win[j] = st[(size_t)j * C];
     win[K - 1] = qkv[(size_t)s.t0 * C + c];
     float acc = 0.0f;
-    for (int j = 0; j < K; j++) acc = fmaf(w[(size_t)c * K + j], win[j], acc);
+#pragma unroll
+    for (int j = 0; j < KMAX; j++)
+        if (j < K) acc = fmaf(w[(size_t)c * K + j], win[j], acc);
     out[(size_t)s.t0 * C + c] = silu(acc);
-    for (int j = 0; j < K - 1; j++) st[(size_t)j * C] = win[j + 1];
+#pragma unroll
+    for (int j = 0; j < KMAX - 1; j++)
+        if (j < K - 1) st[(size_t)j * C] = win[j + 1];
 }
 
 extern "C" int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const float *w, const int32_t *tok_seq,
@@ -81,7 +92,11 @@ extern "C" int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const flo
     if (K < 1 || K > 16) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "conv1d: kernel size %d", K);
     const size_t n = (size_t)T * C;
     if (T == n_seqs) { /* one token per sequence: fused conv + state step */
-        LAUNCH_CHECK_RC(c, launch_k(conv1d_step_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cstream(c), qkv, w,
+        if (K == 4)
+            LAUNCH_CHECK_RC(c, launch_k(conv1d_step_kernel<4>, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cstream(c), qkv,
+                                        w, seqs, layer_ord, T, C, K, out),
+                            "conv1d_step");
+        LAUNCH_CHECK_RC(c, launch_k(conv1d_step_kernel<0>, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cstream(c), qkv, w,
                                     seqs, layer_ord, T, C, K, out),
                         "conv1d_step");
     }

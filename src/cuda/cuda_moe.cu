@@ -25,11 +25,30 @@
 
 #define RT_TOK 8 /* tokens a router warp carries */
 
+/* Batches of several tokens stage the row of blocks' RT_TOK token rows of x in shared
+ * memory first (coalesced cp.async), with 4 floats of padding after every 32 so that a
+ * lane's chunk (16 or 32 floats: 8- or 4-bit codes) reads conflict-free. From global
+ * memory each lane read its own 64–128-byte run per token: 32 lines an instruction, the
+ * L1's wavefronts the router's bound (31 µs a layer at 64 tokens, H200). One token keeps
+ * the direct reads (its weights are requested before the PDL wait; staging would add a
+ * barrier to the decode step's chain). The values and their order are the same: the bits. */
+#define RT_XPAD 36 /* floats a 32-float run takes in shared memory */
+__host__ __device__ __forceinline__ int rt_xstride(int H) { return H / 32 * RT_XPAD; } /* floats a staged token */
+__device__ __forceinline__ const float *rt_xs_at(const float *xs, int H, int t, int f) {
+    return xs + (size_t)t * rt_xstride(H) + (f >> 5) * RT_XPAD + (f & 31);
+}
+/* Whether a launch stages (both sides must agree: the kernel reads it from its shapes):
+ * whole 32-float runs, 16-byte aligned token rows, and the bytes within the opt-in. */
+#define RT_SMEM_MAX (96 * 1024)
+static bool rt_smem_ok(int H, int ldx) {
+    return H % 32 == 0 && ldx % 4 == 0 && (size_t)RT_TOK * rt_xstride(H) * 4 <= RT_SMEM_MAX;
+}
+
 /* acc[t] += W_row · x[t0 + t] (t < nt) over the lane's chunks, weights dequantized exactly
  * in fp32; the first round of weight loads is issued before pdl_wait (which this calls). */
 template <int BITS>
 __device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt,
-                                           float *acc, int lane) {
+                                           float *acc, int lane, const float *xs) {
     constexpr int per = BITS == 4 ? 32 : 16, RU = 4;
     const int nch = m.cols / per;
     const uint4 *cr = reinterpret_cast<const uint4 *>(qrow_codes(m, row));
@@ -50,8 +69,8 @@ __device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const fl
             }
         }
     };
-    load_round(lane, true); /* weights only (the whole row for K = 2048): before the wait */
-    pdl_wait();
+    load_round(lane, xs == nullptr); /* weights only (the whole row for K = 2048): before the wait */
+    if (!xs) pdl_wait(); /* staged: the kernel waited before staging */
     for (int base = lane; base < nch; base += 32 * RU) {
         if (base != lane) load_round(base, false);
 #pragma unroll
@@ -68,7 +87,8 @@ __device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const fl
 #pragma unroll
             for (int t = 0; t < RT_TOK; t++) {
                 if (t < nt) {
-                    const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)(t0 + t) * ldx + ch * per);
+                    const float4 *xp = reinterpret_cast<const float4 *>(
+                        xs ? rt_xs_at(xs, m.cols, t, ch * per) : x + (size_t)(t0 + t) * ldx + ch * per);
                     float a = acc[t];
 #pragma unroll
                     for (int v = 0; v < per / 4; v++) {
@@ -203,12 +223,33 @@ struct topk_tail {
     float *w;
 };
 
+/* STAGED (rt_smem decides; the one-token launch keeps the unstaged code as it was: a
+ * kernel carrying both measured −1 % on batch-1 decode) */
+template <bool STAGED>
 static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T,
                                                             float *logits, int ld, float *seg, topk_tail tk) {
     TRACE_KERNEL();
+    extern __shared__ __align__(16) float rt_xs[];
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int E = router.rows;
-    if (row <= E) { /* router_row waits after its first weight loads */
+    constexpr bool staged = STAGED;
+    if (staged) { /* every thread: wait, then copy the row of blocks' tokens */
+        const int t0 = blockIdx.y * RT_TOK, nt = min(RT_TOK, T - t0), H = router.cols;
+        if (row <= E) { /* the weights toward L2 meanwhile */
+            const cuda_qmat &m = row < E ? router : sg;
+            const char *p = reinterpret_cast<const char *>(qrow_codes(m, row < E ? row : 0));
+            const int bytes = m.cols * m.bits / 8;
+            for (int o = lane * 128; o < bytes; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+        }
+        pdl_wait();
+        for (int t = 0; t < nt; t++)
+            for (int f = 4 * (int)threadIdx.x; f < H; f += 4 * (int)blockDim.x)
+                cpa16(const_cast<float *>(rt_xs_at(rt_xs, H, t, f)), x + (size_t)(t0 + t) * ldx + f);
+        cpa_commit();
+        cpa_wait<0>();
+        __syncthreads();
+    }
+    if (row <= E) { /* router_row waits after its first weight loads (unstaged) */
         const int t0 = blockIdx.y * RT_TOK, nt = min(RT_TOK, T - t0);
         const bool is_r = row < E;
         cuda_qmat m; /* by value (see gateup_pairs_kernel) */
@@ -219,8 +260,9 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
         float acc[RT_TOK];
 #pragma unroll
         for (int t = 0; t < RT_TOK; t++) acc[t] = 0.0f;
-        if (m.bits == 4) router_row<4>(m, r, x, ldx, t0, nt, acc, lane);
-        else router_row<8>(m, r, x, ldx, t0, nt, acc, lane);
+        const float *xs = staged ? rt_xs : nullptr;
+        if (m.bits == 4) router_row<4>(m, r, x, ldx, t0, nt, acc, lane, xs);
+        else router_row<8>(m, r, x, ldx, t0, nt, acc, lane, xs);
 #pragma unroll
         for (int t = 0; t < RT_TOK; t++) {
             if (t >= nt) break; /* warp-uniform */
@@ -230,7 +272,7 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
                 else seg[t0 + t] = v;
             }
         }
-    } else {
+    } else if (!staged) {
         pdl_wait();
     }
     /* Triggered here, not at the start: gateup_pairs is then scheduled during the top-k
@@ -249,15 +291,39 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
     }
 }
 
+/* Dynamic shared memory of a router launch: the staged tokens, or none. */
+static size_t rt_smem(const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, int T, int ldx) {
+    if (T <= 1 || !rt_smem_ok(router->cols, ldx) || sh_gate->cols != router->cols) return 0;
+    return (size_t)RT_TOK * rt_xstride(router->cols) * 4;
+}
+
+/* One router launch: staged when rt_smem gives it bytes. */
+static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, const float *x,
+                     int ldx, int T, float *logits, int ld, float *seg, const topk_tail &tk, const char *what) {
+    const size_t smem = rt_smem(router, sh_gate, T, ldx);
+    const dim3 grid((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK);
+    if (smem)
+        LAUNCH_CHECK_RC(c, launch_k(router_kernel<true>, grid, dim3(256), smem, cstream(c), *router, *sh_gate, x, ldx, T, logits,
+                                    ld, seg, tk),
+                        what);
+    LAUNCH_CHECK_RC(c, launch_k(router_kernel<false>, grid, dim3(256), 0, cstream(c), *router, *sh_gate, x, ldx, T, logits, ld,
+                                seg, tk),
+                    what);
+}
+
+extern "C" int cuda_moe_init(char *err, size_t errlen) {
+    const cudaError_t e = cudaFuncSetAttribute(router_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "moe: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    return 0;
+}
+
 extern "C" int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                                const float *x, int ldx, int T, float *logits, int ld, float *seg) {
     if (T <= 0) return 0;
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    topk_tail tk = {NULL, 0, 0, NULL, NULL};
-    LAUNCH_CHECK_RC(c, launch_k(router_kernel, dim3((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK), dim3(256), 0,
-                                cstream(c), *router, *sh_gate, x, ldx, T, logits, ld, seg, tk),
-                    "moe_router");
+    const topk_tail tk = {NULL, 0, 0, NULL, NULL};
+    return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router");
 }
 
 extern "C" int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
@@ -268,10 +334,8 @@ extern "C" int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_
         return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk: %d tokens, %d experts, top-%d", T, router->rows, K);
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    topk_tail tk = {counter, K, renorm, ids, w};
-    LAUNCH_CHECK_RC(c, launch_k(router_kernel, dim3((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK), dim3(256), 0,
-                                cstream(c), *router, *sh_gate, x, ldx, T, logits, ld, seg, tk),
-                    "moe_router_topk");
+    const topk_tail tk = {counter, K, renorm, ids, w};
+    return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router_topk");
 }
 
 /* ---- small-batch pairs path ---- */

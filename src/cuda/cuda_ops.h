@@ -214,6 +214,8 @@ int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const float *u, s
 
 /* ---- skinny tensor-core products for 2..64 tokens (cuda_skinny.cu), 4-bit weights ---- */
 int cuda_skinny_init(char *err, size_t errlen);
+/* The router's shared-memory opt-in (batches of several tokens stage their rows). */
+int cuda_moe_init(char *err, size_t errlen);
 int cuda_skinny_supported(const struct cuda_qmat *m); /* 4-bit, columns a multiple of 64 */
 /* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T (1..64) */
 int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,

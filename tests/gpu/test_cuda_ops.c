@@ -1344,6 +1344,7 @@ int main(void) {
     ctx.err = errbuf;
     ctx.errlen = sizeof errbuf;
     if (cuda_gemm_init(errbuf, sizeof errbuf) || cuda_skinny_init(errbuf, sizeof errbuf) ||
+        cuda_moe_init(errbuf, sizeof errbuf) ||
         cuda_gdn_prefill_init(errbuf, sizeof errbuf) ||
         cuda_attn_init(16, 2, 256, errbuf, sizeof errbuf) ||
         cuda_attn_init(4, 2, 64, errbuf, sizeof errbuf)) {
