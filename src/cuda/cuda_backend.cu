@@ -84,6 +84,11 @@ struct cuda_backend {
     float *final_norm;
     cudaStream_t stream;
     cudaEvent_t ev[2];
+    /* 2..64 tokens: the shared expert runs on `side` while the router, the route and the
+     * routed experts run on `stream` (fork after the post-norm, join before the combine);
+     * NULL side (ORCHID_NO_SIDE_STREAM=1, or profiling): one stream */
+    cudaStream_t side;
+    cudaEvent_t fork_ev, join_ev;
     /* metadata */
     char *h_meta, *d_meta;
     size_t meta_cap;
@@ -459,13 +464,29 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         P("attn_o_skinny", cuda_skinny_dense(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
     P("post_rmsnorm", cuda_rmsnorm2(c, cb->x, d->post_norm, T, H, cf->rms_eps, NULL, cb->xn, cb->xn32));
+    /* the shared expert needs only xn: on the side stream, beside the router's chain of small
+     * launches (router, route) that leave most SMs idle; its kernels' results do not depend
+     * on what runs beside them (their reductions have a fixed order) */
+    const bool side = cb->side && !cb->prof_on && !cb->trace_path; /* profiles and timelines name ops in one stream */
+    if (side) {
+        const cuda_ctx cs = {(cuda_stream_t)cb->side, c->err, c->errlen};
+        CUDA_TRY(cudaEventRecord(cb->fork_ev, cb->stream), c->err, c->errlen, "cuda forward: fork the shared expert");
+        CUDA_TRY(cudaStreamWaitEvent(cb->side, cb->fork_ev, 0), c->err, c->errlen, "cuda forward: fork the shared expert");
+        if ((rc = cuda_skinny_swiglu(&cs, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is))) return rc;
+        if ((rc = cuda_skinny_dense(&cs, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0))) return rc;
+        CUDA_TRY(cudaEventRecord(cb->join_ev, cb->side), c->err, c->errlen, "cuda forward: join the shared expert");
+    }
     P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                           cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
     P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, &cb->route));
     P("moe_skinny_swiglu", cuda_skinny_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
     P("moe_skinny_down", cuda_skinny_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
-    P("shared_skinny_swiglu", cuda_skinny_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
-    P("shared_skinny_down", cuda_skinny_dense(c, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0));
+    if (!side) {
+        P("shared_skinny_swiglu", cuda_skinny_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
+        P("shared_skinny_down", cuda_skinny_dense(c, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0));
+    } else {
+        CUDA_TRY(cudaStreamWaitEvent(cb->stream, cb->join_ev, 0), c->err, c->errlen, "cuda forward: join the shared expert");
+    }
     P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
     return 0;
 }
@@ -846,6 +867,9 @@ static void cuda_destroy(struct backend *base) {
         if (cb->prof_ev[i]) cudaEventDestroy(cb->prof_ev[i]);
     for (int i = 0; i < 2; i++)
         if (cb->ev[i]) cudaEventDestroy(cb->ev[i]);
+    if (cb->fork_ev) cudaEventDestroy(cb->fork_ev);
+    if (cb->join_ev) cudaEventDestroy(cb->join_ev);
+    if (cb->side) cudaStreamDestroy(cb->side);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     free(cb);
 }
@@ -971,6 +995,15 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     for (int i = 0; i < 2; i++)
         if ((e = cudaEventCreateWithFlags(&cb->ev[i], cudaEventDisableTiming)) != cudaSuccess)
             FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: cudaEventCreate failed: %s", cudaGetErrorString(e)));
+    {
+        const char *ns = getenv("ORCHID_NO_SIDE_STREAM");
+        if (!(ns && *ns && strcmp(ns, "0") != 0)) {
+            if ((e = cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking)) != cudaSuccess ||
+                (e = cudaEventCreateWithFlags(&cb->fork_ev, cudaEventDisableTiming)) != cudaSuccess ||
+                (e = cudaEventCreateWithFlags(&cb->join_ev, cudaEventDisableTiming)) != cudaSuccess)
+                FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: side stream: %s", cudaGetErrorString(e)));
+        }
+    }
     FAIL(cuda_gemm_init(err, errlen));
     FAIL(cuda_skinny_init(err, errlen));
     FAIL(cuda_moe_init(err, errlen));
