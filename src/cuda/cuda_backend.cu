@@ -86,7 +86,7 @@ struct cuda_backend {
     cudaEvent_t ev[2];
     /* 2..64 tokens: the shared expert runs on `side` while the router, the route and the
      * routed experts run on `stream` (fork after the post-norm, join before the combine);
-     * NULL side (ORCHID_NO_SIDE_STREAM=1, or profiling): one stream */
+     * NULL side (ORCHID_NO_SIDE_STREAM=1), or profiling or tracing: one stream */
     cudaStream_t side;
     cudaEvent_t fork_ev, join_ev;
     /* metadata */

@@ -37,7 +37,7 @@ __host__ __device__ __forceinline__ int rt_xstride(int H) { return H / 32 * RT_X
 __device__ __forceinline__ const float *rt_xs_at(const float *xs, int H, int t, int f) {
     return xs + (size_t)t * rt_xstride(H) + (f >> 5) * RT_XPAD + (f & 31);
 }
-/* Whether a launch stages (both sides must agree: the kernel reads it from its shapes):
+/* Whether a launch of these shapes can stage (rt_smem then picks router_kernel<true>):
  * whole 32-float runs, 16-byte aligned token rows, and the bytes within the opt-in. */
 #define RT_SMEM_MAX (96 * 1024)
 static bool rt_smem_ok(int H, int ldx) {
@@ -292,15 +292,15 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
 }
 
 /* Dynamic shared memory of a router launch: the staged tokens, or none. */
-static size_t rt_smem(const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, int T, int ldx) {
-    if (T <= 1 || !rt_smem_ok(router->cols, ldx) || sh_gate->cols != router->cols) return 0;
+static size_t rt_smem(const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, const float *x, int T, int ldx) {
+    if (T <= 1 || !rt_smem_ok(router->cols, ldx) || sh_gate->cols != router->cols || ((uintptr_t)x & 15)) return 0;
     return (size_t)RT_TOK * rt_xstride(router->cols) * 4;
 }
 
 /* One router launch: staged when rt_smem gives it bytes. */
 static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, const float *x,
                      int ldx, int T, float *logits, int ld, float *seg, const topk_tail &tk, const char *what) {
-    const size_t smem = rt_smem(router, sh_gate, T, ldx);
+    const size_t smem = rt_smem(router, sh_gate, x, T, ldx);
     const dim3 grid((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK);
     if (smem)
         LAUNCH_CHECK_RC(c, launch_k(router_kernel<true>, grid, dim3(256), smem, cstream(c), *router, *sh_gate, x, ldx, T, logits,
