@@ -554,6 +554,18 @@ extern "C" int cuda_moe_down_pairs(const struct cuda_ctx *c, const struct cuda_q
                     "moe_down_pairs");
 }
 
+/* Inclusive prefix sums of two ints over a warp's lanes at once (shuffles). */
+__device__ __forceinline__ void warp_scan2(int &a, int &b, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int ya = __shfl_up_sync(0xffffffffu, a, o), yb = __shfl_up_sync(0xffffffffu, b, o);
+        if (lane >= o) {
+            a += ya;
+            b += yb;
+        }
+    }
+}
+
 /* ---- large-batch routing: one block does histogram, scan, tile list and scatter ---- */
 
 static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, int S, int E, int K,
@@ -578,15 +590,8 @@ static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, 
         __shared__ int wsum[32], wtile[32];
         const int lane = tid & 31, wid = tid >> 5;
         const int n = tid < E ? cnt[tid] : 0, nt = (n + MOE_BM - 1) / MOE_BM;
-        int a = n, b = nt; /* inclusive warp scans */
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int ya = __shfl_up_sync(0xffffffffu, a, o), yb = __shfl_up_sync(0xffffffffu, b, o);
-            if (lane >= o) {
-                a += ya;
-                b += yb;
-            }
-        }
+        int a = n, b = nt;
+        warp_scan2(a, b, lane);
         if (lane == 31) {
             wsum[wid] = a;
             wtile[wid] = b;
@@ -595,14 +600,7 @@ static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, 
         if (wid == 0) {
             const int nw = (blockDim.x + 31) >> 5;
             int sa = lane < nw ? wsum[lane] : 0, sb = lane < nw ? wtile[lane] : 0;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int ya = __shfl_up_sync(0xffffffffu, sa, o), yb = __shfl_up_sync(0xffffffffu, sb, o);
-                if (lane >= o) {
-                    sa += ya;
-                    sb += yb;
-                }
-            }
+            warp_scan2(sa, sb, lane);
             wsum[lane] = sa - (lane < nw ? wsum[lane] : 0); /* exclusive: the warps before */
             wtile[lane] = sb - (lane < nw ? wtile[lane] : 0);
         }

@@ -67,6 +67,14 @@ __device__ __forceinline__ int sk_tile_row(int i, int RB, int orows, int rbase, 
     return rbase + sub * orows + (*up ? ii - orows : ii);
 }
 
+/* Whether the tile's scales and biases (and with `codes` its codes) start on 16-byte
+ * boundaries in w0 and, for SwiGLU, w1: both copy forms move them in 16-byte units. */
+__device__ __forceinline__ bool sk_al16(const sk_args &a, const cuda_qmat &w0, bool swiglu, bool codes) {
+    const uintptr_t m0 = (uintptr_t)w0.scales | (uintptr_t)w0.biases | (codes ? (uintptr_t)w0.codes : 0);
+    const uintptr_t m1 = (uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases | (codes ? (uintptr_t)a.w1.codes : 0);
+    return (m0 & 15) == 0 && (!swiglu || (m1 & 15) == 0);
+}
+
 /* sm_90: the weight tile by the bulk-copy engine — one instruction a codes row (K/2 bytes
  * into its padded shared row) and one a scales or biases run (a segment's rows are
  * contiguous there and in shared memory), completion counted in bytes on one mbarrier;
@@ -80,9 +88,7 @@ __device__ __forceinline__ bool sk_bulk_stage(const sk_args &a, const cuda_qmat 
                                               size_t erow, uint32_t *codes, uint16_t *scs, uint16_t *bis, int G, int K,
                                               int stride, unsigned long long *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const bool al = (((uintptr_t)w0.scales | (uintptr_t)w0.biases | (uintptr_t)w0.codes) & 15) == 0 &&
-                    (!swiglu || (((uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases | (uintptr_t)a.w1.codes) & 15) == 0);
-    if (!a.bulk || !al || (G * 2) % 16 || (K / 2) % 16) return false;
+    if (!a.bulk || !sk_al16(a, w0, swiglu, true) || (G * 2) % 16 || (K / 2) % 16) return false;
     const int rows = w0.rows, halves = swiglu ? 2 : 1, nseg = a.mrep * halves, per = orows + 2;
     const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
     if (threadIdx.x == 0) {
@@ -140,7 +146,6 @@ __device__ __forceinline__ void sk_bulk_wait(unsigned long long *bar) {
                      : "memory");
 #endif
 }
-
 
 /* Shared-memory layout of a block (RB weight rows × K, NT n-tiles of tokens):
  *   codes  [RB][K/8 + 8] words (row stride ≡ 8 mod 32 words for K % 256 == 0: the 8-byte
@@ -241,9 +246,7 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
          * 16-byte chunks, beside the codes (H200, 64 sequences: 27.05 -> 25.34 ms a forward;
          * a loop of synchronous loads put up to RB·G/256 dependent DRAM round trips on every
          * block's path); the same values either way */
-        const bool al = (((uintptr_t)w0.scales | (uintptr_t)w0.biases) & 15) == 0 &&
-                        (!SWIGLU || (((uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases) & 15) == 0);
-        if ((G * 2) % 16 == 0 && al) {
+        if ((G * 2) % 16 == 0 && sk_al16(a, w0, SWIGLU, false)) {
             const int cpr = G / 8; /* 16-byte chunks a row */
             for (int idx = threadIdx.x; idx < 2 * TR * cpr; idx += blockDim.x) {
                 const int bias = idx >= TR * cpr, rem = idx % (TR * cpr), i = rem / cpr, ch = rem % cpr;
