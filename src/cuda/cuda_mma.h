@@ -77,14 +77,17 @@ __device__ __forceinline__ void sk_group_mma(const uint32_t (&af)[4][4], const u
 /* One group of one n-tile, the step every path repeats in the same order (the bitwise
  * contract of cuda_skinny.cu, cuda_skinny_wide.cu and cuda_tcv.cu): for rows (g, g + 8) ×
  * columns (2c, 2c + 1), acc += fmaf(s, Σ q·x, b · Σx), with sxa / sxb the columns' Σx. */
-__device__ __forceinline__ void sk_group_step(const uint32_t (&af)[4][4], const sk_w &w, const uint16_t *x16, float sxa,
-                                              float sxb, float (&acc)[4]) {
-    float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    sk_group_mma(af, x16, cg);
+__device__ __forceinline__ void sk_group_scale(const sk_w &w, const float (&cg)[4], float sxa, float sxb, float (&acc)[4]) {
     acc[0] += fmaf(w.s0, cg[0], w.b0 * sxa);
     acc[1] += fmaf(w.s0, cg[1], w.b0 * sxb);
     acc[2] += fmaf(w.s1, cg[2], w.b1 * sxa);
     acc[3] += fmaf(w.s1, cg[3], w.b1 * sxb);
+}
+__device__ __forceinline__ void sk_group_step(const uint32_t (&af)[4][4], const sk_w &w, const uint16_t *x16, float sxa,
+                                              float sxb, float (&acc)[4]) {
+    float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    sk_group_mma(af, x16, cg);
+    sk_group_scale(w, cg, sxa, sxb, acc);
 }
 
 /* Σ of the 8 bf16 values of one 16-byte chunk, left to right. */
@@ -103,25 +106,89 @@ __device__ __forceinline__ float sk_group_sum(const uint16_t *x64) {
 }
 
 /* Σx of every group of n staged rows of G groups (row r at xs + r·stride) into
- * xsum[r·G + g], each by sk_group_sum. A thread takes one (row, group) sum at
+ * xsum[r·ldsum + g] (sk_group_sums: ldsum = G), each by sk_group_sum, by threads tid of nthr. A thread takes one (row, group) sum at
  * a time, two at once (independent chains), rows fastest across the block's threads:
  * with stride ≡ 16 bytes mod 128 (the skinny kernels pad their rows by 8 bf16) the 8
  * lanes of a 16-byte load phase read 8 rows' chunks in distinct banks. (Groups fastest
  * put a warp's loads 128 bytes apart, an 8-way bank conflict on every load: 1.3 µs of a
  * grouped MoE block's 10 and 4–5 µs of a 64-token wide block on the H200.) */
-__device__ __forceinline__ void sk_group_sums(const uint16_t *xs, int n, size_t stride, int G, float *xsum) {
+__device__ __forceinline__ void sk_group_sums_by(const uint16_t *xs, int n, size_t stride, int G, float *xsum, int tid,
+                                                 int nthr, int ldsum) {
     if (n == 1) { /* one token (the decode kernels): group g at xs + 64 g, no divisions on their path */
-        for (int g = threadIdx.x; g < G; g += blockDim.x) xsum[g] = sk_group_sum(xs + g * QGROUP);
+        for (int g = tid; g < G; g += nthr) xsum[g] = sk_group_sum(xs + g * QGROUP);
         return;
     }
     const int total = n * G;
-    for (int i0 = threadIdx.x; i0 < total; i0 += 2 * blockDim.x) {
-        const int i1 = i0 + blockDim.x; /* two independent sums a round */
+    for (int i0 = tid; i0 < total; i0 += 2 * nthr) {
+        const int i1 = i0 + nthr; /* two independent sums a round */
         const int r0 = i0 % n, g0 = i0 / n, r1 = i1 % n, g1 = i1 / n;
         const float s0 = sk_group_sum(xs + (size_t)r0 * stride + g0 * QGROUP);
         const float s1 = i1 < total ? sk_group_sum(xs + (size_t)r1 * stride + g1 * QGROUP) : 0.0f;
-        xsum[r0 * G + g0] = s0;
-        if (i1 < total) xsum[r1 * G + g1] = s1;
+        xsum[r0 * ldsum + g0] = s0;
+        if (i1 < total) xsum[r1 * ldsum + g1] = s1;
+    }
+}
+/* ... by every thread of the block */
+__device__ __forceinline__ void sk_group_sums(const uint16_t *xs, int n, size_t stride, int G, float *xsum) {
+    sk_group_sums_by(xs, n, stride, G, xsum, threadIdx.x, blockDim.x, G);
+}
+
+/* ---- a lane's groups of a tile staged in shared memory (cuda_skinny.cu, cuda_skinny_pipe.cu) ---- */
+/* One lane's view of a staged tile for its rows (tile rows tr0, tr1 = lr0, lr0 + 8 of a
+ * subtile): their code words at group 0 (ok0 / ok1: the row is inside the matrix; rows past
+ * it are never copied), scales and biases at group 0, its token row's 16 values of group 0
+ * for n-tile 0 and the n-tile stride, Σx of its columns 2c, 2c + 1 at group 0 for n-tile 0
+ * and the n-tile stride. */
+struct sk_lane_rows {
+    const uint32_t *c0, *c1;
+    bool ok0, ok1;
+    const uint16_t *s0, *b0, *s1, *b1;
+    const uint16_t *x16;
+    size_t xnt;
+    const float *sxa, *sxb;
+    int snt;
+};
+
+/* Group grp of the lane's rows against NT n-tiles, scales and biases given: one
+ * sk_group_step an n-tile (the bitwise contract). */
+template <int NT>
+__device__ __forceinline__ void sk_group_nt(const sk_lane_rows &r, int grp, float s0, float b0, float s1, float b1,
+                                            float (&acc)[NT][4]) {
+    sk_w w;
+    w.q0 = r.ok0 ? *reinterpret_cast<const uint2 *>(r.c0 + grp * 8) : make_uint2(0, 0);
+    w.q1 = r.ok1 ? *reinterpret_cast<const uint2 *>(r.c1 + grp * 8) : make_uint2(0, 0);
+    w.s0 = s0;
+    w.b0 = b0;
+    w.s1 = s1;
+    w.b1 = b1;
+    uint32_t af[4][4];
+    sk_frags(w, af);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        sk_group_step(af, w, r.x16 + nt * r.xnt + grp * QGROUP, r.sxa[nt * r.snt + grp], r.sxb[nt * r.snt + grp], acc[nt]);
+}
+
+/* The lane's gper groups from g0, in group order. An even count goes two groups at a time,
+ * each row's two scales (and two biases) one 4-byte load: with 64-byte scale rows (G = 32)
+ * the 8 rows a warp reads share 2 banks, so every 2-byte load was 4 wavefronts — 16 of a
+ * group's ~36 (H200, session 8: the products of a grouped gate/up unit 112 -> 80 µs a
+ * launch in the first form of cuda_skinny_pipe.cu once its scales and Σx loads were made conflict-light;
+ * here: grouped gate/up 163 -> 158 µs, down 102 -> 94 µs with Σx rows padded as well). */
+template <int NT>
+__device__ __forceinline__ void sk_products(const sk_lane_rows &r, int g0, int gper, float (&acc)[NT][4]) {
+    if ((gper & 1) == 0) {
+        for (int gi = 0; gi < gper; gi += 2) {
+            const int grp = g0 + gi;
+            const uint32_t s0 = *reinterpret_cast<const uint32_t *>(r.s0 + grp), b0 = *reinterpret_cast<const uint32_t *>(r.b0 + grp);
+            const uint32_t s1 = *reinterpret_cast<const uint32_t *>(r.s1 + grp), b1 = *reinterpret_cast<const uint32_t *>(r.b1 + grp);
+            sk_group_nt<NT>(r, grp, bf_lo(s0), bf_lo(b0), bf_lo(s1), bf_lo(b1), acc);
+            sk_group_nt<NT>(r, grp + 1, bf_hi(s0), bf_hi(b0), bf_hi(s1), bf_hi(b1), acc);
+        }
+    } else {
+        for (int gi = 0; gi < gper; gi++) {
+            const int grp = g0 + gi;
+            sk_group_nt<NT>(r, grp, bf(r.s0[grp]), bf(r.b0[grp]), bf(r.s1[grp]), bf(r.b1[grp]), acc);
+        }
     }
 }
 

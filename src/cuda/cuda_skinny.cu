@@ -153,7 +153,8 @@ __device__ __forceinline__ void sk_bulk_wait(unsigned long long *bar) {
  *   scales, biases [RB][G] bf16 each
  *   x      [NT*8][K + 8] bf16 (the pass's tokens; +16 bytes a row spreads the quarter-warp
  *          16-byte loads over all banks)
- *   xsum   [NT*8][G] fp32 (Σx of each token over each group, for the bias term)
+ *   xsum   [NT*8][G + 4] fp32 (Σx of each token over each group, for the bias term; the
+ *          padding puts the 4 token columns a quarter-warp reads in distinct banks)
  *   red    [8 warps][NT*4][32] fp32 (split-K partials) */
 struct sk_layout {
     size_t scales, x, xsum, red, total;
@@ -165,7 +166,7 @@ __host__ __device__ __forceinline__ sk_layout sk_lay(int RB, int K, int NT) {
     l.scales = (size_t)RB * sk_stride(K) * 4;
     l.x = (l.scales + (size_t)4 * RB * G + 15) & ~(size_t)15;
     l.xsum = l.x + (size_t)NT * 8 * (K + 8) * 2;
-    l.red = (l.xsum + (size_t)NT * 8 * G * 4 + 15) & ~(size_t)15;
+    l.red = (l.xsum + (size_t)NT * 8 * (G + 4) * 4 + 15) & ~(size_t)15;
     l.total = l.red + (size_t)8 * NT * 4 * 32 * 4;
     return l;
 }
@@ -304,7 +305,7 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
         if (bulk && p0 == 0) sk_bulk_wait(&wbar);
         __syncthreads();
         trace_mark(TRACE_MARK5); /* tile and tokens landed */
-        sk_group_sums(xs, nrows, xstride, G, xsum);
+        sk_group_sums_by(xs, nrows, xstride, G, xsum, threadIdx.x, blockDim.x, G + 4);
         __syncthreads();
         trace_mark(TRACE_MARK6);
         for (int sub = 0; sub < a.mrep; sub++) { /* subtiles one after another, each as a tile of RB rows */
@@ -315,24 +316,11 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
-            for (int gi = 0; gi < gper; gi++) {
-                const int grp = g0 + gi;
-                sk_w w;
-                w.q0 = ok0 ? *reinterpret_cast<const uint2 *>(codes + (size_t)tr0 * stride + grp * 8 + 2 * c) : make_uint2(0, 0);
-                w.q1 = ok1 ? *reinterpret_cast<const uint2 *>(codes + (size_t)tr1 * stride + grp * 8 + 2 * c) : make_uint2(0, 0);
-                w.s0 = bf(scs[tr0 * G + grp]);
-                w.b0 = bf(bis[tr0 * G + grp]);
-                w.s1 = bf(scs[tr1 * G + grp]);
-                w.b1 = bf(bis[tr1 * G + grp]);
-                uint32_t af[4][4];
-                sk_frags(w, af);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    /* Σx of the group for the C columns 2c and 2c + 1 */
-                    sk_group_step(af, w, xs + (size_t)(nt * 8 + gq) * xstride + grp * QGROUP + 16 * c,
-                                  xsum[(nt * 8 + 2 * c) * G + grp], xsum[(nt * 8 + 2 * c + 1) * G + grp], acc[nt]);
-                }
-            }
+            const sk_lane_rows rw = {codes + (size_t)tr0 * stride + 2 * c, codes + (size_t)tr1 * stride + 2 * c, ok0, ok1,
+                                     scs + tr0 * G, bis + tr0 * G, scs + tr1 * G, bis + tr1 * G,
+                                     xs + (size_t)gq * xstride + 16 * c, (size_t)8 * xstride,
+                                     xsum + (2 * c) * (G + 4), xsum + (2 * c + 1) * (G + 4), 8 * (G + 4)};
+            sk_products<NT>(rw, g0, gper, acc);
 
             trace_mark(TRACE_MARK7); /* (warp 0's) products done */
             /* the k-slices meet in shared memory, summed in slice order */

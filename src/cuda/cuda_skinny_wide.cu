@@ -95,7 +95,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     cpa_wait<0>();
     __syncthreads();
     trace_mark(TRACE_MARK5); /* tokens landed */
-    sk_group_sums(xs, nT, XS, GPW, xsum);
+    sk_group_sums_by(xs, nT, XS, GPW, xsum, threadIdx.x, blockDim.x, GPW + 4); /* rows padded: see sw_smem */
     __syncthreads();
     trace_mark(TRACE_MARK6);
 
@@ -112,8 +112,8 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
 #pragma unroll
         for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
             if (nt >= nnt) break;
-            sk_group_step(af, f, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, xsum[(nt * 8 + 2 * c) * GPW + gi],
-                          xsum[(nt * 8 + 2 * c + 1) * GPW + gi], acc[nt]);
+            sk_group_step(af, f, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, xsum[(nt * 8 + 2 * c) * (GPW + 4) + gi],
+                          xsum[(nt * 8 + 2 * c + 1) * (GPW + 4) + gi], acc[nt]);
         }
     }
 
@@ -176,7 +176,10 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     }
 }
 
-static size_t sw_smem(int gpw) { return (size_t)SW_MAX_T * (gpw * QGROUP + 8) * 2 + (size_t)SW_MAX_T * gpw * 4; }
+/* Tokens [64][GPW·64 + 8] bf16, then Σx [64][GPW + 4] fp32: the padding puts the 4 token
+ * columns (2c) a quarter-warp reads in distinct banks (unpadded, GPW = 8 read them 2-way
+ * and GPW = 16 4-way conflicted). */
+static size_t sw_smem(int gpw) { return (size_t)SW_MAX_T * (gpw * QGROUP + 8) * 2 + (size_t)SW_MAX_T * (gpw + 4) * 4; }
 
 /* Groups a block's slice covers for K (0: not this path). Slices of 4 groups (K = 512:
  * the shared expert's down projection) stay on cuda_skinny.cu: 32 blocks for its 2,048
