@@ -641,6 +641,8 @@ extern "C" int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids
     const int need = (T * K + MOE_BM - 1) / MOE_BM + E;
     if (need > r->max_tiles) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_route: %d tiles > capacity %d", need, r->max_tiles);
     r->bound_tiles = need;
+    r->n_experts = E;
+    r->n_slots = T * K;
     LAUNCH_CHECK_RC(c, launch_k(route_kernel, dim3(1), dim3(1024), 0, cstream(c), ids, T * K, E, K, *r), "moe_route");
 }
 

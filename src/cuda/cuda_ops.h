@@ -195,6 +195,7 @@ struct cuda_moe_route {
     int32_t *tiles;       /* [max_tiles * 3] (expert, m0, m_end), then n_tiles at [max_tiles*3] */
     int max_tiles;
     int bound_tiles;      /* the most tiles the last cuda_moe_route_build can have made: ⌈T·K/64⌉ + E */
+    int n_experts, n_slots; /* E and T·K of the last cuda_moe_route_build (host side) */
 };
 /* Grid rows of a grouped launch over a route: its bound, not the capacity (a 64-token
  * batch has at most 264 tiles of the 768 a 4,096-token one may: the rest of the blocks
@@ -234,6 +235,17 @@ int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *d
                              const struct cuda_moe_route *r, float *out);
 /* k-slices per block the skinny kernels use for K columns (cuda_tcv.cu copies them). */
 int cuda_skinny_kslices(int K);
+/* cuda_skinny_pipe.cu: the grouped forms as persistent pipelined kernels (sm_90+), the same
+ * sums as cuda_skinny.cu's grouped kernel for tiles of RB rows. Return 1 when launched,
+ * 0 when the case is not theirs (the caller launches the other), negative on error.
+ * cuda_skinny_grouped_* hand over to them when ORCHID_SK_PIPE=1 (opt-in: not yet faster),
+ * and cuda_skinny_pipe_enable (tests) switches them, returning the previous state. */
+int cuda_skinny_pipe_init(char *err, size_t errlen);
+int cuda_skinny_pipe_enable(int on);
+int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                            const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act);
+int cuda_skinny_pipe_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
+                          const struct cuda_moe_route *r, int RB, float *out);
 /* cuda_skinny_wide.cu: the dense forms for 9..64 tokens (one k-slice per block, the same
  * sums); cuda_skinny_dense / _multi / _swiglu hand over to it when it takes the launch.
  * ORCHID_NO_WIDE=1 keeps them on cuda_skinny.cu (A/B). */

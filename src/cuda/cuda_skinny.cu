@@ -437,6 +437,7 @@ extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     if (ms && *ms) sk_mrep_swiglu = atoi(ms) == 2 ? 2 : 1;
     if (md && *md) sk_mrep_down = atoi(md) == 2 ? 2 : 1;
     int rc = cuda_skinny_wide_init(err, errlen);
+    if (!rc) rc = cuda_skinny_pipe_init(err, errlen);
     if (!rc) rc = cuda_tcv_init(err, errlen); /* its one-token kernels copy these tiles */
     if (rc) return rc;
     SK_ATTR(1, false, false) SK_ATTR(2, false, false) SK_ATTR(4, false, false)
@@ -571,6 +572,7 @@ extern "C" int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct
     a.act = act;
     a.ld_act = gate->rows;
     a.mrep = sk_mrep_swiglu;
+    if ((rc = cuda_skinny_pipe_swiglu(c, gate, up, xn, ldx, r, sk_rb(gate->cols, 1), act))) return rc < 0 ? rc : 0;
     return sk_dispatch<true, true>(c, a, 2, gate->rows, cuda_moe_route_grid(r), "skinny_grouped_swiglu");
 }
 
@@ -582,6 +584,7 @@ extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct c
     a.y = out;
     a.ldy = down->rows;
     a.mrep = sk_mrep_down;
+    if ((rc = cuda_skinny_pipe_down(c, down, act, r, sk_rb(down->cols, 1), out))) return rc < 0 ? rc : 0;
     return sk_dispatch<false, true>(c, a, 2, down->rows, cuda_moe_route_grid(r), "skinny_grouped_down");
 }
 

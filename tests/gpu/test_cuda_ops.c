@@ -739,6 +739,24 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
         if (grouped >= 2) { /* the batched-decode form: skinny tensor-core kernels */
             OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
             OK(cuda_skinny_grouped_down(&ctx, &down.d, dact, &r, ded));
+            /* the pipelined kernels (cuda_skinny_pipe.cu, sm_90, opt-in) against
+             * cuda_skinny.cu's grouped kernel on the same route: the same bits */
+            uint16_t *dact2;
+            float *ded2;
+            DEV(dact2, (size_t)T * K * I * 2); DEV(ded2, (size_t)T * K * H * 4);
+            const int was = cuda_skinny_pipe_enable(1);
+            const int on = cuda_skinny_pipe_enable(1); /* 1 where the device takes them (sm_90+) */
+            OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact2));
+            OK(cuda_skinny_grouped_down(&ctx, &down.d, dact2, &r, ded2));
+            cuda_skinny_pipe_enable(was);
+            uint16_t *a1 = malloc((size_t)T * K * I * 2), *a2 = malloc((size_t)T * K * I * 2);
+            float *e1 = malloc((size_t)T * K * H * 4), *e2 = malloc((size_t)T * K * H * 4);
+            D2H(a1, dact, (size_t)T * K * I * 2); D2H(a2, dact2, (size_t)T * K * I * 2);
+            D2H(e1, ded, (size_t)T * K * H * 4); D2H(e2, ded2, (size_t)T * K * H * 4);
+            const int da = memcmp(a1, a2, (size_t)T * K * I * 2) != 0, de = memcmp(e1, e2, (size_t)T * K * H * 4) != 0;
+            CHECK(!da && !de, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined %s): act %s, down %s", E, K, H, I, T,
+                  on ? "on" : "off (not sm_90)", da ? "differs" : "same", de ? "differs" : "same");
+            free(a1); free(a2); free(e1); free(e2); cuda_free(dact2); cuda_free(ded2);
             OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
             OK(cuda_skinny_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
         } else {
