@@ -12,7 +12,8 @@
 //   * one role, cp.async by every thread: 245 / 175; + 4 producer warps: 203 / 124; +
 //     conflict-light scale and Σx loads: 192 / 122 (products 2.0 -> 1.5 µs a unit);
 //   * Σx and reductions on their own warps (this form, 8 + 2 + 2 + 4 warps): 190 / 132;
-//     with 6 producer warps and one aux role: 175 / 163. The consumers wait on the copies
+//     with 6 producer warps and one aux role: 175 / 163; with one producer warp issuing
+//     cp.async.bulk: 179 / 207 (the copy engine spends ~50–90 ns a copy, any size). The consumers wait on the copies
 //     (~4.5 GB/s of cp.async a producer warp) or on the reducers, and their products take
 //     ~1.5 µs a unit — the next step is tensor-map TMA copies (few instructions, deep in
 //     flight, a swizzled layout for conflict-free fragments) so producers cost nothing.
