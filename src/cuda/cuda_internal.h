@@ -273,6 +273,31 @@ __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_gro
 template <int N>
 __device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+/* Shared-memory mbarriers (sm_90 forms; nothing below): init with an arrival count (a
+ * fence.mbarrier_init and a block barrier must follow before others use it), a plain
+ * arrival, and a spin on the completion of the phase of the given parity. */
+__device__ __forceinline__ void mbar_init(unsigned long long *bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count));
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                     : "=r"(done)
+                     : "r"(b), "r"(parity)
+                     : "memory");
+#endif
+}
+
 /* Rows [r0, r0 + n) (absolute: matrix mat of a stack starts at mat·rows) of a qmat as a
  * one-matrix qmat of its own: the host's view for launches over a part of a stack. */
 static inline cuda_qmat qmat_rows(const cuda_qmat &m, size_t r0, int n) {

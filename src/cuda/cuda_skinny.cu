@@ -83,7 +83,7 @@ __device__ __forceinline__ bool sk_al16(const sk_args &a, const cuda_qmat &w0, b
  * (nothing issued) where it does not apply: then the caller copies with cp.async. Rows
  * past the matrix are not copied: their fragments are masked (ok0/ok1) and their outputs
  * never stored; their scales and biases are zeroed as the cp.async form does. The caller
- * waits with sk_bulk_wait before reading the tile. */
+ * waits for phase 0 of bar (mbar_wait) before reading the tile. */
 __device__ __forceinline__ bool sk_bulk_stage(const sk_args &a, const cuda_qmat &w0, bool swiglu, int RB, int orows, int rbase,
                                               size_t erow, uint32_t *codes, uint16_t *scs, uint16_t *bis, int G, int K,
                                               int stride, unsigned long long *bar) {
@@ -92,7 +92,7 @@ __device__ __forceinline__ bool sk_bulk_stage(const sk_args &a, const cuda_qmat 
     const int rows = w0.rows, halves = swiglu ? 2 : 1, nseg = a.mrep * halves, per = orows + 2;
     const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
     if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+        mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -131,19 +131,6 @@ __device__ __forceinline__ bool sk_bulk_stage(const sk_args &a, const cuda_qmat 
     return true;
 #else
     return false;
-#endif
-}
-
-/* Waits for sk_bulk_stage's bytes (phase 0 of its mbarrier). */
-__device__ __forceinline__ void sk_bulk_wait(unsigned long long *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0; selp.u32 %0, 1, 0, q; }"
-                     : "=r"(done)
-                     : "r"(b)
-                     : "memory");
 #endif
 }
 
@@ -302,7 +289,7 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
         }
         cpa_commit();
         cpa_wait<0>();
-        if (bulk && p0 == 0) sk_bulk_wait(&wbar);
+        if (bulk && p0 == 0) mbar_wait(&wbar, 0);
         __syncthreads();
         trace_mark(TRACE_MARK5); /* tile and tokens landed */
         sk_group_sums_by(xs, nrows, xstride, G, xsum, threadIdx.x, blockDim.x, G + 4);

@@ -172,23 +172,6 @@ struct sp_clock {
 #endif
 };
 
-/* Waits for the phase of the given parity of a shared-memory mbarrier. */
-__device__ __forceinline__ void sp_wait(unsigned long long *bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
-                     : "=r"(done)
-                     : "r"(b), "r"(parity)
-                     : "memory");
-#endif
-}
-
-__device__ __forceinline__ void sp_arrive(unsigned long long *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
-}
-
 /* Block = four warp roles, unit i in stage i % S, its partials in red buffer i % 2:
  *   producers (4 warps): wait empty[st] (the unit S before is consumed), copy the unit,
  *     full[st] completes when the copies land (128 asynchronous arrivals);
@@ -217,18 +200,13 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
     int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E, *rows_of = off + E;
     pdl_trigger();
     if (tid < S) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(&full[tid])),
-                     "r"((unsigned)SP_PRODUCERS));
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(&ready[tid])),
-                     "r"((unsigned)SP_SUMS));
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(&empty[tid])),
-                     "r"((unsigned)(SP_CONSUMERS / 32)));
+        mbar_init(&full[tid], SP_PRODUCERS);
+        mbar_init(&ready[tid], SP_SUMS);
+        mbar_init(&empty[tid], SP_CONSUMERS / 32);
     }
     if (tid < 2) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(&redfull[tid])),
-                     "r"((unsigned)(SP_CONSUMERS / 32)));
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(&redfree[tid])),
-                     "r"((unsigned)(SP_REDUCERS / 32)));
+        mbar_init(&redfull[tid], SP_CONSUMERS / 32);
+        mbar_init(&redfree[tid], SP_REDUCERS / 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     pdl_wait(); /* the route is the previous kernels' */
@@ -273,7 +251,7 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
     if (tid >= SP_CONSUMERS + SP_AUX) { /* producers */
         for (int i = 0; i < n_mine; i++) {
             const int st = i % S;
-            if (i >= S) sp_wait(&empty[st], (unsigned)(i / S - 1) & 1u);
+            if (i >= S) mbar_wait(&empty[st], (unsigned)(i / S - 1) & 1u);
             const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, orows, ec);
             sp_issue<SWIGLU>(a, RB, w.e, w.rbase, w.m0, w.n, rows, sm + (size_t)st * L.stage, L,
                              (unsigned)__cvta_generic_to_shared(&full[st]), tid - SP_CONSUMERS - SP_AUX);
@@ -288,10 +266,10 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
             const int st = i % S;
             const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, orows, ec);
             unsigned char *stage = sm + (size_t)st * L.stage;
-            sp_wait(&full[st], (unsigned)(i / S) & 1u);
+            mbar_wait(&full[st], (unsigned)(i / S) & 1u);
             sk_group_sums_by(reinterpret_cast<const uint16_t *>(stage + L.x), w.n, xstride, G,
                              reinterpret_cast<float *>(stage + L.xsum), at, SP_SUMS, G + 4);
-            sp_arrive(&ready[st]);
+            mbar_arrive(&ready[st]);
         }
         return;
     }
@@ -302,7 +280,7 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
             const int rb = j & 1;
             const sp_unit w = sp_locate(u0 + j, pfx, cnt, off, E, orows, ec);
             const float *red = reinterpret_cast<const float *>(sm + L.red) + (size_t)rb * 8 * 4 * 32;
-            sp_wait(&redfull[rb], (unsigned)(j / 2) & 1u);
+            mbar_wait(&redfull[rb], (unsigned)(j / 2) & 1u);
             for (int q = at; q < (SWIGLU ? MT / 2 : MT) * 128; q += SP_REDUCERS) {
                 const int m = q >> 7, l = q & 31, k4 = (q >> 5) & 3;
                 const int jj = 2 * (l & 3) + (k4 & 1);
@@ -316,7 +294,7 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
                 else a.y[(size_t)(w.m0 + jj) * a.ldy + r] = v;
             }
             __syncwarp();
-            if (lane == 0) sp_arrive(&redfree[rb]);
+            if (lane == 0) mbar_arrive(&redfree[rb]);
         }
         return;
     }
@@ -332,7 +310,7 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
         const uint16_t *scs = reinterpret_cast<const uint16_t *>(stage + L.scales), *bis = scs + RB * G;
         const uint16_t *xs = reinterpret_cast<const uint16_t *>(stage + L.x);
         const float *xsum = reinterpret_cast<const float *>(stage + L.xsum);
-        sp_wait(&ready[st], (unsigned)(i / S) & 1u);
+        mbar_wait(&ready[st], (unsigned)(i / S) & 1u);
         clk.lap(1);
         float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
         const sk_lane_rows rw = {codes + (size_t)lr0 * stride + 2 * c, codes + (size_t)lr1 * stride + 2 * c, true, true,
@@ -340,14 +318,14 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
                                  xs + (size_t)gq * xstride + 16 * c, 0, xsum + (2 * c) * (G + 4), xsum + (2 * c + 1) * (G + 4), 0};
         sk_products<1>(rw, g0, gper, acc);
         __syncwarp();
-        if (lane == 0) sp_arrive(&empty[st]); /* this warp is done with the stage */
+        if (lane == 0) mbar_arrive(&empty[st]); /* this warp is done with the stage */
         clk.lap(2);
-        if (i >= 2) sp_wait(&redfree[rb], (unsigned)(i / 2 - 1) & 1u);
+        if (i >= 2) mbar_wait(&redfree[rb], (unsigned)(i / 2 - 1) & 1u);
         float *red = reinterpret_cast<float *>(sm + L.red) + (size_t)rb * 8 * 4 * 32;
 #pragma unroll
         for (int q = 0; q < 4; q++) red[((size_t)warp * 4 + q) * 32 + lane] = acc[0][q];
         __syncwarp();
-        if (lane == 0) sp_arrive(&redfull[rb]);
+        if (lane == 0) mbar_arrive(&redfull[rb]);
         clk.lap(3);
     }
     clk.lap(4);
@@ -358,7 +336,7 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
 #endif
 }
 
-static int sp_sms = 0, sp_optin = 0, sp_on = 0;
+static int sp_sms = 0, sp_optin = 0, sp_on = 0, sp_sm90 = 0; /* sp_sm90: the device takes them (init) */
 static int sp_stages_env(const char *name) {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : 0;
@@ -384,16 +362,14 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
-    sp_on = major >= 9 && env_flag("ORCHID_SK_PIPE");
+    sp_sm90 = major >= 9;
+    sp_on = sp_sm90 && env_flag("ORCHID_SK_PIPE");
     return 0;
 }
 
 extern "C" int cuda_skinny_pipe_enable(int on) {
     const int was = sp_on;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-        major = 0;
-    sp_on = on && major >= 9;
+    sp_on = on && sp_sm90;
     return was;
 }
 
@@ -424,19 +400,25 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, bool swiglu, const cha
     return 1;
 }
 
-extern "C" int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
-                                       const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act) {
+/* The fields both launches take from the route and the first matrix. */
+static sp_args sp_args_for(const struct cuda_qmat *w0, const uint16_t *x, int ldx, const struct cuda_moe_route *r, int RB) {
     sp_args a = {};
-    a.w0 = *gate;
-    a.w1 = *up;
-    a.x = xn;
+    a.w0 = *w0;
+    a.x = x;
     a.ldx = ldx;
-    a.x_rows = r->row_of_slot;
     a.counts = r->counts;
     a.offsets = r->offsets;
     a.E = r->n_experts;
     a.n_slots = r->n_slots;
     a.RB = RB;
+    return a;
+}
+
+extern "C" int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                                       const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act) {
+    sp_args a = sp_args_for(gate, xn, ldx, r, RB);
+    a.w1 = *up;
+    a.x_rows = r->row_of_slot;
     a.act = act;
     a.ld_act = gate->rows;
     return sp_launch(c, a, true, "skinny_pipe_swiglu");
@@ -444,15 +426,7 @@ extern "C" int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cu
 
 extern "C" int cuda_skinny_pipe_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
                                      const struct cuda_moe_route *r, int RB, float *out) {
-    sp_args a = {};
-    a.w0 = *down;
-    a.x = act;
-    a.ldx = down->cols;
-    a.counts = r->counts;
-    a.offsets = r->offsets;
-    a.E = r->n_experts;
-    a.n_slots = r->n_slots;
-    a.RB = RB;
+    sp_args a = sp_args_for(down, act, down->cols, r, RB);
     a.y = out;
     a.ldy = down->rows;
     return sp_launch(c, a, false, "skinny_pipe_down");

@@ -85,10 +85,7 @@ static __global__ void sb_bulk(const uint4 *src, size_t per_block, unsigned *out
     const int n = (int)(per_block / SB_STAGE);
     unsigned acc = 0;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < SB_STAGES; s++) {
-            const unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s]);
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
-        }
+        for (int s = 0; s < SB_STAGES; s++) mbar_init(&bar[s], 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -105,13 +102,7 @@ static __global__ void sb_bulk(const uint4 *src, size_t per_block, unsigned *out
     for (int s = 0; s < SB_STAGES - 1; s++) issue(s);
     for (int s = 0; s < n; s++) {
         issue(s + SB_STAGES - 1);
-        const unsigned b = (unsigned)__cvta_generic_to_shared(&bar[s % SB_STAGES]), par = (s / SB_STAGES) & 1;
-        unsigned done = 0;
-        while (!done)
-            asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
-                         : "=r"(done)
-                         : "r"(b), "r"(par)
-                         : "memory");
+        mbar_wait(&bar[s % SB_STAGES], (unsigned)(s / SB_STAGES) & 1u);
         const uint32_t *st = reinterpret_cast<const uint32_t *>(sm + (s % SB_STAGES) * SB_STAGE);
         acc ^= st[threadIdx.x * 4];
         __syncthreads(); /* every thread is done with the stage before it is refilled */
