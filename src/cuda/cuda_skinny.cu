@@ -59,12 +59,32 @@ struct sk_args {
     int mrep; /* subtiles a block: RB-row tiles, each with the k-slices of one (sk_launch) */
 };
 
-/* Tile row i of a block of mrep subtiles of RB rows (SwiGLU: each subtile orows = RB/2 gate
- * rows, then the same rows of up): its matrix row, and whether it is an up row. */
-__device__ __forceinline__ int sk_tile_row(int i, int RB, int orows, int rbase, bool swiglu, bool *up) {
-    const int sub = i / RB, ii = i % RB;
+/* Tile row i of a block of mrep subtiles of RB = 2^rbl rows (SwiGLU: each subtile orows =
+ * RB/2 gate rows, then the same rows of up): its matrix row, and whether it is an up row.
+ * (RB is a kernel argument: i / RB was a real division on every copied chunk.) */
+__device__ __forceinline__ int sk_tile_row(int i, int rbl, int orows, int rbase, bool swiglu, bool *up) {
+    const int sub = i >> rbl, ii = i & ((1 << rbl) - 1);
     *up = swiglu && ii >= orows;
     return rbase + sub * orows + (*up ? ii - orows : ii);
+}
+
+/* f(row, col) for every cell of rows × cols, spread over the block's threads (each thread's
+ * cells in row order). Where the block's width divides cols or cols divides it, a thread
+ * keeps one column (or steps whole rows) and the loop has no division: the copy loops of
+ * the grouped MoE kernels spent ~30 % of the down kernel's instructions on idx / cols and
+ * idx % cols (ncu, H200, session 9). */
+template <typename F>
+__device__ __forceinline__ void sk_for_cells(int rows, int cols, F f) {
+    const int nt = blockDim.x, t = threadIdx.x;
+    if (cols <= nt && nt % cols == 0) {
+        const int c = t % cols, step = nt / cols;
+        for (int r = t / cols; r < rows; r += step) f(r, c);
+    } else if (cols % nt == 0) {
+        for (int r = 0; r < rows; r++)
+            for (int c = t; c < cols; c += nt) f(r, c);
+    } else {
+        for (int idx = t; idx < rows * cols; idx += nt) f(idx / cols, idx % cols);
+    }
 }
 
 /* Whether the tile's scales and biases (and with `codes` its codes) start on 16-byte
@@ -220,26 +240,25 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
     __shared__ __align__(8) unsigned long long wbar;
     const bool bulk = sk_bulk_stage(a, w0, SWIGLU, RB, orows, rbase, erow, codes, scs, bis, G, K, stride, &wbar);
     if (!bulk) {
-        const int chunks = K / 32; /* 16-byte chunks per row */
-        for (int idx = threadIdx.x; idx < TR * chunks; idx += blockDim.x) {
-            const int i = idx / chunks, ch = idx % chunks;
+        const int rbl = __ffs(RB) - 1; /* RB is a power of two (sk_rb) */
+        sk_for_cells(TR, K / 32, [&](int i, int ch) { /* 16-byte chunks of the rows */
             bool up;
-            const int r = sk_tile_row(i, RB, orows, rbase, SWIGLU, &up);
+            const int r = sk_tile_row(i, rbl, orows, rbase, SWIGLU, &up);
             if (r < rows) {
                 const cuda_qmat &m = up ? a.w1 : w0;
                 cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + r) * (size_t)(K / 8) + ch * 4);
             }
-        }
+        });
         /* scales and biases: by cp.async too when each row's G of them are whole aligned
          * 16-byte chunks, beside the codes (H200, 64 sequences: 27.05 -> 25.34 ms a forward;
          * a loop of synchronous loads put up to RB·G/256 dependent DRAM round trips on every
          * block's path); the same values either way */
         if ((G * 2) % 16 == 0 && sk_al16(a, w0, SWIGLU, false)) {
-            const int cpr = G / 8; /* 16-byte chunks a row */
-            for (int idx = threadIdx.x; idx < 2 * TR * cpr; idx += blockDim.x) {
-                const int bias = idx >= TR * cpr, rem = idx % (TR * cpr), i = rem / cpr, ch = rem % cpr;
+            sk_for_cells(2 * TR, G / 8, [&](int ib, int ch) { /* rows of the scales, then of the biases */
+                const bool bias = ib >= TR;
+                const int i = bias ? ib - TR : ib;
                 bool up;
-                const int r = sk_tile_row(i, RB, orows, rbase, SWIGLU, &up);
+                const int r = sk_tile_row(i, rbl, orows, rbase, SWIGLU, &up);
                 uint16_t *dst = (bias ? bis : scs) + (size_t)i * G + ch * 8;
                 if (r < rows) {
                     const cuda_qmat &m = up ? a.w1 : w0;
@@ -247,14 +266,14 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
                 } else {
                     *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
                 }
-            }
+            });
             cpa_commit();
         } else {
             cpa_commit();
             for (int idx = threadIdx.x; idx < TR * G; idx += blockDim.x) {
                 const int i = idx / G, g = idx % G;
                 bool up;
-                const int r = sk_tile_row(i, RB, orows, rbase, SWIGLU, &up);
+                const int r = sk_tile_row(i, rbl, orows, rbase, SWIGLU, &up);
                 uint16_t sv = 0, bv = 0;
                 if (r < rows) {
                     const cuda_qmat &m = up ? a.w1 : w0;
@@ -280,13 +299,12 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
     for (int p0 = 0; p0 < count; p0 += NT * 8) { /* passes of NT n-tiles over the staged tile */
         /* stage this pass's tokens (only the valid ones: a column of garbage stays in its
          * own column of the mma and is never written), then their group sums */
-        const int nrows = min(NT * 8, count - p0), chunks = K / 8;
+        const int nrows = min(NT * 8, count - p0);
         if (p0 > 0) __syncthreads(); /* the previous pass is done with xs */
-        for (int idx = threadIdx.x; idx < nrows * chunks; idx += blockDim.x) {
-            const int j = idx / chunks, ch = idx % chunks;
+        sk_for_cells(nrows, K / 8, [&](int j, int ch) { /* 16-byte chunks of the token rows */
             const int row = GROUPED ? slot_row[p0 + j] : p0 + j;
             cpa16(xs + (size_t)j * xstride + ch * 8, a.x + (size_t)row * a.ldx + ch * 8);
-        }
+        });
         cpa_commit();
         cpa_wait<0>();
         if (bulk && p0 == 0) mbar_wait(&wbar, 0);

@@ -108,7 +108,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     for (int gi = 0; gi < GPW; gi++) {
         const sk_w f = tcv_group(w, gi);
         uint32_t af[4][4];
-        sk_frags(f, af);
+        sk_frags<false>(f, af); /* the C form: see q_pair */
 #pragma unroll
         for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
             if (nt >= nnt) break;
