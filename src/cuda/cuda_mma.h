@@ -71,9 +71,24 @@ __device__ __forceinline__ void sk_bfrag(const uint32_t (&e)[8], int st, uint32_
     b1 = __byte_perm(e[ai], e[ai + 2], 0x7632);
 }
 
+/* The 8 words of a lane's 16 x values of a group, x[16c .. 16c+15] (two 16-byte chunks lo,
+ * hi), rearranged in place into the order the 4 k16 steps take them: (b0, b1) of step 0,
+ * then 1, 2, 3 (sk_bfrag). Staged tokens rearranged once by the thread that sums their
+ * group (sk_group_sums_by<true>) spare every warp that reads them 8 byte permutes a group
+ * and n-tile (PX below); the same values reach the same mma. */
+__device__ __forceinline__ void sk_bperm(uint4 &lo, uint4 &hi) {
+    const uint32_t e[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    uint32_t b[8];
+#pragma unroll
+    for (int st = 0; st < 4; st++) sk_bfrag(e, st, b[2 * st], b[2 * st + 1]);
+    lo = make_uint4(b[0], b[1], b[2], b[3]);
+    hi = make_uint4(b[4], b[5], b[6], b[7]);
+}
+
 /* cg += the group's Σ q·x for the lane's rows (g, g + 8) and columns (2c, 2c + 1): the 4 k16
  * steps against x16 = the 16 values x[16c .. 16c+15] of the group (one token's row, or the
- * lane's token column in the skinny kernel). */
+ * lane's token column in the skinny kernel); PX: x16 rearranged by sk_bperm. */
+template <bool PX = false>
 __device__ __forceinline__ void sk_group_mma(const uint32_t (&af)[4][4], const uint16_t *x16, float (&cg)[4]) {
     const uint4 *xp = reinterpret_cast<const uint4 *>(x16);
     const uint4 x0 = xp[0], x1 = xp[1];
@@ -81,7 +96,12 @@ __device__ __forceinline__ void sk_group_mma(const uint32_t (&af)[4][4], const u
 #pragma unroll
     for (int st = 0; st < 4; st++) {
         uint32_t b0, b1;
-        sk_bfrag(e, st, b0, b1);
+        if (PX) {
+            b0 = e[2 * st];
+            b1 = e[2 * st + 1];
+        } else {
+            sk_bfrag(e, st, b0, b1);
+        }
         mma16816(cg, af[st], b0, b1);
     }
 }
@@ -95,10 +115,11 @@ __device__ __forceinline__ void sk_group_scale(const sk_w &w, const float (&cg)[
     acc[2] += fmaf(w.s1, cg[2], w.b1 * sxa);
     acc[3] += fmaf(w.s1, cg[3], w.b1 * sxb);
 }
+template <bool PX = false>
 __device__ __forceinline__ void sk_group_step(const uint32_t (&af)[4][4], const sk_w &w, const uint16_t *x16, float sxa,
                                               float sxb, float (&acc)[4]) {
     float cg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    sk_group_mma(af, x16, cg);
+    sk_group_mma<PX>(af, x16, cg);
     sk_group_scale(w, cg, sxa, sxb, acc);
 }
 
@@ -108,12 +129,27 @@ __device__ __forceinline__ float sk_chunk_sum(const uint4 q) {
 }
 
 /* Σ of the 64 bf16 values of one group: its 8 chunks' sums added in chunk order to 0 (the
- * fixed order every path uses). */
+ * fixed order every path uses). PERM: then the group is rearranged in place for PX reads
+ * (sk_bperm, the chunk pair of each lane c). */
+template <bool PERM = false>
 __device__ __forceinline__ float sk_group_sum(const uint16_t *x64) {
     const uint4 *xp = reinterpret_cast<const uint4 *>(x64);
     float sum = 0.0f;
+    if (!PERM) {
 #pragma unroll
-    for (int v = 0; v < 8; v++) sum += sk_chunk_sum(xp[v]);
+        for (int v = 0; v < 8; v++) sum += sk_chunk_sum(xp[v]);
+        return sum;
+    }
+    uint4 *wp = reinterpret_cast<uint4 *>(const_cast<uint16_t *>(x64));
+#pragma unroll
+    for (int c = 0; c < 4; c++) { /* lane c's chunk pair: summed in chunk order, then rearranged */
+        uint4 lo = xp[2 * c], hi = xp[2 * c + 1];
+        sum += sk_chunk_sum(lo);
+        sum += sk_chunk_sum(hi);
+        sk_bperm(lo, hi);
+        wp[2 * c] = lo;
+        wp[2 * c + 1] = hi;
+    }
     return sum;
 }
 
@@ -124,18 +160,19 @@ __device__ __forceinline__ float sk_group_sum(const uint16_t *x64) {
  * lanes of a 16-byte load phase read 8 rows' chunks in distinct banks. (Groups fastest
  * put a warp's loads 128 bytes apart, an 8-way bank conflict on every load: 1.3 µs of a
  * grouped MoE block's 10 and 4–5 µs of a 64-token wide block on the H200.) */
+template <bool PERM = false>
 __device__ __forceinline__ void sk_group_sums_by(const uint16_t *xs, int n, size_t stride, int G, float *xsum, int tid,
                                                  int nthr, int ldsum) {
     if (n == 1) { /* one token (the decode kernels): group g at xs + 64 g, no divisions on their path */
-        for (int g = tid; g < G; g += nthr) xsum[g] = sk_group_sum(xs + g * QGROUP);
+        for (int g = tid; g < G; g += nthr) xsum[g] = sk_group_sum<PERM>(xs + g * QGROUP);
         return;
     }
     const int total = n * G;
     for (int i0 = tid; i0 < total; i0 += 2 * nthr) {
         const int i1 = i0 + nthr; /* two independent sums a round */
         const int r0 = i0 % n, g0 = i0 / n, r1 = i1 % n, g1 = i1 / n;
-        const float s0 = sk_group_sum(xs + (size_t)r0 * stride + g0 * QGROUP);
-        const float s1 = i1 < total ? sk_group_sum(xs + (size_t)r1 * stride + g1 * QGROUP) : 0.0f;
+        const float s0 = sk_group_sum<PERM>(xs + (size_t)r0 * stride + g0 * QGROUP);
+        const float s1 = i1 < total ? sk_group_sum<PERM>(xs + (size_t)r1 * stride + g1 * QGROUP) : 0.0f;
         xsum[r0 * ldsum + g0] = s0;
         if (i1 < total) xsum[r1 * ldsum + g1] = s1;
     }
@@ -163,7 +200,7 @@ struct sk_lane_rows {
 
 /* Group grp of the lane's rows against NT n-tiles, scales and biases given: one
  * sk_group_step an n-tile (the bitwise contract). */
-template <int NT>
+template <int NT, bool PX>
 __device__ __forceinline__ void sk_group_nt(const sk_lane_rows &r, int grp, float s0, float b0, float s1, float b1,
                                             float (&acc)[NT][4]) {
     sk_w w;
@@ -177,7 +214,7 @@ __device__ __forceinline__ void sk_group_nt(const sk_lane_rows &r, int grp, floa
     sk_frags(w, af);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
-        sk_group_step(af, w, r.x16 + nt * r.xnt + grp * QGROUP, r.sxa[nt * r.snt + grp], r.sxb[nt * r.snt + grp], acc[nt]);
+        sk_group_step<PX>(af, w, r.x16 + nt * r.xnt + grp * QGROUP, r.sxa[nt * r.snt + grp], r.sxb[nt * r.snt + grp], acc[nt]);
 }
 
 /* The lane's gper groups from g0, in group order. An even count goes two groups at a time,
@@ -186,20 +223,20 @@ __device__ __forceinline__ void sk_group_nt(const sk_lane_rows &r, int grp, floa
  * group's ~36 (H200, session 8: the products of a grouped gate/up unit 112 -> 80 µs a
  * launch in the first form of cuda_skinny_pipe.cu once its scales and Σx loads were made conflict-light;
  * here: grouped gate/up 163 -> 158 µs, down 102 -> 94 µs with Σx rows padded as well). */
-template <int NT>
+template <int NT, bool PX = false>
 __device__ __forceinline__ void sk_products(const sk_lane_rows &r, int g0, int gper, float (&acc)[NT][4]) {
     if ((gper & 1) == 0) {
         for (int gi = 0; gi < gper; gi += 2) {
             const int grp = g0 + gi;
             const uint32_t s0 = *reinterpret_cast<const uint32_t *>(r.s0 + grp), b0 = *reinterpret_cast<const uint32_t *>(r.b0 + grp);
             const uint32_t s1 = *reinterpret_cast<const uint32_t *>(r.s1 + grp), b1 = *reinterpret_cast<const uint32_t *>(r.b1 + grp);
-            sk_group_nt<NT>(r, grp, bf_lo(s0), bf_lo(b0), bf_lo(s1), bf_lo(b1), acc);
-            sk_group_nt<NT>(r, grp + 1, bf_hi(s0), bf_hi(b0), bf_hi(s1), bf_hi(b1), acc);
+            sk_group_nt<NT, PX>(r, grp, bf_lo(s0), bf_lo(b0), bf_lo(s1), bf_lo(b1), acc);
+            sk_group_nt<NT, PX>(r, grp + 1, bf_hi(s0), bf_hi(b0), bf_hi(s1), bf_hi(b1), acc);
         }
     } else {
         for (int gi = 0; gi < gper; gi++) {
             const int grp = g0 + gi;
-            sk_group_nt<NT>(r, grp, bf(r.s0[grp]), bf(r.b0[grp]), bf(r.s1[grp]), bf(r.b1[grp]), acc);
+            sk_group_nt<NT, PX>(r, grp, bf(r.s0[grp]), bf(r.b0[grp]), bf(r.s1[grp]), bf(r.b1[grp]), acc);
         }
     }
 }

@@ -310,7 +310,7 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
         if (bulk && p0 == 0) mbar_wait(&wbar, 0);
         __syncthreads();
         trace_mark(TRACE_MARK5); /* tile and tokens landed */
-        sk_group_sums_by(xs, nrows, xstride, G, xsum, threadIdx.x, blockDim.x, G + 4);
+        sk_group_sums_by<true>(xs, nrows, xstride, G, xsum, threadIdx.x, blockDim.x, G + 4); /* and rearranged for PX */
         __syncthreads();
         trace_mark(TRACE_MARK6);
         for (int sub = 0; sub < a.mrep; sub++) { /* subtiles one after another, each as a tile of RB rows */
@@ -325,7 +325,7 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
                                      scs + tr0 * G, bis + tr0 * G, scs + tr1 * G, bis + tr1 * G,
                                      xs + (size_t)gq * xstride + 16 * c, (size_t)8 * xstride,
                                      xsum + (2 * c) * (G + 4), xsum + (2 * c + 1) * (G + 4), 8 * (G + 4)};
-            sk_products<NT>(rw, g0, gper, acc);
+            sk_products<NT, true>(rw, g0, gper, acc);
 
             trace_mark(TRACE_MARK7); /* (warp 0's) products done */
             /* the k-slices meet in shared memory, summed in slice order */

@@ -95,7 +95,13 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     cpa_wait<0>();
     __syncthreads();
     trace_mark(TRACE_MARK5); /* tokens landed */
-    sk_group_sums_by(xs, nT, XS, GPW, xsum, threadIdx.x, blockDim.x, GPW + 4); /* rows padded: see sw_smem */
+    /* PX: the tokens rearranged by their group sums for the k16 steps (sk_bperm), no byte
+     * permutes in the products. H200, 64 tokens (session 9): SwiGLU (shared expert) 19.8 ->
+     * 17.9 µs, GPW 16 (GDN out-projection, attention o) 41.6 -> 39.6 and 40.8 -> 38.5; the
+     * plain GPW 8 form lost (GDN in-projection 46.6 -> 51.5, lm_head 752 -> 766) and keeps
+     * the byte permutes. Same values into the same mma either way. */
+    constexpr bool PX = SWIGLU || GPW == 16;
+    sk_group_sums_by<PX>(xs, nT, XS, GPW, xsum, threadIdx.x, blockDim.x, GPW + 4); /* rows padded: see sw_smem */
     __syncthreads();
     trace_mark(TRACE_MARK6);
 
@@ -112,7 +118,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
 #pragma unroll
         for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
             if (nt >= nnt) break;
-            sk_group_step(af, f, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, xsum[(nt * 8 + 2 * c) * (GPW + 4) + gi],
+            sk_group_step<PX>(af, f, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, xsum[(nt * 8 + 2 * c) * (GPW + 4) + gi],
                           xsum[(nt * 8 + 2 * c + 1) * (GPW + 4) + gi], acc[nt]);
         }
     }
