@@ -4,7 +4,12 @@
 // shared memory serves all the heads of the group. 4 warps × 16 rows; K/V tiles of
 // 32 keys double-buffered with cp.async; S = Q·Kᵀ and O += P·V with mma.sync
 // m16n8k16 bf16 → fp32; online softmax in fp32 (exp2 domain). The key range may be
-// split (decode): each split writes (m, l, O) partials that cuda_attn.cu combines.
+// split (decode): each split writes (m, l, O) partials that cuda_attn.cu combines. A block
+// may take several consecutive splits of its tile (spb): each is computed as its own block
+// would (same tiles, same online softmax from a fresh state, same partial), with Q staged
+// once and the next split's first K/V tile prefetched — a batch of 64 decode sequences at
+// context 512 has 64 × 2 KV heads × 16 splits of 32 keys, and one block each staged a Q
+// tile as large as its K/V and ran ~8 waves (H200: 95 µs a layer for 67 MB of KV).
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
@@ -40,7 +45,7 @@ __device__ __forceinline__ const uint16_t *f_kv(const cuda_seq &s, int layer_ord
 template <int D>
 static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs,
                                                            const cuda_attn_tile *tiles, int layer_ord, int nh, int kvh,
-                                                           int n_split, float *part) {
+                                                           int n_split, int spb, float *part) {
     TRACE_KERNEL();
     constexpr int DS = D + 8, NT = D / 8, KS = D / 16;
     extern __shared__ __align__(16) uint16_t fsm[];
@@ -50,7 +55,8 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     pdl_trigger();
     pdl_wait(); /* PDL: tiles, seqs, q, pos and the KV cache all come from earlier work */
     const int group = nh / kvh;
-    const int tile_i = blockIdx.x / kvh, g = blockIdx.x % kvh, split = blockIdx.y;
+    const int tile_i = blockIdx.x / kvh, g = blockIdx.x % kvh, split0 = blockIdx.y * spb;
+    const int split_end = min(n_split, split0 + spb);
     const cuda_attn_tile tl = tiles[tile_i];
     const cuda_seq s = seqs[tl.seq];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -71,16 +77,10 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     const int p0 = r0 < nrows ? pos[tl.t0 + r0 / group] : -1;
     const int p1 = r1 < nrows ? pos[tl.t0 + r1 / group] : -1;
     const int kv_len = pos[tl.t0 + tl.n - 1] + 1;
-    int k_lo, k_hi;
-    attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
     const uint16_t *kb_ = f_kv(s, layer_ord, 0, kvh, g, D), *vb_ = f_kv(s, layer_ord, 1, kvh, g, D);
 
-    float O[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-
-    auto load_tile = [&](int kb, int buf) {
+    /* K/V keys [kb, kb + FK) ∩ [.., k_hi) into buffer buf (zeros past k_hi) */
+    auto load_tile = [&](int kb, int k_hi, int buf) {
         for (int i = tid; i < FK * (D / 8); i += 128) {
             const int j = i / (D / 8), c = (i % (D / 8)) * 8;
             const bool ok = kb + j < k_hi;
@@ -91,115 +91,156 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
         asm volatile("cp.async.commit_group;\n" ::);
     };
 
-    if (k_lo < k_hi) load_tile(k_lo, 0);
-    int it = 0;
-    for (int kb = k_lo; kb < k_hi; kb += FK, it++) {
-        const int buf = it & 1;
-        if (kb + FK < k_hi) {
-            load_tile(kb + FK, buf ^ 1);
-            asm volatile("cp.async.wait_group 1;\n" ::);
-        } else {
-            asm volatile("cp.async.wait_group 0;\n" ::);
-        }
-        __syncthreads();
-        const uint16_t *Kc = Ks + buf * FK * DS, *Vc = Vs + buf * FK * DS;
-        float S[4][4];
+    int buf = 0;          /* the buffer of the next tile to compute */
+    bool pending = false; /* that tile (the first of this split) was prefetched by the previous split */
+    for (int split = split0; split < split_end; split++) {
+        int k_lo, k_hi;
+        attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
+        float O[NT][4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t a0, a1, a2, a3;
-            f_ldsm4(Qs + (warp * 16 + (lane & 15)) * DS + ks * 16 + (lane >> 4) * 8, a0, a1, a2, a3);
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                uint32_t b0, b1, b2, b3;
-                f_ldsm4(Kc + (p * 16 + (lane & 7) + (lane >> 4) * 8) * DS + ks * 16 + ((lane >> 3) & 1) * 8, b0, b1, b2, b3);
-                f_mma(S[2 * p], a0, a1, a2, a3, b0, b1);
-                f_mma(S[2 * p + 1], a0, a1, a2, a3, b2, b3);
+        for (int j = 0; j < NT; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.0f;
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+        if (k_lo < k_hi && !pending) load_tile(k_lo, k_hi, buf);
+        pending = false;
+        for (int kb = k_lo; kb < k_hi; kb += FK) {
+            /* the next tile: this split's, else the next split's first (splits of one
+             * length are non-empty up to a count, then empty: only split + 1 can follow) */
+            int next_kb = kb + FK, next_hi = k_hi;
+            if (next_kb >= k_hi && split + 1 < split_end) {
+                attn_split_keys(kv_len, n_split, split + 1, &next_kb, &next_hi);
+                pending = next_kb < next_hi;
             }
-        }
-        /* mask, online softmax (rows r0: S[j][0..1], r1: S[j][2..3]) */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int key = kb + 8 * j + 2 * (lane & 3) + e;
-                const bool in = key < k_hi;
-                if (!in || key > p0) S[j][e] = -INFINITY;
-                if (!in || key > p1) S[j][2 + e] = -INFINITY;
-                mx0 = fmaxf(mx0, S[j][e]);
-                mx1 = fmaxf(mx1, S[j][2 + e]);
+            if (next_kb < next_hi) {
+                load_tile(next_kb, next_hi, buf ^ 1);
+                asm volatile("cp.async.wait_group 1;\n" ::);
+            } else {
+                asm volatile("cp.async.wait_group 0;\n" ::);
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);
-        const float c1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        float ps0 = 0.0f, ps1 = 0.0f;
+            __syncthreads();
+            const uint16_t *Kc = Ks + buf * FK * DS, *Vc = Vs + buf * FK * DS;
+            float S[4][4];
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+            for (int j = 0; j < 4; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                S[j][e] = S[j][e] == -INFINITY ? 0.0f : exp2f(S[j][e] - mn0);
-                S[j][2 + e] = S[j][2 + e] == -INFINITY ? 0.0f : exp2f(S[j][2 + e] - mn1);
-                ps0 += S[j][e];
-                ps1 += S[j][2 + e];
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t a0, a1, a2, a3;
+                f_ldsm4(Qs + (warp * 16 + (lane & 15)) * DS + ks * 16 + (lane >> 4) * 8, a0, a1, a2, a3);
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    uint32_t b0, b1, b2, b3;
+                    f_ldsm4(Kc + (p * 16 + (lane & 7) + (lane >> 4) * 8) * DS + ks * 16 + ((lane >> 3) & 1) * 8, b0, b1, b2, b3);
+                    f_mma(S[2 * p], a0, a1, a2, a3, b0, b1);
+                    f_mma(S[2 * p + 1], a0, a1, a2, a3, b2, b3);
+                }
             }
-        l0 = l0 * c0 + ps0;
-        l1 = l1 * c1 + ps1;
+            /* mask, online softmax (rows r0: S[j][0..1], r1: S[j][2..3]) */
+            float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            O[j][0] *= c0; O[j][1] *= c0;
-            O[j][2] *= c1; O[j][3] *= c1;
-        }
+            for (int j = 0; j < 4; j++)
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const uint32_t a0 = pack_bf2(S[2 * c][0], S[2 * c][1]), a1 = pack_bf2(S[2 * c][2], S[2 * c][3]);
-            const uint32_t a2 = pack_bf2(S[2 * c + 1][0], S[2 * c + 1][1]), a3 = pack_bf2(S[2 * c + 1][2], S[2 * c + 1][3]);
+                for (int e = 0; e < 2; e++) {
+                    const int key = kb + 8 * j + 2 * (lane & 3) + e;
+                    const bool in = key < k_hi;
+                    if (!in || key > p0) S[j][e] = -INFINITY;
+                    if (!in || key > p1) S[j][2 + e] = -INFINITY;
+                    mx0 = fmaxf(mx0, S[j][e]);
+                    mx1 = fmaxf(mx1, S[j][2 + e]);
+                }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float c0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);
+            const float c1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
+            m0 = mn0;
+            m1 = mn1;
+            float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
-            for (int n2 = 0; n2 < D / 16; n2++) {
-                uint32_t b0, b1, b2, b3;
-                f_ldsm4t(Vc + (c * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DS + n2 * 16 + (lane >> 4) * 8, b0, b1, b2, b3);
-                f_mma(O[2 * n2], a0, a1, a2, a3, b0, b1);
-                f_mma(O[2 * n2 + 1], a0, a1, a2, a3, b2, b3);
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    S[j][e] = S[j][e] == -INFINITY ? 0.0f : exp2f(S[j][e] - mn0);
+                    S[j][2 + e] = S[j][2 + e] == -INFINITY ? 0.0f : exp2f(S[j][2 + e] - mn1);
+                    ps0 += S[j][e];
+                    ps1 += S[j][2 + e];
+                }
+            l0 = l0 * c0 + ps0;
+            l1 = l1 * c1 + ps1;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                O[j][0] *= c0; O[j][1] *= c0;
+                O[j][2] *= c1; O[j][3] *= c1;
             }
-        }
-        __syncthreads();
-    }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float LN2 = 0.6931471805599453f;
 #pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        const int r = h2 ? r1 : r0;
-        if (r >= nrows) continue;
-        const int t = tl.t0 + r / group, h = g * group + r % group;
-        float *o = part + (((size_t)t * nh + h) * n_split + split) * (D + 2);
+            for (int c = 0; c < 2; c++) {
+                const uint32_t a0 = pack_bf2(S[2 * c][0], S[2 * c][1]), a1 = pack_bf2(S[2 * c][2], S[2 * c][3]);
+                const uint32_t a2 = pack_bf2(S[2 * c + 1][0], S[2 * c + 1][1]), a3 = pack_bf2(S[2 * c + 1][2], S[2 * c + 1][3]);
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int d = 8 * j + 2 * (lane & 3);
-            o[2 + d] = O[j][2 * h2];
-            o[2 + d + 1] = O[j][2 * h2 + 1];
+                for (int n2 = 0; n2 < D / 16; n2++) {
+                    uint32_t b0, b1, b2, b3;
+                    f_ldsm4t(Vc + (c * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DS + n2 * 16 + (lane >> 4) * 8, b0, b1, b2, b3);
+                    f_mma(O[2 * n2], a0, a1, a2, a3, b0, b1);
+                    f_mma(O[2 * n2 + 1], a0, a1, a2, a3, b2, b3);
+                }
+            }
+            __syncthreads();
+            buf ^= 1;
         }
-        if ((lane & 3) == 0) {
-            const float m = h2 ? m1 : m0;
-            o[0] = m == -INFINITY ? -INFINITY : m * LN2;
-            o[1] = h2 ? l1 : l0;
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        const float LN2 = 0.6931471805599453f;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            const int r = h2 ? r1 : r0;
+            if (r >= nrows) continue;
+            const int t = tl.t0 + r / group, h = g * group + r % group;
+            float *o = part + (((size_t)t * nh + h) * n_split + split) * (D + 2);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const int d = 8 * j + 2 * (lane & 3);
+                o[2 + d] = O[j][2 * h2];
+                o[2 + d + 1] = O[j][2 * h2 + 1];
+            }
+            if ((lane & 3) == 0) {
+                const float m = h2 ? m1 : m0;
+                o[0] = m == -INFINITY ? -INFINITY : m * LN2;
+                o[1] = h2 ? l1 : l0;
+            }
         }
     }
 }
 
 static size_t flash_smem(int D) { return (size_t)(FQ + 4 * FK) * (D + 8) * 2; }
 
+/* Multiprocessors (cuda_flash_init), and splits a block forced by the tests (0: chosen). */
+static int fl_sms = 132, fl_spb_forced = 0;
+extern "C" void cuda_flash_force_spb(int spb) { fl_spb_forced = spb > 0 ? spb : 0; }
+
+/* Splits a block: as many as keep about two blocks an SM busy (two fit by shared memory),
+ * one where the launch has no more blocks than that (batch-1 decode: 2 KV heads × 16
+ * splits at context 512; prefill: one split). ORCHID_ATTN_SPB overrides (A/B). */
+static int fl_spb(int n_blocks, int n_split) {
+    static int env = -1;
+    if (env < 0) {
+        const char *v = getenv("ORCHID_ATTN_SPB");
+        env = v && *v ? atoi(v) : 0;
+    }
+    int spb = fl_spb_forced ? fl_spb_forced : env > 0 ? env : n_blocks / (2 * fl_sms);
+    if (spb < 1) spb = 1;
+    return spb < n_split ? spb : n_split;
+}
+
 extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     const int smem = (int)flash_smem(D);
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&fl_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        fl_sms < 1)
+        fl_sms = 132;
+    (void)fl_spb(0, 1); /* reads the environment here, outside any graph capture */
     cudaError_t e;
     if (D == 256) e = cudaFuncSetAttribute(flash_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     else if (D == 128) e = cudaFuncSetAttribute(flash_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -217,14 +258,15 @@ extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, c
     *launched = 0;
     const int group = n_heads / kv_heads;
     if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
-    const dim3 grid(n_tiles * kv_heads, n_split);
+    const int spb = fl_spb(n_tiles * kv_heads * n_split, n_split);
+    const dim3 grid(n_tiles * kv_heads, (n_split + spb - 1) / spb);
     const size_t smem = flash_smem(D);
-    void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, float *) =
+    void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, int, float *) =
         D == 256 ? flash_kernel<256> : D == 128 ? flash_kernel<128> : flash_kernel<64>;
     *launched = 1;
     /* without the PDL attribute: see launch_attn in cuda_attn.cu */
     LAUNCH_CHECK_RC(c, launch_k_pdl(false, kern, grid, dim3(128), smem, cstream(c), qg, pos, seqs, tiles, layer_ord, n_heads,
-                                    kv_heads, n_split, part),
+                                    kv_heads, n_split, spb, part),
                     "flash_attention");
 }
 

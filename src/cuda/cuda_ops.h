@@ -139,6 +139,8 @@ int cuda_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos
 /* The tensor-core kernel behind cuda_attention (cuda_flash.cu); *launched = 0 when the
  * shape needs the scalar kernel (more than 8 q heads per KV head, head_dim not 64/128/256). */
 void cuda_attn_force_scalar(int on);
+/* Key splits a flash block takes one after another (tests: 0 = chosen by the launch). */
+void cuda_flash_force_spb(int spb);
 int cuda_flash_init(int head_dim, char *err, size_t errlen);
 int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                          const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,

@@ -504,6 +504,22 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     for (size_t i = 0; i < (size_t)T * nh * D; i++) got[i] = bf16_to_f32(ob[i]);
     const double e = rel_err(got, ref, (size_t)T * nh * D);
     CHECK(e <= 1e-2, "attention (%s) nh=%d kvh=%d D=%d seqs=%d T=%d split=%d: rel err %.3g", attn_mode, nh, kvh, D, n_seqs, T, n_split, e);
+    if (n_split > 1 && !strcmp(attn_mode, "tensor-core")) {
+        /* a flash block taking 1, 2 or 3 key splits one after another (the chosen count above):
+         * every split's partial, hence the output, the same bits */
+        uint16_t *ob2 = malloc((size_t)T * nh * D * 2);
+        for (int spb = 1; spb <= 3; spb++) {
+            cuda_flash_force_spb(spb);
+            OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, dout));
+            D2H(ob2, dout, (size_t)T * nh * D * 2);
+            int diff = 0;
+            for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += ob2[i] != ob[i];
+            CHECK(diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d split=%d: %d splits a block differ in %d of %d values", nh,
+                  kvh, D, n_seqs, n_split, spb, diff, T * nh * D);
+        }
+        cuda_flash_force_spb(0);
+        free(ob2);
+    }
     /* the cache rows written for the new tokens */
     uint16_t *kvback = malloc((size_t)n_seqs * 2 * kvd * max_seq * 2);
     D2H(kvback, dkv, (size_t)n_seqs * 2 * kvd * max_seq * 2);
@@ -1426,6 +1442,9 @@ int main(void) {
             test_attention(4, 2, 64, 2, p3, n3, 1);
             test_attention(16, 2, 256, 2, p4, n4, 16);
             test_attention(16, 2, 256, 1, p5, n5, 1);
+            int p6[40], n6[40]; /* a decode batch of 40 sequences: the launch chooses several splits a block */
+            for (int i = 0; i < 40; i++) { p6[i] = 300 + 7 * i; n6[i] = 1; }
+            test_attention(16, 2, 256, 40, p6, n6, 16);
         }
         cuda_attn_force_scalar(0);
     }
