@@ -178,8 +178,9 @@ __device__ __forceinline__ void sk_group_sums_by(const uint16_t *xs, int n, size
     }
 }
 /* ... by every thread of the block */
+template <bool PERM = false>
 __device__ __forceinline__ void sk_group_sums(const uint16_t *xs, int n, size_t stride, int G, float *xsum) {
-    sk_group_sums_by(xs, n, stride, G, xsum, threadIdx.x, blockDim.x, G);
+    sk_group_sums_by<PERM>(xs, n, stride, G, xsum, threadIdx.x, blockDim.x, G);
 }
 
 /* ---- a lane's groups of a tile staged in shared memory (cuda_skinny.cu, cuda_skinny_pipe.cu) ---- */
@@ -329,7 +330,7 @@ __device__ __forceinline__ void tcv_mma(const tcv_w<GPW> &w, const uint16_t *xs,
         const sk_w f = tcv_group(w, gi);
         uint32_t af[4][4];
         sk_frags(f, af);
-        sk_group_step(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc);
+        sk_group_step<true>(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc); /* xs: tcv_stage's order */
     }
     acc0 = acc[0];
     acc1 = acc[2];
@@ -363,7 +364,8 @@ __device__ __forceinline__ float tcv_slice_sum(const float *red, int KS, int MT,
 }
 
 /* Stages n vectors of K bf16 (vector v at x + v·ldx, written by earlier kernels: plain
- * loads after pdl_wait) into xs[v·K ..] and their group sums into xsum[v·G ..]. */
+ * loads after pdl_wait) into xs[v·K ..] and their group sums into xsum[v·G ..]; xs is left
+ * rearranged for the k16 steps (sk_bperm), the order tcv_mma and tcv_mma_smem read. */
 __device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int K, uint16_t *xs, float *xsum) {
     const int per = K / 8;
     for (int i = threadIdx.x; i < n * per; i += blockDim.x) {
@@ -371,7 +373,7 @@ __device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int
         reinterpret_cast<uint4 *>(xs + (size_t)v * K)[j] = reinterpret_cast<const uint4 *>(x + (size_t)v * ldx)[j];
     }
     __syncthreads();
-    sk_group_sums(xs, n, K, K / QGROUP, xsum);
+    sk_group_sums<true>(xs, n, K, K / QGROUP, xsum);
     __syncthreads();
 }
 
@@ -439,7 +441,7 @@ __device__ __forceinline__ void tcv_mma_smem(const unsigned char *wsm, const uin
         f.b1 = bf(sb[(16 + gq + 8) * GPW + gi]);
         uint32_t af[4][4];
         sk_frags(f, af);
-        sk_group_step(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc);
+        sk_group_step<true>(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc); /* xs: tcv_stage's order */
     }
     acc0 = acc[0];
     acc1 = acc[2];

@@ -99,7 +99,7 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K,
         }
     }
     __syncthreads();
-    sk_group_sums(xs, 1, K, K / QGROUP, xsum);
+    sk_group_sums<true>(xs, 1, K, K / QGROUP, xsum); /* and rearranged, as tcv_stage */
     __syncthreads();
 }
 
