@@ -372,7 +372,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
                                                 m.n_seqs, d->ord, T, cb->Hk, Hv, cb->Dk, cb->Dv, cb->gdn_qk, cb->gdn_gates, cb->y));
         else
             P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs,
-                                        d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
+                                        d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, cb->y));
         if (tcv) { /* one token: the gated norm is staged by the out projection itself */
             const cuda_tcv_gnorm gn = {cb->y, cb->zb, d->norm, Hv, cb->Dv, cf->rms_eps};
             P("gnorm+gdn_out+norm", cuda_tcv_gnorm_acc_norm(c, &d->out, &gn, cb->x, &post));
@@ -450,7 +450,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         P("gdn_in_skinny", cuda_skinny_multi(c, s, 4, cb->xn, T, H));
         P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
         P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
-                                    cb->Hk, Hv, cb->Dk, cb->Dv, cb->y));
+                                    cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, cb->y));
         P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
         P("gdn_out_skinny", cuda_skinny_dense(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
     } else {

@@ -110,7 +110,7 @@ extern "C" int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const flo
 
 /* ---- recurrence ---- */
 
-#define GDN_CH 32
+#define GDN_CH 32 /* tokens a chunk (CH) of the general form */
 
 /* Lanes per value row LPR = DK/8 (each lane holds 8 state elements of a row in two float4
  * runs, j = 4·sub + 4·LPR·u + 0..3, so a warp's shared-memory float4 reads are
@@ -118,19 +118,21 @@ extern "C" int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const flo
  * RPT = 2 for batches of several sequences: each block's chain of round trips (sequence,
  * state, q/k, barrier, update, store) then moves twice the state (H200, 64 sequences:
  * ~4 µs a block of 16 rows, ~5 resident an SM, 2.1 TB/s). Each row's arithmetic is the
- * same for either RPT: the same bits. */
-template <int DK, int RPT>
+ * same for either RPT: the same bits. CH: tokens a chunk staged in shared memory — GDN_CH,
+ * or 1 where every sequence brings one token (decode: 41 KB of chunk buffers held for one
+ * token capped the blocks an SM); the same per-token steps either way. */
+template <int DK, int RPT, int CH>
 static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_out, const float *ga, const float *gb,
                                                               int ldab, const float *A_log, const float *dt_bias,
                                                               const cuda_seq *seqs, int layer_ord, int Hk, int Hv,
                                                               int Dv, float *y) {
     TRACE_KERNEL();
     constexpr int LPR = DK / 8, TROWS = 256 / LPR, ROWS = RPT * TROWS;
-    __shared__ __align__(16) float qs[GDN_CH][DK];
-    __shared__ __align__(16) float ks[GDN_CH][DK];
-    __shared__ float vs[GDN_CH][ROWS];
-    __shared__ float ys[GDN_CH][ROWS];
-    __shared__ float al[GDN_CH], be[GDN_CH];
+    __shared__ __align__(16) float qs[CH][DK];
+    __shared__ __align__(16) float ks[CH][DK];
+    __shared__ float vs[CH][ROWS];
+    __shared__ float ys[CH][ROWS];
+    __shared__ float al[CH], be[CH];
     pdl_trigger();
     const int rblocks = (Dv + ROWS - 1) / ROWS;
     const int h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks;
@@ -158,8 +160,8 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
     }
     const float qscale = rsqrtf((float)DK);
 
-    for (int c0 = s.t0; c0 < s.t1; c0 += GDN_CH) {
-        const int n = min(GDN_CH, s.t1 - c0);
+    for (int c0 = s.t0; c0 < s.t1; c0 += CH) {
+        const int n = min(CH, s.t1 - c0);
         __syncthreads();
         /* per token (one warp each): l2-normalise q and k into shared memory, stage v and the
          * gates. (A variant where all threads first copied the raw chunk and then normalised
@@ -215,23 +217,42 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
         }
 }
 
+/* The scan instance for key dim DK, rows a thread and tokens a chunk (NULL: none). */
+typedef void (*gdn_scan_fn)(const float *, const float *, const float *, int, const float *, const float *, const cuda_seq *,
+                            int, int, int, int, float *);
+template <int DK>
+static gdn_scan_fn gdn_scan_pick(int rpt, bool one) {
+    if (one) return rpt == 4 ? gdn_scan_kernel<DK, 4, 1> : rpt == 2 ? gdn_scan_kernel<DK, 2, 1> : gdn_scan_kernel<DK, 1, 1>;
+    return rpt == 2 ? gdn_scan_kernel<DK, 2, GDN_CH> : gdn_scan_kernel<DK, 1, GDN_CH>;
+}
+
 extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                              const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs,
-                             int layer_ord, int Hk, int Hv, int Dk, int Dv, float *y) {
+                             int layer_ord, int Hk, int Hv, int Dk, int Dv, int one_token, float *y) {
     if (n_seqs <= 0) return 0;
     if (Hv % Hk) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn: %d value heads over %d key heads", Hv, Hk);
-    /* two rows a thread for several sequences (A/B: ORCHID_GDN_RPT=1 keeps one) */
-    static const int rpt_many = [] {
+    /* Rows a thread for several sequences: 4 where every sequence brings one token (the
+     * one-token instance: 78 registers, 3 blocks an SM × 64 rows in flight against 4 × 32;
+     * H200, 64 sequences: 94.4 µs a layer chunked, 93.8 one-token with 2 rows, 89.3 with 4),
+     * else 2. A/B: ORCHID_GDN_RPT=1, 2 or 4 (4 only for one-token batches); ORCHID_GDN_CH1=0
+     * keeps the chunked form for those too. */
+    static const int rpt_env = [] {
         const char *e = getenv("ORCHID_GDN_RPT");
-        return e && !strcmp(e, "1") ? 1 : 2;
+        return e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "4") ? 4 : 0;
     }();
-    const int rpt = n_seqs >= 2 ? rpt_many : 1, rows = rpt * 256 / (Dk / 8);
+    static const bool ch1 = [] {
+        const char *e = getenv("ORCHID_GDN_CH1");
+        return !(e && !strcmp(e, "0"));
+    }();
+    const bool one = one_token && ch1;
+    int rpt = n_seqs < 2 ? 1 : rpt_env ? rpt_env : one ? 4 : 2;
+    if (rpt == 4 && !one) rpt = 2;
+    const int rows = rpt * 256 / (Dk / 8);
     const dim3 grid(Hv * ((Dv + rows - 1) / rows), n_seqs);
-    void (*kern)(const float *, const float *, const float *, int, const float *, const float *, const cuda_seq *, int, int,
-                 int, int, float *) = Dk == 128 ? (rpt == 2 ? gdn_scan_kernel<128, 2> : gdn_scan_kernel<128, 1>)
-                                      : Dk == 64 ? (rpt == 2 ? gdn_scan_kernel<64, 2> : gdn_scan_kernel<64, 1>)
-                                      : Dk == 32 ? (rpt == 2 ? gdn_scan_kernel<32, 2> : gdn_scan_kernel<32, 1>)
-                                                 : NULL;
+    const gdn_scan_fn kern = Dk == 128 ? gdn_scan_pick<128>(rpt, one)
+                             : Dk == 64 ? gdn_scan_pick<64>(rpt, one)
+                             : Dk == 32 ? gdn_scan_pick<32>(rpt, one)
+                                        : NULL;
     if (!kern) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn: key head dim %d (32, 64 or 128)", Dk);
     /* Launched without the PDL attribute (it still triggers, so gated_norm after it may
      * start early): scheduled early, its long-lived latency-bound blocks land on whatever

@@ -150,10 +150,12 @@ int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_
 /* Causal depthwise conv + SiLU over the batch (reads/updates each session's conv state). */
 int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const float *w, const int32_t *tok_seq,
                 const struct cuda_seq *seqs, int n_seqs, int layer_ord, int T, int C, int K, float *out);
-/* The recurrence of every value head of every sequence, then y [T, Hv*Dv] fp32 (pre-norm). */
+/* The recurrence of every value head of every sequence, then y [T, Hv*Dv] fp32 (pre-norm).
+ * one_token: every sequence brings exactly one token (T == n_seqs: decode), which a leaner
+ * instance serves with the same bits. */
 int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                   const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
-                  int Hk, int Hv, int Dk, int Dv, float *y);
+                  int Hk, int Hv, int Dk, int Dv, int one_token, float *y);
 /* The same recurrence for prefill chunks (cuda_gdn_prefill.cu): a parallel preparation
  * launch (l2-normalised q, k into qk [T][Hk][2][Dk], gates into [Hv][T][2]) and the scan
  * with double-buffered chunks; results equal cuda_gdn_scan bit for bit. */

@@ -583,7 +583,33 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
         H2D(dseq2, seqs2, (size_t)n_seqs * sizeof *seqs2);
         free(seqs2);
     }
-    OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq, n_seqs, 0, Hk, Hv, Dk, Dv, dy));
+    if (T == n_seqs) { /* one token a sequence: the decode instance against the chunked one, same bits */
+        const size_t ns = (size_t)n_seqs * Hv * Dv * Dk;
+        float *dS3, *dy3; struct cuda_seq *dseq3;
+        struct cuda_seq *seqs3 = calloc((size_t)n_seqs, sizeof *seqs3);
+        DEV(dS3, ns * 4); DEV(dy3, (size_t)T * vd * 4); DEV(dseq3, (size_t)n_seqs * sizeof *seqs3);
+        H2D(dS3, S, ns * 4);
+        for (int q = 0; q < n_seqs; q++) { seqs3[q] = seqs[q]; seqs3[q].state = dS3 + (size_t)q * Hv * Dv * Dk; }
+        H2D(dseq3, seqs3, (size_t)n_seqs * sizeof *seqs3);
+        float *dS4, *dy4; struct cuda_seq *dseq4; /* the same inputs through the chunked form */
+        DEV(dS4, ns * 4); DEV(dy4, (size_t)T * vd * 4); DEV(dseq4, (size_t)n_seqs * sizeof *seqs3);
+        H2D(dS4, S, ns * 4);
+        for (int q = 0; q < n_seqs; q++) seqs3[q].state = dS4 + (size_t)q * Hv * Dv * Dk;
+        H2D(dseq4, seqs3, (size_t)n_seqs * sizeof *seqs3);
+        OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq3, n_seqs, 0, Hk, Hv, Dk, Dv, 1, dy3));
+        OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq4, n_seqs, 0, Hk, Hv, Dk, Dv, 0, dy4));
+        const size_t big = ns > (size_t)T * vd ? ns : (size_t)T * vd;
+        float *a1 = malloc(big * 4), *a2 = malloc(big * 4);
+        D2H(a1, dy3, (size_t)T * vd * 4); D2H(a2, dy4, (size_t)T * vd * 4);
+        const int dy_diff = memcmp(a1, a2, (size_t)T * vd * 4) != 0;
+        D2H(a1, dS3, ns * 4); D2H(a2, dS4, ns * 4);
+        const int ds_diff = memcmp(a1, a2, ns * 4) != 0;
+        CHECK(!dy_diff && !ds_diff, "gdn_scan one token a sequence Dk=%d Dv=%d seqs=%d: y %s, state %s the chunked form", Dk, Dv,
+              n_seqs, dy_diff ? "differs from" : "equals", ds_diff ? "differs from" : "equals");
+        free(a1); free(a2); free(seqs3);
+        cuda_free(dS3); cuda_free(dy3); cuda_free(dseq3); cuda_free(dS4); cuda_free(dy4); cuda_free(dseq4);
+    }
+    OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq, n_seqs, 0, Hk, Hv, Dk, Dv, T == n_seqs, dy));
     if (pre) {
         OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq2, n_seqs, 0, T, Hk, Hv, Dk, Dv, dqk, dgt, dy2));
         const size_t big = (size_t)n_seqs * Hv * Dv * Dk > (size_t)T * vd ? (size_t)n_seqs * Hv * Dv * Dk : (size_t)T * vd;
@@ -1452,6 +1478,9 @@ int main(void) {
         const int a[] = {70}, b[] = {1, 1, 1}, c[] = {3, 40};
         test_gdn(16, 32, 128, 128, 1, a);
         test_gdn(16, 32, 128, 128, 3, b);
+        int b64[64]; /* a decode batch: the one-token instance (four rows a thread) */
+        for (int i = 0; i < 64; i++) b64[i] = 1;
+        test_gdn(16, 32, 128, 128, 64, b64);
         test_gdn(4, 8, 32, 32, 2, c);
         const int d2[] = {5, 77};
         test_gdn(2, 4, 64, 64, 2, d2);
