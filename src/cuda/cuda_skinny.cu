@@ -19,7 +19,9 @@
 //     lane (g, c) = (lane/4, lane%4) reads words 2c, 2c+1 of its rows' group — one
 //     8-byte load per row per group, 32 contiguous bytes per row per 4 lanes — and the
 //     16 x values x[t][16c .. 16c+15] of the same k, two 16-byte loads; Σx of each
-//     (token, group) is summed once per pass into shared memory. Logical k pair
+//     (token, group) is summed once per pass into shared memory, and the thread that sums
+//     a group leaves its values rearranged in B-fragment order (sk_bperm, cuda_mma.h), so
+//     the products take the two loads as the four steps' fragments. Logical k pair
 //     (2c, 2c+1) of step s ↔ actual (8w + j, 8w + j + 4) with w = 2c + s/2, j = 2(s%2)
 //     (nibbles j and j+4 of one word form one bf16x2); (2c+8, 2c+9) ↔ j + 1.
 //   * A block is 8 warps over a tile of 32–128 rows × all K; warps split the m-tiles and
