@@ -539,6 +539,30 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
 }
 
 /* ---- GDN: conv1d + state (fp32: 1e-5), scan vs gdn_step (fp32: 1e-4), gated norm (bf16: 1e-2) ---- */
+/* A device copy of the n_seqs initial states S (per floats each) and of seqs pointing at it:
+ * the inputs of a second scan whose bits are compared with the first's. */
+static void gdn_state_copy(const float *S, const struct cuda_seq *seqs, int n_seqs, size_t per, float **dS,
+                           struct cuda_seq **dseq) {
+    struct cuda_seq *cp = malloc((size_t)n_seqs * sizeof *cp);
+    DEV(*dS, (size_t)n_seqs * per * 4); DEV(*dseq, (size_t)n_seqs * sizeof *cp);
+    H2D(*dS, S, (size_t)n_seqs * per * 4);
+    for (int q = 0; q < n_seqs; q++) { cp[q] = seqs[q]; cp[q].state = *dS + (size_t)q * per; }
+    H2D(*dseq, cp, (size_t)n_seqs * sizeof *cp);
+    free(cp);
+}
+
+/* Whether two scans left different bits in y (ny floats) and in the states (ns floats). */
+static void gdn_diff(const float *dya, const float *dSa, const float *dyb, const float *dSb, size_t ny, size_t ns, int *dy_diff,
+                     int *ds_diff) {
+    const size_t big = ns > ny ? ns : ny;
+    float *a1 = malloc(big * 4), *a2 = malloc(big * 4);
+    D2H(a1, dya, ny * 4); D2H(a2, dyb, ny * 4);
+    *dy_diff = memcmp(a1, a2, ny * 4) != 0;
+    D2H(a1, dSa, ns * 4); D2H(a2, dSb, ns * 4);
+    *ds_diff = memcmp(a1, a2, ns * 4) != 0;
+    free(a1); free(a2);
+}
+
 static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt) {
     const int K = 4, kd = Hk * Dk, vd = Hv * Dv, C = 2 * kd + vd;
     int T = 0;
@@ -574,53 +598,32 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
     const int pre = cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv);
     float *dS2 = NULL, *dy2 = NULL, *dqk = NULL, *dgt = NULL;
     struct cuda_seq *dseq2 = NULL;
+    const size_t per = (size_t)Hv * Dv * Dk, ns = (size_t)n_seqs * per, ny = (size_t)T * vd;
     if (pre) {
-        struct cuda_seq *seqs2 = malloc((size_t)n_seqs * sizeof *seqs2);
-        DEV(dS2, (size_t)n_seqs * Hv * Dv * Dk * 4); DEV(dy2, (size_t)T * vd * 4); DEV(dseq2, (size_t)n_seqs * sizeof *seqs2);
-        DEV(dqk, (size_t)T * Hk * 2 * Dk * 4); DEV(dgt, (size_t)Hv * T * 2 * 4);
-        H2D(dS2, S, (size_t)n_seqs * Hv * Dv * Dk * 4);
-        for (int q = 0; q < n_seqs; q++) { seqs2[q] = seqs[q]; seqs2[q].state = dS2 + (size_t)q * Hv * Dv * Dk; }
-        H2D(dseq2, seqs2, (size_t)n_seqs * sizeof *seqs2);
-        free(seqs2);
+        gdn_state_copy(S, seqs, n_seqs, per, &dS2, &dseq2);
+        DEV(dy2, ny * 4); DEV(dqk, (size_t)T * Hk * 2 * Dk * 4); DEV(dgt, (size_t)Hv * T * 2 * 4);
     }
     if (T == n_seqs) { /* one token a sequence: the decode instance against the chunked one, same bits */
-        const size_t ns = (size_t)n_seqs * Hv * Dv * Dk;
-        float *dS3, *dy3; struct cuda_seq *dseq3;
-        struct cuda_seq *seqs3 = calloc((size_t)n_seqs, sizeof *seqs3);
-        DEV(dS3, ns * 4); DEV(dy3, (size_t)T * vd * 4); DEV(dseq3, (size_t)n_seqs * sizeof *seqs3);
-        H2D(dS3, S, ns * 4);
-        for (int q = 0; q < n_seqs; q++) { seqs3[q] = seqs[q]; seqs3[q].state = dS3 + (size_t)q * Hv * Dv * Dk; }
-        H2D(dseq3, seqs3, (size_t)n_seqs * sizeof *seqs3);
-        float *dS4, *dy4; struct cuda_seq *dseq4; /* the same inputs through the chunked form */
-        DEV(dS4, ns * 4); DEV(dy4, (size_t)T * vd * 4); DEV(dseq4, (size_t)n_seqs * sizeof *seqs3);
-        H2D(dS4, S, ns * 4);
-        for (int q = 0; q < n_seqs; q++) seqs3[q].state = dS4 + (size_t)q * Hv * Dv * Dk;
-        H2D(dseq4, seqs3, (size_t)n_seqs * sizeof *seqs3);
+        float *dS3, *dy3, *dS4, *dy4;
+        struct cuda_seq *dseq3, *dseq4;
+        gdn_state_copy(S, seqs, n_seqs, per, &dS3, &dseq3);
+        gdn_state_copy(S, seqs, n_seqs, per, &dS4, &dseq4); /* the same inputs through the chunked form */
+        DEV(dy3, ny * 4); DEV(dy4, ny * 4);
         OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq3, n_seqs, 0, Hk, Hv, Dk, Dv, 1, dy3));
         OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq4, n_seqs, 0, Hk, Hv, Dk, Dv, 0, dy4));
-        const size_t big = ns > (size_t)T * vd ? ns : (size_t)T * vd;
-        float *a1 = malloc(big * 4), *a2 = malloc(big * 4);
-        D2H(a1, dy3, (size_t)T * vd * 4); D2H(a2, dy4, (size_t)T * vd * 4);
-        const int dy_diff = memcmp(a1, a2, (size_t)T * vd * 4) != 0;
-        D2H(a1, dS3, ns * 4); D2H(a2, dS4, ns * 4);
-        const int ds_diff = memcmp(a1, a2, ns * 4) != 0;
+        int dy_diff, ds_diff;
+        gdn_diff(dy3, dS3, dy4, dS4, ny, ns, &dy_diff, &ds_diff);
         CHECK(!dy_diff && !ds_diff, "gdn_scan one token a sequence Dk=%d Dv=%d seqs=%d: y %s, state %s the chunked form", Dk, Dv,
               n_seqs, dy_diff ? "differs from" : "equals", ds_diff ? "differs from" : "equals");
-        free(a1); free(a2); free(seqs3);
         cuda_free(dS3); cuda_free(dy3); cuda_free(dseq3); cuda_free(dS4); cuda_free(dy4); cuda_free(dseq4);
     }
     OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq, n_seqs, 0, Hk, Hv, Dk, Dv, T == n_seqs, dy));
     if (pre) {
         OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq2, n_seqs, 0, T, Hk, Hv, Dk, Dv, dqk, dgt, dy2));
-        const size_t big = (size_t)n_seqs * Hv * Dv * Dk > (size_t)T * vd ? (size_t)n_seqs * Hv * Dv * Dk : (size_t)T * vd;
-        float *a1 = malloc(big * 4), *a2 = malloc(big * 4);
-        D2H(a1, dy, (size_t)T * vd * 4); D2H(a2, dy2, (size_t)T * vd * 4);
-        int dy_diff = memcmp(a1, a2, (size_t)T * vd * 4) != 0;
-        D2H(a1, dS, (size_t)n_seqs * Hv * Dv * Dk * 4); D2H(a2, dS2, (size_t)n_seqs * Hv * Dv * Dk * 4);
-        int ds_diff = memcmp(a1, a2, (size_t)n_seqs * Hv * Dv * Dk * 4) != 0;
+        int dy_diff, ds_diff;
+        gdn_diff(dy, dS, dy2, dS2, ny, ns, &dy_diff, &ds_diff);
         CHECK(!dy_diff && !ds_diff, "gdn_scan_prefill Dk=%d Dv=%d T=%d seqs=%d: y %s, state %s the one-launch scan", Dk, Dv, T,
               n_seqs, dy_diff ? "differs from" : "equals", ds_diff ? "differs from" : "equals");
-        free(a1); free(a2);
         cuda_free(dS2); cuda_free(dy2); cuda_free(dseq2); cuda_free(dqk); cuda_free(dgt);
     }
     OK(cuda_gated_norm(&ctx, dy, dz, vd, dnw, T, Hv, Dv, 1e-6f, dout));
