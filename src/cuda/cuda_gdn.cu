@@ -234,8 +234,10 @@ extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, co
     /* Rows a thread for several sequences: 4 where every sequence brings one token (the
      * one-token instance: 78 registers, 3 blocks an SM × 64 rows in flight against 4 × 32;
      * H200, 64 sequences: 94.4 µs a layer chunked, 93.8 one-token with 2 rows, 89.3 with 4),
-     * else 2. A/B: ORCHID_GDN_RPT=1, 2 or 4 (4 only for one-token batches); ORCHID_GDN_CH1=0
-     * keeps the chunked form for those too. */
+     * else 2. One sequence keeps the chunked form with one row a thread (its 256 blocks are
+     * not limited by residency; batch-1 decode was measured with it). A/B: ORCHID_GDN_RPT=1,
+     * 2 or 4 (4 only for one-token batches); ORCHID_GDN_CH1=0 keeps the chunked form for
+     * those too. */
     static const int rpt_env = [] {
         const char *e = getenv("ORCHID_GDN_RPT");
         return e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "4") ? 4 : 0;
@@ -244,7 +246,7 @@ extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, co
         const char *e = getenv("ORCHID_GDN_CH1");
         return !(e && !strcmp(e, "0"));
     }();
-    const bool one = one_token && ch1;
+    const bool one = one_token && ch1 && n_seqs >= 2;
     int rpt = n_seqs < 2 ? 1 : rpt_env ? rpt_env : one ? 4 : 2;
     if (rpt == 4 && !one) rpt = 2;
     const int rows = rpt * 256 / (Dk / 8);

@@ -152,7 +152,7 @@ int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const float *w, cons
                 const struct cuda_seq *seqs, int n_seqs, int layer_ord, int T, int C, int K, float *out);
 /* The recurrence of every value head of every sequence, then y [T, Hv*Dv] fp32 (pre-norm).
  * one_token: every sequence brings exactly one token (T == n_seqs: decode), which a leaner
- * instance serves with the same bits. */
+ * instance serves with the same bits when there are several sequences. */
 int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                   const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
                   int Hk, int Hv, int Dk, int Dv, int one_token, float *y);
