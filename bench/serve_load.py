@@ -119,10 +119,14 @@ def request(url, method, path, body, timeout=600):
         c.close()
 
 
+# Sampling parameters of every request (--temperature / --top-p / --top-k; greedy by default).
+SAMPLING = {"temperature": 0}
+
+
 def stream_completion(url, prompt_ids, max_tokens, t_origin):
     """One streaming /v1/completions request; returns times relative to t_origin."""
-    body = {"model": model_id(url), "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {"model": model_id(url), "prompt": prompt_ids, "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **SAMPLING}
     u = urllib.parse.urlparse(url)
     c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=1200)
     res = {"t_send": time.time() - t_origin, "chunks": [], "completion_tokens": None, "cached_tokens": None,
@@ -296,11 +300,19 @@ def main():
     ap.add_argument("--vocab-lo", type=int, default=1000)
     ap.add_argument("--vocab-hi", type=int, default=150000)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: sweep,serial,replay,nocache")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request (0 = greedy)")
+    ap.add_argument("--top-p", type=float, default=None, help="top_p of every request (default: not sent)")
+    ap.add_argument("--top-k", type=int, default=None, help="top_k of every request (default: not sent)")
+    ap.add_argument("--seed", type=int, default=None, help="seed of every request (default: not sent)")
     ap.add_argument("--ready-timeout", type=int, default=300)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--json", default="serve_load.json")
     ap.add_argument("--server-args", default="", help="more flags for every server started (e.g. '--batch-invariant off')")
     args = ap.parse_args()
+    SAMPLING["temperature"] = args.temperature
+    for key, val in (("top_p", args.top_p), ("top_k", args.top_k), ("seed", args.seed)):
+        if val is not None:
+            SAMPLING[key] = val
     skip = set(s for s in args.skip.split(",") if s)
     levels = [int(x) for x in args.levels.split(",") if x]
     serial_levels = [int(x) for x in args.serial_levels.split(",") if x]

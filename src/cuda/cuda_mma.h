@@ -16,13 +16,16 @@ static inline bool sk_pdl() {
     return !off;
 }
 
-/* Codes j and j+4 of a word as the bf16x2 (q_j, q_{j+4}), exact. LOP3: the mask and the bf16
- * 128.0 pair in one LOP3 ((a & b) | c, lut 0xEA). Written in C the compiler emits an AND
- * and an OR (a SASS LOP3 takes one immediate): 16 of a group's ~115 instructions in the
- * grouped MoE kernel's loop (ncu, H200, session 9: the fused form took the grouped gate/up
- * 158 -> 148 µs a layer, down 94 -> 84, one-token decode 450 -> 469 tok/s). The wide
- * kernel (cuda_skinny_wide.cu: ~175 registers, one block an SM) keeps the C form: with the
- * fused one its GDN in-projection at 64 tokens went 46.7 -> 50.9 µs. Same values either way. */
+/* Codes j and j+4 of a word as the bf16x2 (128 + q_j, 128 + q_{j+4}), exact: the mask and the
+ * bf16 128.0 pair in one LOP3 ((a & b) | c, lut 0xEA). The 128 is not subtracted here: the
+ * group's Σ(128 + q)·x minus 128·Σx is taken once a row and group in sk_group_scale (the
+ * bias becomes b - 128·s), which spares 16 HADD2 of a group's ~90 instructions in the
+ * issue-bound grouped MoE kernels (H200, session 10; docs/PERFORMANCE.md). Written in C the
+ * compiler emits an AND and an OR (a SASS LOP3 takes one immediate): 16 of a group's ~115
+ * instructions in session 9 (the fused form took the grouped gate/up 158 -> 148 µs a layer,
+ * down 94 -> 84, one-token decode 450 -> 469 tok/s). The wide kernel (cuda_skinny_wide.cu:
+ * ~175 registers, one block an SM) keeps the C form: with the fused one its GDN
+ * in-projection at 64 tokens went 46.7 -> 50.9 µs. Same values either way. */
 template <bool LOP3 = true>
 __device__ __forceinline__ uint32_t q_pair(uint32_t w, int j) {
     uint32_t v; /* bf16 128 + q */
@@ -30,10 +33,7 @@ __device__ __forceinline__ uint32_t q_pair(uint32_t w, int j) {
         asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w >> (4 * j)), "n"(0x000F000F), "n"(0x43004300));
     else
         v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-    __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&v);
-    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
-    h = __hsub2(h, k128);
-    return *reinterpret_cast<uint32_t *>(&h);
+    return v;
 }
 
 __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
@@ -108,12 +108,16 @@ __device__ __forceinline__ void sk_group_mma(const uint32_t (&af)[4][4], const u
 
 /* One group of one n-tile, the step every path repeats in the same order (the bitwise
  * contract of cuda_skinny.cu, cuda_skinny_wide.cu and cuda_tcv.cu): for rows (g, g + 8) ×
- * columns (2c, 2c + 1), acc += fmaf(s, Σ q·x, b · Σx), with sxa / sxb the columns' Σx. */
+ * columns (2c, 2c + 1), acc += fmaf(s, Σ (128 + q)·x, (b - 128·s) · Σx), with sxa / sxb the
+ * columns' Σx: s·q + b = s·(128 + q) + (b - 128·s). b - 128·s is exact in fp32 (two bf16
+ * values, 128·s exact); the fp32 sums of the mma carry ~4 bits more magnitude than Σ q·x
+ * did, far below the bf16 roundings of the activations around them. */
 __device__ __forceinline__ void sk_group_scale(const sk_w &w, const float (&cg)[4], float sxa, float sxb, float (&acc)[4]) {
-    acc[0] += fmaf(w.s0, cg[0], w.b0 * sxa);
-    acc[1] += fmaf(w.s0, cg[1], w.b0 * sxb);
-    acc[2] += fmaf(w.s1, cg[2], w.b1 * sxa);
-    acc[3] += fmaf(w.s1, cg[3], w.b1 * sxb);
+    const float b0 = fmaf(-128.0f, w.s0, w.b0), b1 = fmaf(-128.0f, w.s1, w.b1);
+    acc[0] += fmaf(w.s0, cg[0], b0 * sxa);
+    acc[1] += fmaf(w.s0, cg[1], b0 * sxb);
+    acc[2] += fmaf(w.s1, cg[2], b1 * sxa);
+    acc[3] += fmaf(w.s1, cg[3], b1 * sxb);
 }
 template <bool PX = false>
 __device__ __forceinline__ void sk_group_step(const uint32_t (&af)[4][4], const sk_w &w, const uint16_t *x16, float sxa,

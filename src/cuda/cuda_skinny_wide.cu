@@ -12,7 +12,7 @@
 // that k-slice only (64 tokens × 512 columns = 66 KB at K = 2,048).
 //
 // Same sums as cuda_skinny.cu and cuda_tcv.cu for every token: KS = cuda_skinny_kslices(K)
-// slices, a slice's groups in order into acc += fmaf(s, Σqx, b·Σx), the slices added in
+// slices, a slice's groups in order into sk_group_scale's acc += fmaf(s, Σ(128+q)x, (b-128s)·Σx), the slices added in
 // order from 0. The slices of a row tile are different blocks here, so each writes its
 // partial sums to a workspace [tile][slice][token][128] and the last of them to finish
 // (an acq_rel counter per tile) adds them in slice order and writes the output.

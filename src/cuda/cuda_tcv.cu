@@ -17,7 +17,7 @@
 // its rows. Every lane issues all of its weight loads (codes: 8 bytes per row per group,
 // rows g and g + 8; scales and biases: one vector load per row) before it waits for the
 // previous kernel (PDL), so a whole layer's matrix is in flight at once. The B operand holds x in all 8 columns; the
-// lanes with c = 0 keep column 0. Per group: acc += fmaf(s, Σqx, b·Σx) in group order;
+// lanes with c = 0 keep column 0. Per group: acc += fmaf(s, Σ(128+q)x, (b-128s)·Σx) in group order;
 // the k-slices meet in shared memory summed in slice order from 0 — the exact sequence of
 // cuda_skinny.cu for one token, so a token gets the same bits here (batch of one) as in a
 // 2..64-token batch there (tests/gpu/test_cuda_ops.c checks it).
