@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "model/config.h"
+#include "model/device_sampling.h"
 #include "model/weights.h"
 
 struct backend_session;
@@ -37,6 +38,11 @@ struct fwd_batch {
                                  output row, as sampler_argmax defines it (first maximal
                                  index, NaN never wins; an all-NaN row gives 0). A row
                                  with out_logits[i] == NULL needs out_argmax */
+    const struct row_sampling *out_sampling; /* NULL = none; else [n_out]: a row with
+                                 temperature > 0 (and out_logits[i] == NULL) gets a token drawn
+                                 by the device sampler (model/device_sampling.h) in
+                                 out_argmax[i] instead of its argmax. Only for a backend with
+                                 device_sampling set */
 };
 
 struct backend {
@@ -49,6 +55,8 @@ struct backend {
      * arithmetic, the prefill GEMMs do not but compute each row the same way at any row
      * count, and the scan and attention work per sequence). */
     int invariant_tokens;
+    /* 1: forward honours fwd_batch.out_sampling (the token drawn where the logits are). */
+    int device_sampling;
     int (*session_create)(struct backend *b, int max_seq, struct backend_session **out, char *err, size_t errlen);
     void (*session_destroy)(struct backend *b, struct backend_session *s);
     void (*session_reset)(struct backend *b, struct backend_session *s);

@@ -536,6 +536,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     size_t o_seq = o_or + al16((size_t)(b->n_out > 0 ? b->n_out : 1) * 4);
     size_t o_tile = o_seq + al16((size_t)b->n_seqs * sizeof(cuda_seq));
     char *h = cb->h_meta;
+    const bool sampling = b->out_sampling && b->out_argmax && b->n_out > 0;
     memcpy(h + o_tok, b->tokens, T * 4);
     memcpy(h + o_pos, b->pos, T * 4);
     memcpy(h + o_ts, b->seq, T * 4);
@@ -567,8 +568,10 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
         n_tiles++;
         t += n;
     }
-    const size_t bytes = o_tile + (size_t)n_tiles * sizeof(cuda_attn_tile);
+    const size_t o_smp = al16(o_tile + (size_t)n_tiles * sizeof(cuda_attn_tile)); /* sampled rows' requests */
+    const size_t bytes = o_smp + (sampling ? (size_t)b->n_out * sizeof(struct row_sampling) : 0);
     if (bytes > cb->meta_cap) return errorf(err, errlen, ST_INTERNAL, "cuda forward: metadata of %zu bytes", bytes);
+    if (sampling) memcpy(h + o_smp, b->out_sampling, (size_t)b->n_out * sizeof(struct row_sampling));
     cuda_ctx c = {(cuda_stream_t)cb->stream, err, errlen};
     CUDA_TRY(cudaMemcpyAsync(cb->d_meta, h, bytes, cudaMemcpyHostToDevice, cb->stream), err, errlen, "cuda forward: metadata upload");
     dmeta m;
@@ -612,6 +615,11 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
         /* argmax on the device (sampler_argmax's rule): only ids cross PCIe for rows
          * whose logits are not wanted (out_logits[i] == NULL) */
         if (b->out_argmax && (rc = cuda_argmax(&c, cb->logits, n, cb->V, cb->amax_ids + i0, cb->amax_scratch))) return rc;
+        /* rows that sample: the device sampler's token over the argmax (greedy rows keep it) */
+        if (sampling && (rc = cuda_sample(&c, cb->logits, n, cb->V,
+                                          (const struct row_sampling *)(cb->d_meta + o_smp) + i0, cb->amax_ids + i0)))
+            return rc;
+        if (sampling) prof_mark(cb, "sample");
         for (int i = 0; i < n; i++)
             if (b->out_logits[i0 + i])
                 CUDA_TRY(cudaMemcpyAsync(b->out_logits[i0 + i], cb->logits + (size_t)i * cb->V, (size_t)cb->V * 4,
@@ -961,6 +969,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     cb->base.name = "cuda";
     cb->base.max_batch_tokens = CUDA_MAX_BATCH;
     cb->base.invariant_tokens = MID_T; /* one-token sequences up to here take the invariant kernels */
+    cb->base.device_sampling = 1;      /* cuda_sample.cu */
     cb->base.session_create = cuda_session_create;
     cb->base.session_destroy = cuda_session_destroy;
     cb->base.session_reset = cuda_session_reset;
@@ -1092,7 +1101,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     cb->route.slot_of_pair = cb->route.row_of_slot + T * K;
     cb->route.tiles = cb->route.slot_of_pair + T * K;
     cb->route.max_tiles = max_tiles;
-    cb->meta_cap = 8 * T * 4 + T * sizeof(cuda_seq) + T * sizeof(cuda_attn_tile) + 256;
+    cb->meta_cap = 8 * T * 4 + T * sizeof(cuda_seq) + T * sizeof(cuda_attn_tile) + T * sizeof(struct row_sampling) + 256;
     FAIL(cuda_malloc((void **)&cb->d_meta, cb->meta_cap, "batch metadata", err, errlen));
     if (cudaMallocHost((void **)&cb->h_meta, cb->meta_cap) != cudaSuccess) {
         cudaGetLastError();

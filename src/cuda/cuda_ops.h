@@ -125,6 +125,13 @@ int cuda_f32_to_bf16(const struct cuda_ctx *c, const float *x, size_t n, uint16_
 /* Argmax over n floats per row (first index on ties); writes ids[row]; also dst2 if non-NULL. */
 int cuda_argmax(const struct cuda_ctx *c, const float *logits, int n_rows, int n, int32_t *ids, int32_t *scratch);
 
+/* ---- the device sampler (cuda_sample.cu; model/device_sampling.h) ---- */
+struct row_sampling;
+/* For each row with rows[i].temperature > 0 (rows: device memory), ids[i] = the token the
+ * device sampler draws from logits row i; other rows' ids are left as they are (the argmax). */
+int cuda_sample(const struct cuda_ctx *c, const float *logits, int n_rows, int V, const struct row_sampling *rows,
+                int32_t *ids);
+
 /* ---- attention (cuda_attn.cu) ---- */
 /* q/k RMSNorm + NeoX RoPE in place on qg [T, n_heads, 2*D] (query half) and k [T, kvh*D]; writes K, V to the cache. */
 int cuda_attn_prep(const struct cuda_ctx *c, float *qg, const float *k, const float *v, const float *q_norm,

@@ -32,6 +32,7 @@ struct engine {
     int32_t *c_tokens, *c_pos, *c_seq, *c_out_rows, *c_amax;
     float **c_out;
     int32_t **c_amax_dst; /* where each output row's argmax goes (NULL: not wanted) */
+    struct row_sampling *c_samp; /* each output row's device sampling (temperature 0: argmax) */
     struct backend_session **c_sessions;
 };
 
@@ -115,8 +116,9 @@ static int engine_open_rest(engine **out, engine *e, const struct engine_options
     e->c_sessions = malloc(n * sizeof(struct backend_session *));
     e->c_amax = malloc(n * sizeof(int32_t));
     e->c_amax_dst = malloc(n * sizeof(int32_t *));
+    e->c_samp = malloc(n * sizeof(struct row_sampling));
     if (!e->c_tokens || !e->c_pos || !e->c_seq || !e->c_out_rows || !e->c_out || !e->c_sessions || !e->c_amax ||
-        !e->c_amax_dst) {
+        !e->c_amax_dst || !e->c_samp) {
         rc = errorf(err, errlen, ST_NOMEM, "out of memory");
         goto fail;
     }
@@ -134,7 +136,7 @@ void engine_close(engine *e) {
     weights_free(&e->w);
     safetensors_close(e->st);
     free(e->c_tokens); free(e->c_pos); free(e->c_seq); free(e->c_out_rows); free(e->c_out); free(e->c_sessions);
-    free(e->c_amax); free(e->c_amax_dst);
+    free(e->c_amax); free(e->c_amax_dst); free(e->c_samp);
     free(e->model_dir);
     free(e);
 }
@@ -143,6 +145,7 @@ const struct model_config *engine_config(const engine *e) { return &e->cfg; }
 const char *engine_backend_name(const engine *e) { return e->be->name; }
 int engine_invariant_tokens(const engine *e) { return e->be->invariant_tokens; }
 int engine_max_batch_tokens(const engine *e) { return e->be->max_batch_tokens; }
+bool engine_device_sampling(const engine *e) { return e->be->device_sampling != 0; }
 const char *engine_model_dir(const engine *e) { return e->model_dir; }
 double engine_load_seconds(const engine *e) { return e->load_seconds; }
 
@@ -186,11 +189,12 @@ const int32_t *session_tokens(const session *s) { return s->tokens; }
 
 /* Runs the backend over the assembled chunk; hands the output rows' argmax ids to
  * their batch_seq destinations when any row wants one. */
-static int forward_chunk(engine *e, int n, int n_sess, int n_out, bool want_amax, char *err, size_t errlen) {
+static int forward_chunk(engine *e, int n, int n_sess, int n_out, bool want_amax, bool want_samp, char *err,
+                         size_t errlen) {
     struct fwd_batch b = {.n_tokens = n, .tokens = e->c_tokens, .pos = e->c_pos, .seq = e->c_seq,
                           .sessions = e->c_sessions, .n_seqs = n_sess, .n_out = n_out,
                           .out_rows = e->c_out_rows, .out_logits = e->c_out,
-                          .out_argmax = want_amax ? e->c_amax : NULL};
+                          .out_argmax = want_amax ? e->c_amax : NULL, .out_sampling = want_samp ? e->c_samp : NULL};
     int rc = e->be->forward(e->be, &b, err, errlen);
     if (rc || !want_amax) return rc;
     for (int i = 0; i < n_out; i++)
@@ -213,19 +217,33 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
                 return errorf(err, errlen, ST_INVALID, "token id %d is outside the vocabulary (0..%d)", q->tokens[k], c->vocab - 1);
         for (int j = 0; j < i; j++)
             if (seqs[j].s == q->s) return errorf(err, errlen, ST_INVALID, "a session appears twice in one batch");
+        const struct row_sampling *rs = q->sampling;
+        if (rs) {
+            if (!e->be->device_sampling)
+                return errorf(err, errlen, ST_UNSUPPORTED, "batch entry %d: the %s backend has no device sampler", i,
+                              e->be->name);
+            if (!q->argmax || q->logits || q->all_logits)
+                return errorf(err, errlen, ST_INVALID, "batch entry %d: device sampling needs an argmax destination and "
+                              "no logits", i);
+            if (!(rs->temperature > 0.0f) || !isfinite(rs->temperature) || !(rs->top_p > 0.0f && rs->top_p <= 1.0f) ||
+                !(rs->min_p >= 0.0f && rs->min_p <= 1.0f) || rs->top_k < 0 || !(rs->u >= 0.0 && rs->u < 1.0))
+                return errorf(err, errlen, ST_INVALID, "batch entry %d: device sampling parameters out of range "
+                              "(temperature %g, top_p %g, min_p %g, top_k %d, u %g)", i, rs->temperature, rs->top_p,
+                              rs->min_p, rs->top_k, rs->u);
+        }
     }
     const int cap = e->be->max_batch_tokens;
     int n = 0, n_sess = 0, n_out = 0;
-    bool want_amax = false;
+    bool want_amax = false, want_samp = false;
     struct backend_session *last = NULL;
     for (int i = 0; i < n_seqs; i++) {
         struct batch_seq *q = &seqs[i];
         for (int k = 0; k < q->n_tokens; k++) {
             if (n == cap) { /* flush a full chunk */
-                int rc = forward_chunk(e, n, n_sess, n_out, want_amax, err, errlen);
+                int rc = forward_chunk(e, n, n_sess, n_out, want_amax, want_samp, err, errlen);
                 if (rc) return rc;
                 n = n_sess = n_out = 0;
-                want_amax = false;
+                want_amax = want_samp = false;
                 last = NULL;
             }
             if (q->s->bs != last) {
@@ -242,6 +260,8 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
                 e->c_out[n_out] = q->logits ? q->logits + (size_t)row * c->vocab : NULL;
                 e->c_amax_dst[n_out] = q->argmax ? q->argmax + row : NULL;
                 want_amax |= q->argmax != NULL;
+                e->c_samp[n_out] = q->sampling ? *q->sampling : (struct row_sampling){0};
+                want_samp |= q->sampling != NULL;
                 n_out++;
             }
             q->s->tokens[pos] = q->tokens[k];
@@ -249,7 +269,7 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
             n++;
         }
     }
-    return n ? forward_chunk(e, n, n_sess, n_out, want_amax, err, errlen) : 0;
+    return n ? forward_chunk(e, n, n_sess, n_out, want_amax, want_samp, err, errlen) : 0;
 }
 
 int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int32_t *out_ids, double *step_end,

@@ -24,6 +24,8 @@
 #include "model/config.h"
 #include "runtime/safetensors.h"
 
+struct row_sampling; /* model/device_sampling.h */
+
 typedef struct engine engine;
 typedef struct session session;
 
@@ -51,6 +53,8 @@ const char *engine_backend_name(const engine *e);
 int engine_invariant_tokens(const engine *e);
 /* Tokens one backend call takes; engine_forward splits larger batches into such calls. */
 int engine_max_batch_tokens(const engine *e);
+/* Whether batch_seq.sampling is honoured (the backend samples where the logits are). */
+bool engine_device_sampling(const engine *e);
 const char *engine_model_dir(const engine *e);
 double engine_load_seconds(const engine *e);
 size_t engine_tensor_count(const engine *e);  /* tensors in the checkpoint, skipped ones included */
@@ -74,7 +78,9 @@ const int32_t *session_tokens(const session *s);
  * the argmax of the same rows ([1], or [n_tokens] with all_logits) exactly as
  * sampler_argmax picks it (first maximal id, NaN never wins; 0 for an all-NaN row);
  * with `logits` NULL only the ids are produced (a device backend then computes them
- * on the device and copies no logits row). */
+ * on the device and copies no logits row). `sampling`, when non-NULL (with `argmax`, no
+ * `logits`, not `all_logits`; only where engine_device_sampling), makes *argmax the token
+ * the device sampler draws (model/device_sampling.h) instead of the argmax. */
 struct batch_seq {
     session *s;
     const int32_t *tokens;
@@ -82,6 +88,7 @@ struct batch_seq {
     float *logits;
     bool all_logits;
     int32_t *argmax;
+    const struct row_sampling *sampling;
 };
 
 /* Runs the model over every new token of every sequence and appends them to

@@ -188,6 +188,18 @@ bool sampler_argmax_only(const sampler *s) {
            (s->p.temperature <= 0.0f || s->p.top_k == 1 || !s->probs);
 }
 
+bool sampler_device_row(sampler *s, struct row_sampling *rs) {
+    const bool want_lp = s->p.logprobs || s->p.top_logprobs > 0;
+    if (want_lp || s->penalties || s->p.n_logit_bias != 0 || !(s->p.temperature > 0.0f) || s->p.top_k == 1 || !s->probs)
+        return false;
+    rs->temperature = s->p.temperature;
+    rs->top_p = s->p.top_p;
+    rs->min_p = s->p.min_p;
+    rs->top_k = s->p.top_k;
+    rs->u = rng_uniform(s->rng);
+    return true;
+}
+
 /* Log-sum-exp of the raw logits (NaN ignored) and the top-n ids by logit. */
 static double logsumexp(const float *l, int n) {
     float m = -INFINITY;

@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/device_sampling.h"
+
 #define SAMPLER_MAX_TOP_LOGPROBS 20
 #define SAMPLER_MAX_LOGIT_BIAS 300 /* entries of logit_bias (OpenAI documents no limit) */
 #define SAMPLER_MAX_BIAS 100.0f    /* |bias| bound, OpenAI's [-100, 100] */
@@ -91,5 +93,11 @@ int32_t sampler_argmax(const float *logits, int n);
  * penalties, no logit_bias, no logprobs, and no RNG draw. The logits row is then not needed, only
  * its argmax (which a device backend computes without copying the row out). */
 bool sampler_argmax_only(const sampler *s);
+
+/* When the device sampler (model/device_sampling.h) can choose this sampler's next token
+ * — temperature > 0 and top_k != 1, no penalties, no logit_bias, no logprobs — fills *rs
+ * with its parameters and this token's uniform draw (one draw of the request's RNG, so a
+ * seeded request repeats) and returns true; else false and the RNG is untouched. */
+bool sampler_device_row(sampler *s, struct row_sampling *rs);
 
 #endif

@@ -33,7 +33,7 @@ static struct {
     int statuses[MAX_STATUSES];
     int n_statuses;
     long req[EP_COUNT][MAX_STATUSES];
-    long prompt, completion, cached, cancelled, argmax;
+    long prompt, completion, cached, cancelled, argmax, dsampled;
     long fwd_calls, fwd_tokens;
     int queued, running;
     long kv_used, kv_capacity;
@@ -75,6 +75,12 @@ void metrics_cancelled(void) {
 void metrics_argmax_tokens(long n) {
     pthread_mutex_lock(&M.mu);
     M.argmax += n;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_device_sampled_tokens(long n) {
+    pthread_mutex_lock(&M.mu);
+    M.dsampled += n;
     pthread_mutex_unlock(&M.mu);
 }
 
@@ -122,6 +128,7 @@ long metrics_get(const char *name) {
     else if (!strcmp(name, "prompt_tokens")) v = M.prompt;
     else if (!strcmp(name, "cached_tokens")) v = M.cached;
     else if (!strcmp(name, "argmax_tokens")) v = M.argmax;
+    else if (!strcmp(name, "device_sampled_tokens")) v = M.dsampled;
     else if (!strcmp(name, "forward_calls")) v = M.fwd_calls;
     else if (!strcmp(name, "forward_tokens")) v = M.fwd_tokens;
     pthread_mutex_unlock(&M.mu);
@@ -195,6 +202,9 @@ int metrics_render(char **out, size_t *len) {
     outf(&o, "# HELP orchid_argmax_only_tokens_total Generated tokens taken from the model's argmax (greedy, "
              "no logprobs or penalties) without copying their logits to the host.\n"
              "# TYPE orchid_argmax_only_tokens_total counter\norchid_argmax_only_tokens_total %ld\n", M.argmax);
+    outf(&o, "# HELP orchid_device_sampled_tokens_total Generated tokens sampled on the device (temperature, "
+             "top_k, top_p, min_p; no logprobs or penalties) without copying their logits to the host.\n"
+             "# TYPE orchid_device_sampled_tokens_total counter\norchid_device_sampled_tokens_total %ld\n", M.dsampled);
     outf(&o, "# HELP orchid_model_forwards_total Model forward calls the scheduler issued.\n"
              "# TYPE orchid_model_forwards_total counter\norchid_model_forwards_total %ld\n", M.fwd_calls);
     outf(&o, "# HELP orchid_model_forward_tokens_total Tokens those forwards carried (prompt chunks and decode "

@@ -23,6 +23,8 @@ void metrics_tokens(long prompt, long completion, long cached);
 void metrics_cancelled(void);
 /* Tokens chosen from the backend's argmax, with no logits row copied to the host. */
 void metrics_argmax_tokens(long n);
+/* Tokens drawn by the device sampler, with no logits row copied to the host. */
+void metrics_device_sampled_tokens(long n);
 /* One scheduler step's model forwards and the tokens they carried. */
 void metrics_forward(long calls, long tokens);
 void metrics_queue(int queued, int running);
@@ -32,7 +34,7 @@ void metrics_ttft(double seconds);
 void metrics_itl(double seconds);
 void metrics_e2e(double seconds);
 /* Reads a counter (tests): "cancelled", "completion_tokens", "prompt_tokens", "cached_tokens",
- * "argmax_tokens", "forward_calls", "forward_tokens". */
+ * "argmax_tokens", "device_sampled_tokens", "forward_calls", "forward_tokens". */
 long metrics_get(const char *name);
 /* Renders the exposition text; *out malloc'd. Returns 0 or ST_NOMEM. */
 int metrics_render(char **out, size_t *len);

@@ -37,6 +37,7 @@ struct model_port {
                               only one-token rows N at most, a prompt chunk alone, and
                               prompt chunks of more than N tokens packed whole */
     int max_batch_tokens;  /* engine_max_batch_tokens: tokens one backend call takes (0: no bound) */
+    int device_sampling;   /* engine_device_sampling: forward honours batch_seq.sampling */
 
     /* ---- text side: any thread ---- */
     /* Renders a conversation (OpenAI messages / tools as cJSON) to prompt text.

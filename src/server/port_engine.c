@@ -135,6 +135,7 @@ int port_open_engine(struct model_port *mp, const struct port_options *opt, char
     mp->turn_start_id = tokenizer_token_to_id(p->tok, "<|im_start|>");
     mp->invariant_tokens = engine_invariant_tokens(p->e);
     mp->max_batch_tokens = engine_max_batch_tokens(p->e);
+    mp->device_sampling = engine_device_sampling(p->e);
     add_stop(mp, tokenizer_eos_id(p->tok));
     for (int i = 0; i < c->n_eos; i++) add_stop(mp, c->eos_ids[i]);
     mp->render_chat = ep_render;

@@ -27,6 +27,9 @@
  * than N one-token rows, a prompt chunk of 2..N tokens beside anything else, a chunk of
  * more than N beside a one-token row, or packed chunks over ORCHID_MOCK_MAX_BATCH_TOKENS
  * (reported as port.max_batch_tokens; default 0, no bound).
+ * ORCHID_MOCK_DEVICE_SAMPLING=1 makes the mock report a device sampler (port.h
+ * device_sampling) and honour batch_seq.sampling with the device sampler's host reference
+ * (dsmp_reference over its row), so the scheduler's sampled rows are tested without a GPU.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -35,6 +38,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/device_sampling.h"
 #include "model/sampler.h"
 #include "runtime/status.h"
 #include "server/port.h"
@@ -56,6 +60,7 @@ struct mock_ctx {
     int step_ms;
     int invariant_tokens; /* > 0: the forward enforces the contract it reports */
     int max_batch_tokens; /* > 0: packed prompt chunks at most this many tokens in all */
+    bool device_sampling; /* honours batch_seq.sampling (ORCHID_MOCK_DEVICE_SAMPLING=1) */
 };
 
 /* ---- text side ---- */
@@ -340,7 +345,12 @@ static int mock_forward(void *ctx, struct batch_seq *seqs, int n_seqs, char *err
             float row[M_VOCAB];
             float *dst = seqs[i].logits ? seqs[i].logits + (size_t)k * M_VOCAB : row;
             mock_logits(s->toks, s->len - n_rows + k + 1, dst);
-            if (seqs[i].argmax) {
+            if (seqs[i].sampling) { /* engine_forward's contract: one row, no logits */
+                uint32_t scratch[(M_VOCAB * 9 + 3) / 4];
+                if (!m->device_sampling || sizeof scratch < dsmp_reference_scratch(M_VOCAB))
+                    return errorf(err, errlen, ST_UNSUPPORTED, "mock: no device sampler");
+                seqs[i].argmax[k] = dsmp_reference(dst, M_VOCAB, seqs[i].sampling, scratch);
+            } else if (seqs[i].argmax) {
                 const int32_t id = sampler_argmax(dst, M_VOCAB);
                 seqs[i].argmax[k] = id < 0 ? 0 : id;
             }
@@ -367,6 +377,8 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     if (e && *e) m->invariant_tokens = atoi(e);
     e = getenv("ORCHID_MOCK_MAX_BATCH_TOKENS");
     if (e && *e) m->max_batch_tokens = atoi(e);
+    e = getenv("ORCHID_MOCK_DEVICE_SAMPLING");
+    m->device_sampling = e && *e && strcmp(e, "0") != 0;
     e = getenv("ORCHID_MOCK_LOAD_MS"); /* simulates a slow model load (tests of /health) */
     if (e && *e && atoi(e) > 0) {
         struct timespec ts = {atoi(e) / 1000, (long)(atoi(e) % 1000) * 1000000L};
@@ -377,6 +389,7 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     snprintf(p->description, sizeof p->description, "mock scripted model (byte vocabulary, %d ms/step)",
              m->step_ms);
     p->vocab = M_VOCAB;
+    p->device_sampling = m->device_sampling;
     p->max_position = 0;
     p->stop_ids[0] = M_IM_END;
     p->stop_ids[1] = M_EOT;

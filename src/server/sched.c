@@ -9,6 +9,10 @@
  * logits row is copied to the host and nothing is sampled there; the token is the
  * one sampler_sample would have chosen. ORCHID_NO_DEVICE_ARGMAX=1 (read once at
  * start) turns this off: every token then comes from a host-sampled logits row.
+ * A job that samples without penalties, logit_bias or logprobs (sampler_device_row) on a
+ * model with a device sampler (port.device_sampling) has its token drawn where the logits
+ * are (model/device_sampling.h): one id comes back, as for greedy, and no host thread
+ * samples. ORCHID_NO_DEVICE_SAMPLING=1 (read once at start) samples those on the host.
  *
  * Batch-invariant mode on a backend with partial invariance (CUDA) packs the prompt
  * chunks of more than invariant_tokens tokens of one step into shared forwards
@@ -33,7 +37,8 @@ struct slot {
     float *logits;
     struct job *job;
     uint64_t last_used;
-    int32_t argmax;           /* this step's argmax when only it was asked for */
+    int32_t argmax;           /* this step's argmax (or device-drawn token) when only it was asked for */
+    struct row_sampling rs;   /* this step's device sampling request (want_token) */
     struct sample_result res; /* this step's token */
 };
 
@@ -62,6 +67,7 @@ struct sched {
     int *samp_slot;              /* [n_slots] slots to sample on the host this step */
     int *group_len;              /* [n_slots] entries of each batch-invariant forward this step */
     bool device_argmax;          /* argmax-only rows for plain greedy jobs (see the top) */
+    bool device_sampling;        /* device-drawn tokens for plain sampling jobs (see the top) */
     bool pack_prompts;           /* batch-invariant mode packs long prompt chunks (see the top) */
 };
 
@@ -72,11 +78,14 @@ static void sample_item(void *ctx, int i) {
 }
 
 /* Asks for the slot's next token: the argmax alone when the job's sampler would pick
- * exactly that, else the logits row for the host sampler. */
+ * exactly that, a token drawn by the device sampler when it can draw it (this consumes
+ * the job's RNG draw for the token), else the logits row for the host sampler. */
 static void want_token(const struct sched *S, struct slot *sl, struct batch_seq *b) {
     const bool only = S->device_argmax && sampler_argmax_only(sl->job->smp);
-    b->logits = only ? NULL : sl->logits;
-    b->argmax = only ? &sl->argmax : NULL;
+    const bool drawn = !only && S->device_sampling && sampler_device_row(sl->job->smp, &sl->rs);
+    b->logits = only || drawn ? NULL : sl->logits;
+    b->argmax = only || drawn ? &sl->argmax : NULL;
+    b->sampling = drawn ? &sl->rs : NULL;
 }
 
 /* Batch classes for sched_plan_invariant, in the order forwards are issued. */
@@ -392,6 +401,10 @@ static int load(struct sched *S) {
     const char *no_amax = getenv("ORCHID_NO_DEVICE_ARGMAX");
     S->device_argmax = !(no_amax && *no_amax && strcmp(no_amax, "0") != 0);
     if (!S->device_argmax) fprintf(stderr, "ORCHID_NO_DEVICE_ARGMAX: every token is sampled on the host from its logits\n");
+    const char *no_dsmp = getenv("ORCHID_NO_DEVICE_SAMPLING");
+    S->device_sampling = S->port.device_sampling && !(no_dsmp && *no_dsmp && strcmp(no_dsmp, "0") != 0);
+    if (S->port.device_sampling && !S->device_sampling)
+        fprintf(stderr, "ORCHID_NO_DEVICE_SAMPLING: sampled tokens are drawn on the host from their logits\n");
     const char *no_pack = getenv("ORCHID_NO_PREFILL_PACK");
     S->pack_prompts = !(no_pack && *no_pack && strcmp(no_pack, "0") != 0);
     if (!S->pack_prompts) fprintf(stderr, "ORCHID_NO_PREFILL_PACK: every prompt chunk gets a forward of its own\n");
@@ -485,6 +498,7 @@ static void *sched_main(void *arg) {
                 b->n_tokens = take;
                 b->logits = NULL;
                 b->argmax = NULL;
+                b->sampling = NULL;
                 if (take == left) want_token(S, sl, b);
             } else {
                 b->tokens = &j->next_tok;
@@ -538,18 +552,20 @@ static void *sched_main(void *arg) {
         /* Sample every sequence that has logits, in parallel (each job owns its sampler
          * and its logits row); argmax-only rows already hold their token. Then hand the
          * tokens over in slot order. */
-        int ns = 0, na = 0;
+        int ns = 0, na = 0, nd = 0;
         for (int k = 0; k < nb; k++) {
             struct slot *sl = &S->slots[S->batch_slot[k]];
             if (S->batch[k].logits) {
                 S->samp_slot[ns++] = S->batch_slot[k];
             } else if (S->batch[k].argmax) {
                 sl->res = (struct sample_result){.token = sl->argmax};
-                na++;
+                if (S->batch[k].sampling) nd++;
+                else na++;
             }
         }
         threadpool_run(S->pool, ns, sample_item, S);
         if (na) metrics_argmax_tokens(na);
+        if (nd) metrics_device_sampled_tokens(nd);
         for (int k = 0; k < nb; k++) {
             if (!S->batch[k].logits && !S->batch[k].argmax) continue;
             struct slot *sl = &S->slots[S->batch_slot[k]];

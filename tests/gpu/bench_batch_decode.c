@@ -3,7 +3,10 @@
  * running sequences per step). Full-shape synthetic checkpoint in memory; B sessions,
  * each prefilled with --ctx tokens; then for each batch size T in --batches: T
  * sequences x one token, timed over --steps forwards (a) with every row's logits
- * downloaded, as the server does, and (b) with no logits (n_out = 0); then
+ * downloaded into the backend's host buffers (pinned, as the server's) for a host sampler,
+ * (b) with no outputs (n_out = 0), (c) with each row's argmax (greedy requests), (d) with
+ * each row's token drawn by the device sampler at temperature 1 and (e) at Qwen's
+ * recommended 0.7 / top_p 0.8 / top_k 20 (sampled requests, cuda_sample.cu); then
  * five profiled forwards (per-op GPU times, events between ops, the host queued ahead
  * behind a 30 ms GPU spin so the deltas are GPU time). Prints a table and the profiles.
  *
@@ -21,15 +24,26 @@ void cuda_backend_profile_dump(struct backend *b, FILE *f);
 int cuda_backend_set_profile(struct backend *b, int on, char *err, size_t errlen);
 int cuda_backend_trace_next(struct backend *b, const char *path);
 
+enum out_mode { OUT_LOGITS, OUT_NONE, OUT_ARGMAX, OUT_SAMPLE_T1, OUT_SAMPLE_QWEN };
+
 static int step(struct backend *be, struct backend_session **ss, int T, int pos, int32_t *tok, int32_t *posv, int32_t *seq,
-                int32_t *rows, float **dst, bool logits, char *err, size_t errlen) {
+                int32_t *rows, float **dst, enum out_mode mode, char *err, size_t errlen) {
+    static float *none[4096];
+    static int32_t ids[4096];
+    static struct row_sampling rs[4096];
     for (int i = 0; i < T; i++) {
         posv[i] = pos;
         seq[i] = i;
         rows[i] = i;
+        rs[i] = mode == OUT_SAMPLE_QWEN ? (struct row_sampling){.temperature = 0.7f, .top_p = 0.8f, .top_k = 20}
+                                        : (struct row_sampling){.temperature = 1.0f, .top_p = 1.0f};
+        rs[i].u = (double)((i * 2654435761u + (unsigned)pos * 40503u) & 0xffffffu) / 16777216.0;
     }
+    const bool ids_only = mode == OUT_ARGMAX || mode == OUT_SAMPLE_T1 || mode == OUT_SAMPLE_QWEN;
     struct fwd_batch b = {.n_tokens = T, .tokens = tok, .pos = posv, .seq = seq, .sessions = ss, .n_seqs = T,
-                          .n_out = logits ? T : 0, .out_rows = rows, .out_logits = dst};
+                          .n_out = mode == OUT_NONE ? 0 : T, .out_rows = rows, .out_logits = ids_only ? none : dst,
+                          .out_argmax = ids_only ? ids : NULL,
+                          .out_sampling = mode == OUT_SAMPLE_T1 || mode == OUT_SAMPLE_QWEN ? rs : NULL};
     return be->forward(be, &b, err, errlen);
 }
 
@@ -60,7 +74,7 @@ int main(int argc, char **argv) {
     printf("%s built in %.1f s\n", where, now_seconds() - t0);
     struct backend *be;
     if (cuda_backend_create(&be, &m.cfg, &m.w, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    const int V = m.cfg.vocab, cap = ctx + steps * nT * 2 + 16;
+    const int V = m.cfg.vocab, cap = ctx + (steps + 1) * nT * 5 + 5 * nT + 16;
     struct backend_session **ss = calloc((size_t)maxT, sizeof *ss);
     for (int i = 0; i < maxT; i++)
         if (be->session_create(be, cap, &ss[i], err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
@@ -68,7 +82,8 @@ int main(int argc, char **argv) {
     int32_t *tok = malloc(sizeof(int32_t) * 4096), *posv = malloc(sizeof(int32_t) * 4096), *seq = malloc(sizeof(int32_t) * 4096);
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)maxT);
     float **dst = malloc(sizeof(float *) * (size_t)maxT);
-    float *logits = malloc((size_t)maxT * V * sizeof(float));
+    const size_t lbytes = (size_t)maxT * V * sizeof(float);
+    float *logits = be->host_alloc ? be->host_alloc(be, lbytes) : malloc(lbytes);
     for (int i = 0; i < maxT; i++) dst[i] = logits + (size_t)i * V;
     t0 = now_seconds();
     for (int s = 0; s < maxT; s++) {
@@ -80,19 +95,19 @@ int main(int argc, char **argv) {
     printf("prefilled %d sessions x %d tokens in %.2f s\n", maxT, ctx, now_seconds() - t0);
     for (int i = 0; i < maxT; i++) tok[i] = (int32_t)(1000 + 7 * i);
     int pos = ctx;
-    printf("\n| T | ms/step with T logits rows | tok/s | ms/step without logits | logits share |\n|---:|---:|---:|---:|---:|\n");
-    double ms_l[32], ms_n[32];
+    printf("\n| T | ms/step, T logits rows (pinned) | no outputs | T argmax ids | T sampled ids, T = 1 | T sampled ids, "
+           "0.7 / 0.8 / 20 |\n|---:|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < nT; k++) {
         const int T = Ts[k];
-        if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-        t0 = now_seconds();
-        for (int i = 0; i < steps; i++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err);
-        ms_l[k] = (now_seconds() - t0) * 1e3 / steps;
-        t0 = now_seconds();
-        for (int i = 0; i < steps; i++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, false, err, sizeof err);
-        ms_n[k] = (now_seconds() - t0) * 1e3 / steps;
-        printf("| %d | %.2f | %.0f | %.2f | %.0f %% |\n", T, ms_l[k], T * 1e3 / ms_l[k], ms_n[k],
-               100.0 * (ms_l[k] - ms_n[k]) / ms_l[k]);
+        double ms[5];
+        for (int mode = OUT_LOGITS; mode <= OUT_SAMPLE_QWEN; mode++) {
+            if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, mode, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+            t0 = now_seconds();
+            for (int i = 0; i < steps; i++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, mode, err, sizeof err);
+            ms[mode] = (now_seconds() - t0) * 1e3 / steps;
+        }
+        printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", T, ms[OUT_LOGITS], ms[OUT_NONE], ms[OUT_ARGMAX],
+               ms[OUT_SAMPLE_T1], ms[OUT_SAMPLE_QWEN]);
     }
     for (int k = 0; trace_dir && k < 2; k++) {
         const int T = k ? maxT : 1;
@@ -100,20 +115,22 @@ int main(int argc, char **argv) {
         char path[512];
         snprintf(path, sizeof path, "%s/trace_T%d.csv", trace_dir, T);
         cuda_backend_trace_next(be, path);
-        if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, OUT_LOGITS, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
         printf("trace of one forward of %d sequences x 1 token: %s\n", T, path);
     }
     if (cuda_backend_set_profile(be, 1, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     for (int k = 0; k < nT; k++) {
         const int T = Ts[k];
         if (T != 1 && T != 16 && T != 17 && T != maxT) continue;
-        for (int r = 0; r < 5; r++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, true, err, sizeof err);
+        for (int r = 0; r < 5; r++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, OUT_SAMPLE_QWEN, err, sizeof err);
         printf("\nprofile: 5 forwards of %d sequences x 1 token (GPU time per op, summed over the 5)\n", T);
         cuda_backend_profile_dump(be, stdout);
     }
     for (int i = 0; i < maxT; i++) be->session_destroy(be, ss[i]);
+    if (be->host_free) be->host_free(be, logits);
+    else free(logits);
     be->destroy(be);
     tmodel_close(&m);
-    free(ss); free(tok); free(posv); free(seq); free(rows); free(dst); free(logits);
+    free(ss); free(tok); free(posv); free(seq); free(rows); free(dst);
     return 0;
 }
