@@ -131,6 +131,8 @@ struct row_sampling;
  * device sampler draws from logits row i; other rows' ids are left as they are (the argmax). */
 int cuda_sample(const struct cuda_ctx *c, const float *logits, int n_rows, int V, const struct row_sampling *rows,
                 int32_t *ids);
+/* Tests: blocks a row (1, 2, 4 or 8; sm_90 only above 1); 0 = the automatic choice. */
+void cuda_sample_force_cluster(int c);
 
 /* ---- attention (cuda_attn.cu) ---- */
 /* q/k RMSNorm + NeoX RoPE in place on qg [T, n_heads, 2*D] (query half) and k [T, kvh*D]; writes K, V to the cache. */

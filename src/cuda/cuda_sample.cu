@@ -3,30 +3,37 @@
 // are, written over the row's argmax id, so a sampled request sends one id across PCIe a
 // step instead of its 1 MB logits row and waits for no host sampler.
 //
-// One block of 1,024 threads a row. Warp w owns the contiguous ids [w·span, (w+1)·span)
-// and reads them 32 at a time (coalesced), so "in id order" is warp order, then iteration
-// order, then lane order: ballots and warp scans give ranks in id order without sorting.
-// Every pass re-reads the row (L2-resident for a few rows; 1 MB each) and recomputes each
+// A row is one cluster of C blocks of 1,024 threads (C = 8 for up to 16 rows on sm_90,
+// fewer as rows fill the SMs; C = 1 before sm_90): the row's ids are cut into C·32
+// contiguous warp ranges, warp gw = rank·32 + w owning [gw·span, (gw+1)·span), read 128
+// ids a step, 4 a lane (float4, coalesced; two steps' loads in flight). "In id order" is
+// therefore cluster rank, warp, step, lane, then the lane's 4: warp scans give ranks in id
+// order without sorting. Block results meet through distributed shared memory after a
+// cluster barrier. Every pass re-reads the row (1 MB; L2-resident) and recomputes each
 // token's p and weight by the shared header's functions — the same fp32 operations as
 // the host reference (device_sampling.c), hence the same bits. All sums are of integer
-// weights (p · 2^44), so atomics and reductions give the same result in any order and the
-// draw is deterministic.
+// weights (p · 2^44), so atomics and reductions give the same result in any order and
+// for any C: a row draws the same token alone or in a batch.
 //
 // Passes: the maximum; count and mass of the kept tokens (min_p); top_k and top_p each a
-// radix select over the 31 bits of p (11 + 10 + 10-bit digits, histograms of count and
-// mass in shared memory, warp-aggregated atomics: the first digit puts most of a row in
-// a few dozen bins) finding the threshold (tau, cut): members are p > tau, or p == tau
-// with id < cut (ties by id: one more pass only when a threshold splits its ties); the
-// draw r = floor(u·M); the per-warp masses of the finalists, then one warp walks its
-// chunk with an inclusive scan until the running mass exceeds r.
+// radix select over the 31 bits of p (11 + 10 + 10-bit digits; each block a histogram of
+// count and mass in shared memory by one atomic a token, summed over the cluster a bin a
+// thread) finding the threshold (tau, cut): members are p > tau, or p == tau with id < cut
+// (ties by id: one more pass only when a threshold splits its ties); the draw r =
+// floor(u·M); the per-warp masses of the finalists, then the one warp holding r walks its
+// range with an inclusive scan until the running mass exceeds r.
+#include <cooperative_groups.h>
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
 #include "model/device_sampling.h"
 
+namespace cg = cooperative_groups;
+
 #define SMP_THREADS 1024
 #define SMP_WARPS (SMP_THREADS / 32)
 #define SMP_BINS 2048
+#define SMP_MAX_CLUSTER 8
 
 struct smp_sel { /* members: key > tau, or key == tau and id < cut (tau 0: every kept token) */
     uint32_t tau;
@@ -34,65 +41,148 @@ struct smp_sel { /* members: key > tau, or key == tau and id < cut (tau 0: every
 };
 
 struct smp_shared {
-    unsigned int hc[SMP_BINS];       /* radix pass: count a bin */
-    unsigned long long hm[SMP_BINS]; /* radix pass: mass a bin */
-    unsigned long long wa[SMP_WARPS], wb[SMP_WARPS];
+    unsigned int hc[SMP_BINS];       /* radix pass: this block's count a bin */
+    unsigned long long hm[SMP_BINS]; /* radix pass: this block's mass a bin */
+    unsigned long long wa[SMP_WARPS], wb[SMP_WARPS]; /* per-warp values (read by the cluster) */
     float wf[SMP_WARPS];
-    unsigned long long bc_above, bm_above; /* the chosen bin's count / mass above it */
+    unsigned long long ca, cb; /* this block's totals, read by the cluster */
+    float cf;
+    unsigned long long bc_above, bm_above; /* decisions every block reaches alike */
     unsigned int bin, bin_count;
-    int found;
+    int pick_rank, pick_warp;
+    int found; /* the picking block's answer, read by the cluster */
 };
+
+/* ---- cluster helpers: C = 1 is a lone block (any arch); C > 1 needs sm_90 ---- */
+template <int C>
+__device__ __forceinline__ int smp_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (C > 1) return (int)cg::this_cluster().block_rank();
+#else
+    if (C > 1) __trap(); /* never launched: cluster_for gives 1 before sm_90 */
+#endif
+    return 0;
+}
+
+/* A barrier of every thread of the cluster (shared-memory writes before it are visible to
+ * every block after it). */
+template <int C>
+__device__ __forceinline__ void smp_csync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (C > 1) {
+        cg::this_cluster().sync();
+        return;
+    }
+#endif
+    __syncthreads();
+}
+
+/* p in block `rank`'s shared memory. */
+template <int C, class T>
+__device__ __forceinline__ T *smp_at(T *p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (C > 1) return cg::this_cluster().map_shared_rank(p, rank);
+#endif
+    return p;
+}
 
 struct smp_row {
     const float *l;
-    int V, lo, hi; /* the warp's ids [lo, hi) */
+    int lo, hi; /* the warp's ids [lo, hi) */
     float m, k, min_p;
+    bool vec; /* rows are 16-byte aligned (V % 4 == 0): float4 loads */
 };
 
-/* A token's key: p's bits when kept (> 0), else 0. */
-__device__ __forceinline__ uint32_t smp_key(const smp_row &r, int id, float &p) {
-    p = id < r.hi ? dsmp_prob(__ldg(r.l + id), r.m, r.k) : 0.0f;
-    return dsmp_kept(p, r.min_p) ? __float_as_uint(p) : 0u;
+/* Logits of ids id0 .. id0 + 3 (NaN past hi: p 0, never kept). */
+__device__ __forceinline__ float4 smp_ld4(const smp_row &r, int id0) {
+    if (r.vec && id0 + 3 < r.hi) return __ldg(reinterpret_cast<const float4 *>(r.l + id0));
+    float4 v;
+    v.x = id0 < r.hi ? __ldg(r.l + id0) : NAN;
+    v.y = id0 + 1 < r.hi ? __ldg(r.l + id0 + 1) : NAN;
+    v.z = id0 + 2 < r.hi ? __ldg(r.l + id0 + 2) : NAN;
+    v.w = id0 + 3 < r.hi ? __ldg(r.l + id0 + 3) : NAN;
+    return v;
+}
+
+/* Every id of the warp's range in order: f(id0, v) with this lane's 4 logits of ids
+ * id0 .. id0 + 3, id0 = base + 4·lane, for base in steps of 128 ids (two steps' loads
+ * issued together). Warp-uniform: every lane calls f the same number of times. */
+template <class F>
+__device__ __forceinline__ void smp_each(const smp_row &r, F &&f) {
+    const int lane = threadIdx.x & 31;
+    for (int base = r.lo; base < r.hi; base += 256) {
+        const float4 a = smp_ld4(r, base + 4 * lane), b = smp_ld4(r, base + 128 + 4 * lane);
+        f(base + 4 * lane, a);
+        f(base + 128 + 4 * lane, b);
+    }
+}
+
+/* Keys (p's bits when kept, else 0) and p of 4 logits. */
+__device__ __forceinline__ void smp_keys(const smp_row &r, float4 v, uint32_t (&key)[4], float (&p)[4]) {
+    const float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        p[j] = dsmp_prob(x[j], r.m, r.k);
+        key[j] = dsmp_kept(p[j], r.min_p) ? __float_as_uint(p[j]) : 0u;
+    }
 }
 
 __device__ __forceinline__ bool smp_member(uint32_t key, int id, smp_sel s) {
     return key != 0u && (key > s.tau || (key == s.tau && id < s.cut));
 }
 
-/* Block sums of two u64 (every thread gets them). */
-__device__ __forceinline__ void smp_block_sum2(unsigned long long &a, unsigned long long &b, smp_shared &sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+/* Inclusive warp scan of a u64 in lane order. */
+__device__ __forceinline__ unsigned long long smp_warp_incl(unsigned long long v) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_xor_sync(0xffffffffu, a, o);
-        b += __shfl_xor_sync(0xffffffffu, b, o);
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
     }
-    __syncthreads();
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long smp_warp_sum(unsigned long long v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Cluster sums of two u64 (every thread of every block gets them). Integers: the same in
+ * any order. Ends with a cluster barrier, so the slots may be written again. */
+template <int C>
+__device__ void smp_cluster_sum2(unsigned long long &a, unsigned long long &b, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    a = smp_warp_sum(a);
+    b = smp_warp_sum(b);
     if (lane == 0) {
         sh.wa[w] = a;
         sh.wb[w] = b;
     }
     __syncthreads();
-    a = b = 0;
-    for (int i = 0; i < SMP_WARPS; i++) { /* fixed order (integers: any order is the same) */
-        a += sh.wa[i];
-        b += sh.wb[i];
+    if (threadIdx.x == 0) {
+        unsigned long long x = 0, y = 0;
+        for (int i = 0; i < SMP_WARPS; i++) {
+            x += sh.wa[i];
+            y += sh.wb[i];
+        }
+        sh.ca = x;
+        sh.cb = y;
     }
+    smp_csync<C>();
+    a = b = 0;
+    for (int q = 0; q < C; q++) {
+        a += *smp_at<C>(&sh.ca, q);
+        b += *smp_at<C>(&sh.cb, q);
+    }
+    smp_csync<C>();
 }
 
-/* Exclusive scan in thread order of two u64 (ea, eb: the sums of lower threads). */
+/* Exclusive scan in thread order of two u64 within the block (ea, eb: lower threads' sums). */
 __device__ __forceinline__ void smp_block_excl2(unsigned long long a, unsigned long long b, unsigned long long &ea,
                                                 unsigned long long &eb, smp_shared &sh) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    unsigned long long ia = a, ib = b;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long ua = __shfl_up_sync(0xffffffffu, ia, o), ub = __shfl_up_sync(0xffffffffu, ib, o);
-        if (lane >= o) {
-            ia += ua;
-            ib += ub;
-        }
-    }
+    const unsigned long long ia = smp_warp_incl(a), ib = smp_warp_incl(b);
     __syncthreads();
     if (lane == 31) {
         sh.wa[w] = ia;
@@ -108,13 +198,51 @@ __device__ __forceinline__ void smp_block_excl2(unsigned long long a, unsigned l
     eb = pb + ib - b;
 }
 
+/* Each warp's amount v (lane 0's counts) in cluster id order; every block's thread 0 finds
+ * the warp holding unit x (from 0; the last warp if none): sh.pick_rank / pick_warp, and
+ * sh.bc_above = x minus the amounts before it. Ends with the block barrier. */
+template <int C>
+__device__ void smp_pick(unsigned long long v, unsigned long long x, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) sh.wa[w] = v;
+    smp_csync<C>();
+    if (threadIdx.x == 0) {
+        unsigned long long before = 0;
+        int q = 0, wi = 0;
+        for (;;) {
+            const unsigned long long a = *smp_at<C>(&sh.wa[wi], q);
+            const bool last = q == C - 1 && wi == SMP_WARPS - 1;
+            if (last || before + a > x) break;
+            before += a;
+            if (++wi == SMP_WARPS) {
+                wi = 0;
+                q++;
+            }
+        }
+        sh.pick_rank = q;
+        sh.pick_warp = wi;
+        sh.bc_above = x - before;
+        sh.found = -1;
+    }
+    smp_csync<C>(); /* wa is read; the decision is in every block */
+}
+
+/* The picking block's `found`, in every block. Ends with a cluster barrier. */
+template <int C>
+__device__ int smp_found(smp_shared &sh) {
+    smp_csync<C>();
+    const int f = *smp_at<C>(&sh.found, sh.pick_rank);
+    smp_csync<C>();
+    return f;
+}
+
 /* One radix select over the members of `in`: the threshold whose prefix (in the order p
  * descending, id ascending) first reaches `target` by count (MASS false) or by mass.
  * Returns the new threshold; *cnt / *mass: the prefix's count and mass. */
-template <bool MASS>
+template <int C, bool MASS>
 __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long target, unsigned long long *cnt,
                               unsigned long long *mass, smp_shared &sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, rank = smp_rank<C>();
     uint32_t prefix = 0;
     unsigned long long above_c = 0, above_m = 0;
     unsigned int ties = 0;
@@ -126,30 +254,36 @@ __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long t
             sh.hm[i] = 0;
         }
         __syncthreads();
-        for (int base = r.lo; base < r.hi; base += 32) {
-            const int id = base + lane;
-            float p;
-            const uint32_t key = smp_key(r, id, p);
-            const bool in_bin = id < r.hi && smp_member(key, id, in) && (top >= 31 || (key >> top) == (prefix >> top));
-            const unsigned act = __ballot_sync(0xffffffffu, in_bin);
-            if (in_bin) {
-                const unsigned bin = (key >> shift) & (unsigned)(nb - 1);
-                const unsigned peers = __match_any_sync(act, bin);
-                const unsigned long long wt = dsmp_weight(p);
-                /* weights < 2^44 + 1: two 22-bit halves, each summed over ≤ 32 lanes in 32 bits */
-                const unsigned lo22 = __reduce_add_sync(peers, (unsigned)(wt & 0x3FFFFFu));
-                const unsigned hi22 = __reduce_add_sync(peers, (unsigned)(wt >> 22));
-                if (lane == __ffs(peers) - 1) {
-                    atomicAdd(&sh.hc[bin], (unsigned)__popc(peers));
-                    atomicAdd(&sh.hm[bin], ((unsigned long long)hi22 << 22) + lo22);
+        /* one shared atomic a token: a 32-token step of a warp hits ~32 of the ~200 bins a
+         * row's keys spread over, so conflicts are few (aggregating with match.any cost
+         * far more than it saved: H200, session 10) */
+        smp_each(r, [&](int id0, float4 v) {
+            uint32_t key[4];
+            float p[4];
+            smp_keys(r, v, key, p);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (smp_member(key[j], id0 + j, in) && (top >= 31 || (key[j] >> top) == (prefix >> top))) {
+                    const unsigned bin = (key[j] >> shift) & (unsigned)(nb - 1);
+                    atomicAdd(&sh.hc[bin], 1u);
+                    atomicAdd(&sh.hm[bin], (unsigned long long)dsmp_weight(p[j]));
                 }
             }
-        }
-        __syncthreads();
-        /* thread t: bins nb-1-2t and nb-2-2t (descending); scan counts and masses */
+        });
+        smp_csync<C>(); /* every block's histogram is complete */
+        /* thread t: bins nb-1-2t and nb-2-2t (descending), summed over the cluster */
         const int b0 = nb - 1 - 2 * threadIdx.x, b1 = b0 - 1;
-        const unsigned long long c0 = b0 >= 0 ? sh.hc[b0] : 0, c1 = b1 >= 0 ? sh.hc[b1] : 0;
-        const unsigned long long m0 = b0 >= 0 ? sh.hm[b0] : 0, m1 = b1 >= 0 ? sh.hm[b1] : 0;
+        unsigned long long c0 = 0, c1 = 0, m0 = 0, m1 = 0;
+        for (int q = 0; q < C; q++) {
+            if (b0 >= 0) {
+                c0 += *smp_at<C>(&sh.hc[b0], q);
+                m0 += *smp_at<C>(&sh.hm[b0], q);
+            }
+            if (b1 >= 0) {
+                c1 += *smp_at<C>(&sh.hc[b1], q);
+                m1 += *smp_at<C>(&sh.hm[b1], q);
+            }
+        }
         unsigned long long ec, em;
         smp_block_excl2(c0 + c1, m0 + m1, ec, em, sh);
         const unsigned long long s_ex = MASS ? em : ec, s0 = MASS ? m0 : c0, s1 = MASS ? m1 : c1;
@@ -170,7 +304,7 @@ __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long t
         above_c = sh.bc_above;
         above_m = sh.bm_above;
         ties = sh.bin_count;
-        __syncthreads();
+        smp_csync<C>(); /* no block clears its histogram while another still reads it */
     }
     const unsigned long long wtau = dsmp_weight(__uint_as_float(prefix));
     unsigned long long need = MASS ? (target - above_m + wtau - 1) / wtau : target - above_c;
@@ -180,151 +314,213 @@ __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long t
     out.tau = prefix;
     out.cut = prefix == in.tau ? in.cut : 0x7fffffff;
     if (need < ties) { /* the need-th member tie in id order ends the set */
-        unsigned long long wt = 0;
-        for (int base = r.lo; base < r.hi; base += 32) {
-            const int id = base + lane;
-            float p;
-            const uint32_t key = smp_key(r, id, p);
-            wt += __popc(__ballot_sync(0xffffffffu, id < r.hi && key == prefix && smp_member(key, id, in)));
-        }
-        if (lane == 0) sh.wa[w] = wt; /* every lane holds the warp's count */
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned long long before = 0;
-            int wi = 0;
-            while (before + sh.wa[wi] < need) before += sh.wa[wi++];
-            sh.bin = (unsigned)wi;
-            sh.bc_above = need - before; /* the rank inside warp wi's ties, from 1 */
-        }
-        __syncthreads();
-        if (w == (int)sh.bin) {
-            unsigned long long left = sh.bc_above;
-            for (int base = r.lo; base < r.hi; base += 32) {
-                const int id = base + lane;
-                float p;
-                const uint32_t key = smp_key(r, id, p);
-                const unsigned tie = __ballot_sync(0xffffffffu, id < r.hi && key == prefix && smp_member(key, id, in));
-                const unsigned n = __popc(tie);
-                if (n >= left) {
-                    unsigned t = tie;
-                    for (unsigned long long k = 1; k < left; k++) t &= t - 1; /* drop the first left-1 */
-                    if (lane == 0) sh.found = base + __ffs(t) - 1 + 1;
-                    break;
+        unsigned n_ties = 0;
+        smp_each(r, [&](int id0, float4 v) {
+            uint32_t key[4];
+            float p[4];
+            smp_keys(r, v, key, p);
+#pragma unroll
+            for (int j = 0; j < 4; j++) n_ties += key[j] == prefix && smp_member(key[j], id0 + j, in);
+        });
+        smp_pick<C>(__reduce_add_sync(0xffffffffu, n_ties), need - 1, sh); /* the tie of rank need - 1 from 0 */
+        if (rank == sh.pick_rank && w == sh.pick_warp) {
+            unsigned long long left = sh.bc_above + 1; /* its rank in the warp's ties, from 1 */
+            bool done = false;
+            smp_each(r, [&](int id0, float4 v) {
+                if (done) return;
+                uint32_t key[4];
+                float p[4];
+                smp_keys(r, v, key, p);
+                bool t[4];
+                unsigned c = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) c += t[j] = key[j] == prefix && smp_member(key[j], id0 + j, in);
+                const unsigned long long incl = smp_warp_incl(c), total = __shfl_sync(0xffffffffu, incl, 31);
+                if (left <= total) {
+                    const unsigned hit = __ballot_sync(0xffffffffu, incl >= left);
+                    if (lane == __ffs(hit) - 1) {
+                        unsigned long long rank_in = left - (incl - c);
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            if (t[j] && --rank_in == 0) sh.found = id0 + j + 1;
+                    }
+                    done = true;
+                } else {
+                    left -= total;
                 }
-                left -= n;
-            }
+            });
         }
-        __syncthreads();
-        out.cut = sh.found;
-        __syncthreads();
+        out.cut = smp_found<C>(sh);
     }
     *cnt = above_c + need;
     *mass = above_m + need * wtau;
     return out;
 }
 
+template <int C>
 static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(const float *logits, int V, const row_sampling *rows,
                                                                     int32_t *ids) {
     TRACE_KERNEL();
     __shared__ smp_shared sh;
     pdl_trigger();
     pdl_wait();
-    const row_sampling rs = rows[blockIdx.x];
-    if (!(rs.temperature > 0.0f)) return; /* a greedy row: its argmax stays */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int span = ((V + SMP_WARPS - 1) / SMP_WARPS + 31) & ~31;
+    const int row = blockIdx.y;
+    const row_sampling rs = rows[row];
+    if (!(rs.temperature > 0.0f)) return; /* a greedy row: its argmax stays (the whole cluster returns) */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, rank = smp_rank<C>();
+    const int span = ((V + C * SMP_WARPS - 1) / (C * SMP_WARPS) + 127) & ~127;
     smp_row r;
-    r.l = logits + (size_t)blockIdx.x * V;
-    r.V = V;
-    r.lo = min(V, w * span);
+    r.l = logits + (size_t)row * V;
+    r.lo = min(V, (rank * SMP_WARPS + w) * span);
     r.hi = min(V, r.lo + span);
     r.min_p = rs.min_p;
     r.k = dsmp_scale(rs.temperature);
+    r.vec = (V & 3) == 0;
 
     float mx = -INFINITY; /* fmaxf ignores NaN */
-    for (int id = r.lo + lane; id < r.hi; id += 32) mx = fmaxf(mx, __ldg(r.l + id));
+    smp_each(r, [&](int, float4 v) { mx = fmaxf(mx, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w))); });
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if (lane == 0) sh.wf[w] = mx;
     __syncthreads();
+    if (threadIdx.x == 0) {
+        float b = -INFINITY;
+        for (int i = 0; i < SMP_WARPS; i++) b = fmaxf(b, sh.wf[i]);
+        sh.cf = b;
+    }
+    smp_csync<C>();
     mx = -INFINITY;
-    for (int i = 0; i < SMP_WARPS; i++) mx = fmaxf(mx, sh.wf[i]);
+    for (int q = 0; q < C; q++) mx = fmaxf(mx, *smp_at<C>(&sh.cf, q));
+    smp_csync<C>();
     if (!(mx > -INFINITY) || mx == INFINITY) return; /* all NaN / -inf, or an inf: the argmax */
     r.m = mx;
 
     /* kept tokens: count and mass */
-    const smp_sel all = {0u, 0};
     unsigned long long cnt = 0, mass = 0;
-    for (int base = r.lo; base < r.hi; base += 32) {
-        float p;
-        const uint32_t key = smp_key(r, base + lane, p);
-        if (key) {
-            cnt++;
-            mass += dsmp_weight(p);
-        }
-    }
-    smp_block_sum2(cnt, mass, sh);
+    smp_each(r, [&](int, float4 v) {
+        uint32_t key[4];
+        float p[4];
+        smp_keys(r, v, key, p);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (key[j]) {
+                cnt++;
+                mass += dsmp_weight(p[j]);
+            }
+    });
+    smp_cluster_sum2<C>(cnt, mass, sh);
     if (cnt == 0) return; /* nothing has p > 0 (1/T overflowed): the argmax */
-    smp_sel sel = all;
+    smp_sel sel = {0u, 0};
     if (rs.top_k > 0 && cnt > (unsigned long long)rs.top_k)
-        sel = smp_select<false>(r, sel, (unsigned long long)rs.top_k, &cnt, &mass, sh);
+        sel = smp_select<C, false>(r, sel, (unsigned long long)rs.top_k, &cnt, &mass, sh);
     if (rs.top_p < 1.0f && cnt > 1)
-        sel = smp_select<true>(r, sel, dsmp_mass_target(rs.top_p, mass), &cnt, &mass, sh);
+        sel = smp_select<C, true>(r, sel, dsmp_mass_target(rs.top_p, mass), &cnt, &mass, sh);
 
-    /* the draw: finalists' mass a warp, then the warp holding r walks its chunk */
+    /* the draw: finalists' mass a warp, then the warp holding r walks its ids */
     const unsigned long long rr = dsmp_draw(rs.u, mass);
     unsigned long long wm = 0;
-    for (int base = r.lo; base < r.hi; base += 32) {
-        float p;
-        const int id = base + lane;
-        const uint32_t key = smp_key(r, id, p);
-        if (id < r.hi && smp_member(key, id, sel)) wm += dsmp_weight(p);
-    }
+    smp_each(r, [&](int id0, float4 v) {
+        uint32_t key[4];
+        float p[4];
+        smp_keys(r, v, key, p);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) wm += __shfl_xor_sync(0xffffffffu, wm, o);
-    __syncthreads();
-    if (lane == 0) sh.wa[w] = wm;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long before = 0;
-        int wi = 0;
-        while (wi < SMP_WARPS - 1 && before + sh.wa[wi] <= rr) before += sh.wa[wi++];
-        sh.bin = (unsigned)wi;
-        sh.bc_above = rr - before; /* r inside warp wi's mass */
-        sh.found = -1;
-    }
-    __syncthreads();
-    if (w == (int)sh.bin) {
+        for (int j = 0; j < 4; j++)
+            if (smp_member(key[j], id0 + j, sel)) wm += dsmp_weight(p[j]);
+    });
+    smp_pick<C>(smp_warp_sum(wm), rr, sh);
+    if (rank == sh.pick_rank && w == sh.pick_warp) {
         const unsigned long long rl = sh.bc_above;
         unsigned long long run = 0;
-        for (int base = r.lo; base < r.hi; base += 32) {
-            const int id = base + lane;
-            float p;
-            const uint32_t key = smp_key(r, id, p);
-            const unsigned long long wt = id < r.hi && smp_member(key, id, sel) ? dsmp_weight(p) : 0ull;
-            unsigned long long inc = wt;
+        bool done = false;
+        smp_each(r, [&](int id0, float4 v) {
+            if (done) return;
+            uint32_t key[4];
+            float p[4];
+            smp_keys(r, v, key, p);
+            unsigned long long wt[4], s = 0;
 #pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned long long u = __shfl_up_sync(0xffffffffu, inc, o);
-                if (lane >= o) inc += u;
-            }
-            const unsigned hit = __ballot_sync(0xffffffffu, run + inc > rl);
+            for (int j = 0; j < 4; j++) s += wt[j] = smp_member(key[j], id0 + j, sel) ? dsmp_weight(p[j]) : 0ull;
+            const unsigned long long incl = smp_warp_incl(s);
+            const unsigned hit = __ballot_sync(0xffffffffu, run + incl > rl);
             if (hit) {
-                if (lane == 0) sh.found = base + __ffs(hit) - 1;
-                break;
+                if (lane == __ffs(hit) - 1) {
+                    unsigned long long acc = run + incl - s;
+                    int id = -1;
+                    for (int j = 0; j < 4 && id < 0; j++) { /* the first whose running sum passes r */
+                        acc += wt[j];
+                        if (acc > rl) id = id0 + j;
+                    }
+                    sh.found = id;
+                }
+                done = true;
+            } else {
+                run += __shfl_sync(0xffffffffu, incl, 31);
             }
-            run += __shfl_sync(0xffffffffu, inc, 31);
-        }
+        });
     }
-    __syncthreads();
-    if (threadIdx.x == 0 && sh.found >= 0) ids[blockIdx.x] = sh.found;
+    const int tok = smp_found<C>(sh);
+    if (rank == 0 && threadIdx.x == 0 && tok >= 0) ids[row] = tok;
+}
+
+/* Blocks a row: ORCHID_SAMPLE_CLUSTER (1, 2, 4, 8) or cuda_sample_force_cluster (tests), else
+ * on sm_90 the most (up to 8) that keep all rows in one wave of the SMs; 1 before sm_90. */
+static int g_force_cluster;
+extern "C" void cuda_sample_force_cluster(int c) { g_force_cluster = c; }
+
+static int cluster_for(int n_rows) {
+    static int env = -1, sms = 0, sm90 = 0;
+    if (env < 0) {
+        const char *e = getenv("ORCHID_SAMPLE_CLUSTER");
+        env = e && *e ? atoi(e) : 0;
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+            sm90 = major >= 9;
+        cudaGetLastError();
+    }
+    if (!sm90) return 1;
+    const int want = g_force_cluster ? g_force_cluster : env;
+    if (want == 1 || want == 2 || want == 4 || want == 8) return want;
+    int c = SMP_MAX_CLUSTER;
+    while (c > 1 && (long)c * n_rows > sms) c >>= 1;
+    return c;
+}
+
+template <int C>
+static cudaError_t launch_sample(const struct cuda_ctx *c, const float *logits, int n_rows, int V, const row_sampling *rows,
+                                 int32_t *ids) {
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (pdl_enabled()) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (C > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = C;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = 1;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(C, n_rows);
+    cfg.blockDim = dim3(SMP_THREADS);
+    cfg.stream = cstream(c);
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+    return cudaLaunchKernelEx(&cfg, sample_kernel<C>, logits, V, rows, ids);
 }
 
 /* rows: device [n_rows] sampling requests (temperature <= 0: leave ids[i], the argmax). */
 extern "C" int cuda_sample(const struct cuda_ctx *c, const float *logits, int n_rows, int V, const struct row_sampling *rows,
                            int32_t *ids) {
     if (n_rows <= 0) return 0;
-    LAUNCH_CHECK_RC(c, launch_k(sample_kernel, dim3(n_rows), dim3(SMP_THREADS), 0, cstream(c), logits, V, rows, ids),
+    const int cl = cluster_for(n_rows);
+    LAUNCH_CHECK_RC(c,
+                    cl == 8   ? launch_sample<8>(c, logits, n_rows, V, rows, ids)
+                    : cl == 4 ? launch_sample<4>(c, logits, n_rows, V, rows, ids)
+                    : cl == 2 ? launch_sample<2>(c, logits, n_rows, V, rows, ids)
+                              : launch_sample<1>(c, logits, n_rows, V, rows, ids),
                     "sample");
 }
 

@@ -33,6 +33,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /* One output row's sampling request (temperature > 0 and top_k != 1: otherwise the row is
  * greedy and takes the argmax path). */
@@ -59,6 +60,20 @@ struct row_sampling {
 #define DSMP_MUL(a, b) ((a) * (b))
 #endif
 
+/* q · 2^n for a normal q and a normal result, exactly: n added to the exponent field. */
+DSMP_FN float dsmp_scale2(float q, int n) {
+#ifdef __CUDACC__
+    return __int_as_float(__float_as_int(q) + (int)((unsigned)n << 23));
+#else
+    uint32_t u;
+    memcpy(&u, &q, 4);
+    u += (uint32_t)n << 23;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+#endif
+}
+
 /* k = log2(e) / T, computed once a row (two fp32 operations, the same everywhere). */
 DSMP_FN float dsmp_scale(float temperature) {
     const float invt = 1.0f / temperature;
@@ -67,9 +82,10 @@ DSMP_FN float dsmp_scale(float temperature) {
 
 /* 2^t for t <= 0: t = n + f with n = rint(t), f in [-0.5, 0.5]; 2^f by its degree-7
  * Taylor polynomial in f·ln 2 (relative error < 1e-8 before fp32 rounding), evaluated by
- * fmaf in one fixed order; scaled by 2^n exactly. 0 below 2^-125 (and for NaN), so the
- * result is never subnormal. Each operation is its own statement: no compiler may
- * contract them differently on the host and the device. */
+ * fmaf in one fixed order; scaled by 2^n exactly by adding n to the exponent field (q is
+ * in [0.70, 1.42] and n >= -125, so the result is normal: never subnormal, never a
+ * library call). 0 below 2^-125 (and for NaN). Each operation is its own statement: no
+ * compiler may contract them differently on the host and the device. */
 DSMP_FN float dsmp_exp2(float t) {
     if (!(t > -125.0f)) return 0.0f;
     const float n = rintf(t);
@@ -82,7 +98,7 @@ DSMP_FN float dsmp_exp2(float t) {
     q = fmaf(q, f, 2.4022650695910071e-1f);
     q = fmaf(q, f, 6.9314718055994531e-1f);
     q = fmaf(q, f, 1.0f);
-    return ldexpf(q, (int)n);
+    return dsmp_scale2(q, (int)n);
 }
 
 /* p of logit v given the row's maximum m and k = dsmp_scale(T). */

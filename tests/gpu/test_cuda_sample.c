@@ -14,6 +14,7 @@
 #include "check.h"
 #include "gpu_common.h"
 #include "model/device_sampling.h"
+#include "model/sampler.h"
 
 static char errbuf[512];
 static struct cuda_ctx ctx;
@@ -63,7 +64,8 @@ static void test_rows(int n, int V, enum row_kind kind, const char *what) {
     for (int r = 0; r < n; r++) {
         make_row(l + (size_t)r * V, V, kind, r);
         rs[r] = rand_params(r);
-        amax[r] = argmax_row(l + (size_t)r * V, V);
+        const int32_t a = sampler_argmax(l + (size_t)r * V, V); /* the device argmax's rule: NaN never wins */
+        amax[r] = a < 0 ? 0 : a;
     }
     float *dl;
     int32_t *di, *ds;
@@ -186,6 +188,21 @@ int main(void) {
         test_rows(10, V, ROW_SPECIAL, what);
     }
     for (int rep = 0; rep < 4; rep++) test_rows(64, 248320, rep & 1 ? ROW_TIES : ROW_NORMAL, "more V=248320");
+    /* every cluster size (blocks a row) must draw the same tokens: a row alone and in a batch */
+    const int clusters[] = {1, 2, 4, 8};
+    for (size_t i = 0; i < sizeof clusters / sizeof *clusters; i++) {
+        char what[96];
+        cuda_sample_force_cluster(clusters[i]);
+        snprintf(what, sizeof what, "cluster %d: normal V=248320", clusters[i]);
+        test_rows(16, 248320, ROW_NORMAL, what);
+        snprintf(what, sizeof what, "cluster %d: ties V=248320", clusters[i]);
+        test_rows(16, 248320, ROW_TIES, what);
+        snprintf(what, sizeof what, "cluster %d: ties V=33333", clusters[i]);
+        test_rows(16, 33333, ROW_TIES, what);
+        snprintf(what, sizeof what, "cluster %d: special V=1000", clusters[i]);
+        test_rows(10, 1000, ROW_SPECIAL, what);
+    }
+    cuda_sample_force_cluster(0);
     printf("through the backend:\n");
     const char *tiny = getenv("ORCHID_GPU_TINY");
     test_backend(tiny && *tiny ? tiny : ".cache/gpu_models/tiny", 3);
