@@ -254,9 +254,11 @@ __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long t
             sh.hm[i] = 0;
         }
         __syncthreads();
-        /* one shared atomic a token: a 32-token step of a warp hits ~32 of the ~200 bins a
-         * row's keys spread over, so conflicts are few (aggregating with match.any cost
-         * far more than it saved: H200, session 10) */
+        /* one shared atomic a token: a warp's step hits ~128 of the ~200 bins a row's keys
+         * spread over, so conflicts are few. (The first form aggregated a warp's tokens of
+         * one bin with match.any + redux and read 4 bytes a lane: 1,877 µs a row at top_k
+         * 20 / top_p 0.8 on the H200, against 622 µs for this one with float4 reads — the two
+         * changes were measured together.) */
         smp_each(r, [&](int id0, float4 v) {
             uint32_t key[4];
             float p[4];
