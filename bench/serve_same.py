@@ -12,6 +12,10 @@ ignore_eos, --gen tokens each, against one server started with --batch-invariant
 and the prefix cache off (so the one-at-a-time pass recomputes every prompt). Prints the
 number of completions that differ; exits 1 when --expect-same and any differ.
 
+--temperature T (> 0): the requests sample instead (top_p 0.9, top_k 40, seed 1000 + i, no
+logprobs: on CUDA the device sampler's path); a seeded request must then draw the same
+completion together and alone (batch-invariant logits, a deterministic draw).
+
   bench/serve_same.py --orchid build/orchid --model DIR --backend cuda [--invariant on|off]
 """
 import argparse
@@ -26,11 +30,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_load import Server, model_id, request  # noqa: E402
 
 
-def complete(url, prompt, gen):
+def complete(url, prompt, gen, temperature=0.0, seed=0):
     """The completion's text and its top-2 logprobs (full float precision: a difference in
-    the last bits of a logit shows there even where the greedy token does not change)."""
+    the last bits of a logit shows there even where the greedy token does not change); a
+    sampled request (temperature > 0): the text alone."""
     body = {"model": model_id(url), "prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
             "logprobs": 2}
+    if temperature > 0:
+        body.update(temperature=temperature, top_p=0.9, top_k=40, seed=seed)
+        del body["logprobs"]
     st, raw = request(url, "POST", "/v1/completions", body)
     if st != 200:
         return None, "HTTP %d: %s" % (st, raw[:200])
@@ -50,6 +58,7 @@ def main():
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--stagger-ms", type=int, default=40)
     ap.add_argument("--expect-same", action="store_true")
+    ap.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampled requests instead of greedy")
     ap.add_argument("--ready-timeout", type=int, default=300)
     ap.add_argument("--log-dir", default=".")
     args = ap.parse_args()
@@ -63,7 +72,7 @@ def main():
 
         def one(i):
             time.sleep(i * args.stagger_ms / 1000.0)
-            together[i], e = complete(srv.url, prompts[i], args.gen)
+            together[i], e = complete(srv.url, prompts[i], args.gen, args.temperature, 1000 + i)
             if e:
                 errs.append(e)
 
@@ -75,8 +84,8 @@ def main():
             t.join()
         t1 = time.time()
         alone = []
-        for p in prompts:
-            text, e = complete(srv.url, p, args.gen)
+        for i, p in enumerate(prompts):
+            text, e = complete(srv.url, p, args.gen, args.temperature, 1000 + i)
             alone.append(text)
             if e:
                 errs.append(e)
@@ -84,8 +93,9 @@ def main():
     finally:
         srv.stop()
     differ = [i for i in range(len(prompts)) if together[i] != alone[i]]
-    print("batch-invariant %s: %d requests (prompt lengths %s), %d tokens each: together %.2f s, one at a time %.2f s; "
-          "%d completions differ %s, %d errors" % (args.invariant, len(prompts), lengths, args.gen, t1 - t0, t2 - t1,
+    print("%sbatch-invariant %s: %d requests (prompt lengths %s), %d tokens each: together %.2f s, one at a time %.2f s; "
+          "%d completions differ %s, %d errors" % ("temperature %g, " % args.temperature if args.temperature > 0 else "",
+                                                   args.invariant, len(prompts), lengths, args.gen, t1 - t0, t2 - t1,
                                                    len(differ), differ, len(errs)))
     for e in errs[:3]:
         print("  error: " + e)

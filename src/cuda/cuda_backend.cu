@@ -524,6 +524,9 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     const int T = b->n_tokens;
     if (T <= 0 || T > CUDA_MAX_BATCH)
         return errorf(err, errlen, ST_INTERNAL, "cuda forward: batch of %d tokens (1..%d)", T, CUDA_MAX_BATCH);
+    for (int i = 0; b->out_sampling && i < b->n_out; i++) /* cuda_sample overwrites a sampled row's logits */
+        if (b->out_sampling[i].temperature > 0.0f && (b->out_logits[i] || !b->out_argmax))
+            return errorf(err, errlen, ST_INTERNAL, "cuda forward: sampled output row %d needs an id slot and no logits", i);
     int max_len = 0;
     for (int t = 0; t < T; t++) {
         const struct backend_session *s = b->sessions[b->seq[t]];
@@ -607,6 +610,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
     for (int i = 0; i < b->n_out && !b->out_argmax; i++)
         if (!b->out_logits[i]) return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
+
     for (int i0 = 0; i0 < b->n_out; i0 += LOGIT_ROWS) {
         const int n = b->n_out - i0 < LOGIT_ROWS ? b->n_out - i0 : LOGIT_ROWS;
         if ((rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo))) return rc;

@@ -128,8 +128,9 @@ int cuda_argmax(const struct cuda_ctx *c, const float *logits, int n_rows, int n
 /* ---- the device sampler (cuda_sample.cu; model/device_sampling.h) ---- */
 struct row_sampling;
 /* For each row with rows[i].temperature > 0 (rows: device memory), ids[i] = the token the
- * device sampler draws from logits row i; other rows' ids are left as they are (the argmax). */
-int cuda_sample(const struct cuda_ctx *c, const float *logits, int n_rows, int V, const struct row_sampling *rows,
+ * device sampler draws from logits row i, and that row is overwritten (scratch); other rows'
+ * ids and logits are left as they are (the argmax). */
+int cuda_sample(const struct cuda_ctx *c, float *logits, int n_rows, int V, const struct row_sampling *rows,
                 int32_t *ids);
 /* Tests: blocks a row (1, 2, 4 or 8; sm_90 only above 1); 0 = the automatic choice. */
 void cuda_sample_force_cluster(int c);

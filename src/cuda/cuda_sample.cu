@@ -87,7 +87,7 @@ __device__ __forceinline__ T *smp_at(T *p, int rank) {
 }
 
 struct smp_row {
-    const float *l;
+    float *l; /* the logits, overwritten with the keys by the kept-mass pass */
     int lo, hi; /* the warp's ids [lo, hi) */
     float m, k, min_p;
     bool vec; /* rows are 16-byte aligned (V % 4 == 0): float4 loads */
@@ -114,6 +114,45 @@ __device__ __forceinline__ void smp_each(const smp_row &r, F &&f) {
         const float4 a = smp_ld4(r, base + 4 * lane), b = smp_ld4(r, base + 128 + 4 * lane);
         f(base + 4 * lane, a);
         f(base + 128 + 4 * lane, b);
+    }
+}
+
+/* The keys of ids id0 .. id0 + 3, as the kept-mass pass stored them over the logits (0 past
+ * hi). Plain loads: written earlier in this kernel by this same thread. */
+__device__ __forceinline__ uint4 smp_ldk4(const smp_row &r, int id0) {
+    const uint32_t *k = reinterpret_cast<const uint32_t *>(r.l);
+    if (r.vec && id0 + 3 < r.hi) return *reinterpret_cast<const uint4 *>(k + id0);
+    uint4 v;
+    v.x = id0 < r.hi ? k[id0] : 0u;
+    v.y = id0 + 1 < r.hi ? k[id0 + 1] : 0u;
+    v.z = id0 + 2 < r.hi ? k[id0 + 2] : 0u;
+    v.w = id0 + 3 < r.hi ? k[id0 + 3] : 0u;
+    return v;
+}
+
+__device__ __forceinline__ void smp_stk4(const smp_row &r, int id0, const uint32_t (&key)[4]) {
+    uint32_t *k = reinterpret_cast<uint32_t *>(r.l);
+    if (r.vec && id0 + 3 < r.hi) {
+        *reinterpret_cast<uint4 *>(k + id0) = make_uint4(key[0], key[1], key[2], key[3]);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (id0 + j < r.hi) k[id0 + j] = key[j];
+}
+
+/* Every id of the warp's range in order after the kept-mass pass: f(id0, key, p) with the
+ * lane's 4 keys and their p (the same ids and order as smp_each). */
+template <class F>
+__device__ __forceinline__ void smp_each_key(const smp_row &r, F &&f) {
+    const int lane = threadIdx.x & 31;
+    for (int base = r.lo; base < r.hi; base += 256) {
+        const uint4 a = smp_ldk4(r, base + 4 * lane), b = smp_ldk4(r, base + 128 + 4 * lane);
+        const uint32_t ka[4] = {a.x, a.y, a.z, a.w}, kb[4] = {b.x, b.y, b.z, b.w};
+        const float pa[4] = {__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z), __uint_as_float(a.w)};
+        const float pb[4] = {__uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z), __uint_as_float(b.w)};
+        f(base + 4 * lane, ka, pa);
+        f(base + 128 + 4 * lane, kb, pb);
     }
 }
 
@@ -259,10 +298,7 @@ __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long t
          * one bin with match.any + redux and read 4 bytes a lane: 1,877 µs a row at top_k
          * 20 / top_p 0.8 on the H200, against 622 µs for this one with float4 reads — the two
          * changes were measured together.) */
-        smp_each(r, [&](int id0, float4 v) {
-            uint32_t key[4];
-            float p[4];
-            smp_keys(r, v, key, p);
+        smp_each_key(r, [&](int id0, const uint32_t(&key)[4], const float(&p)[4]) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 if (smp_member(key[j], id0 + j, in) && (top >= 31 || (key[j] >> top) == (prefix >> top))) {
@@ -317,10 +353,7 @@ __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long t
     out.cut = prefix == in.tau ? in.cut : 0x7fffffff;
     if (need < ties) { /* the need-th member tie in id order ends the set */
         unsigned n_ties = 0;
-        smp_each(r, [&](int id0, float4 v) {
-            uint32_t key[4];
-            float p[4];
-            smp_keys(r, v, key, p);
+        smp_each_key(r, [&](int id0, const uint32_t(&key)[4], const float(&p)[4]) {
 #pragma unroll
             for (int j = 0; j < 4; j++) n_ties += key[j] == prefix && smp_member(key[j], id0 + j, in);
         });
@@ -328,11 +361,8 @@ __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long t
         if (rank == sh.pick_rank && w == sh.pick_warp) {
             unsigned long long left = sh.bc_above + 1; /* its rank in the warp's ties, from 1 */
             bool done = false;
-            smp_each(r, [&](int id0, float4 v) {
+            smp_each_key(r, [&](int id0, const uint32_t(&key)[4], const float(&p)[4]) {
                 if (done) return;
-                uint32_t key[4];
-                float p[4];
-                smp_keys(r, v, key, p);
                 bool t[4];
                 unsigned c = 0;
 #pragma unroll
@@ -360,7 +390,7 @@ __device__ smp_sel smp_select(const smp_row &r, smp_sel in, unsigned long long t
 }
 
 template <int C>
-static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(const float *logits, int V, const row_sampling *rows,
+static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(float *logits, int V, const row_sampling *rows,
                                                                     int32_t *ids) {
     TRACE_KERNEL();
     __shared__ smp_shared sh;
@@ -397,12 +427,14 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(const float 
     if (!(mx > -INFINITY) || mx == INFINITY) return; /* all NaN / -inf, or an inf: the argmax */
     r.m = mx;
 
-    /* kept tokens: count and mass */
+    /* kept tokens: count and mass; each token's key stored over its logit for the passes
+     * after (each warp reads back only its own range) */
     unsigned long long cnt = 0, mass = 0;
-    smp_each(r, [&](int, float4 v) {
+    smp_each(r, [&](int id0, float4 v) {
         uint32_t key[4];
         float p[4];
         smp_keys(r, v, key, p);
+        smp_stk4(r, id0, key);
 #pragma unroll
         for (int j = 0; j < 4; j++)
             if (key[j]) {
@@ -421,10 +453,7 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(const float 
     /* the draw: finalists' mass a warp, then the warp holding r walks its ids */
     const unsigned long long rr = dsmp_draw(rs.u, mass);
     unsigned long long wm = 0;
-    smp_each(r, [&](int id0, float4 v) {
-        uint32_t key[4];
-        float p[4];
-        smp_keys(r, v, key, p);
+    smp_each_key(r, [&](int id0, const uint32_t(&key)[4], const float(&p)[4]) {
 #pragma unroll
         for (int j = 0; j < 4; j++)
             if (smp_member(key[j], id0 + j, sel)) wm += dsmp_weight(p[j]);
@@ -434,11 +463,8 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(const float 
         const unsigned long long rl = sh.bc_above;
         unsigned long long run = 0;
         bool done = false;
-        smp_each(r, [&](int id0, float4 v) {
+        smp_each_key(r, [&](int id0, const uint32_t(&key)[4], const float(&p)[4]) {
             if (done) return;
-            uint32_t key[4];
-            float p[4];
-            smp_keys(r, v, key, p);
             unsigned long long wt[4], s = 0;
 #pragma unroll
             for (int j = 0; j < 4; j++) s += wt[j] = smp_member(key[j], id0 + j, sel) ? dsmp_weight(p[j]) : 0ull;
@@ -490,7 +516,7 @@ static int cluster_for(int n_rows) {
 }
 
 template <int C>
-static cudaError_t launch_sample(const struct cuda_ctx *c, const float *logits, int n_rows, int V, const row_sampling *rows,
+static cudaError_t launch_sample(const struct cuda_ctx *c, float *logits, int n_rows, int V, const row_sampling *rows,
                                  int32_t *ids) {
     cudaLaunchAttribute attr[2];
     int n = 0;
@@ -513,8 +539,9 @@ static cudaError_t launch_sample(const struct cuda_ctx *c, const float *logits, 
     return cudaLaunchKernelEx(&cfg, sample_kernel<C>, logits, V, rows, ids);
 }
 
-/* rows: device [n_rows] sampling requests (temperature <= 0: leave ids[i], the argmax). */
-extern "C" int cuda_sample(const struct cuda_ctx *c, const float *logits, int n_rows, int V, const struct row_sampling *rows,
+/* rows: device [n_rows] sampling requests (temperature <= 0: leave ids[i], the argmax). A
+ * sampled row's logits are overwritten (with its tokens' keys). */
+extern "C" int cuda_sample(const struct cuda_ctx *c, float *logits, int n_rows, int V, const struct row_sampling *rows,
                            int32_t *ids) {
     if (n_rows <= 0) return 0;
     const int cl = cluster_for(n_rows);
