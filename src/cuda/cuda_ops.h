@@ -271,6 +271,13 @@ int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg 
                            int ldx);
 int cuda_skinny_wide_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act);
+/* cuda_skinny_tall.cu: a tall matrix (the lm_head) for 2..64 tokens by persistent blocks, the
+ * same sums; cuda_skinny_dense hands over to it when it takes the matrix. ORCHID_NO_TALL=1
+ * leaves it to the wide form's chunks (A/B). */
+int cuda_skinny_tall_init(char *err, size_t errlen); /* (cuda_skinny_init calls it) */
+int cuda_skinny_tall_takes(const struct cuda_qmat *m, int T, int ldx);
+int cuda_skinny_tall(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, int T, int ldx, float *y,
+                     int ldy, int accumulate);
 
 /* ---- one token on the tensor cores (cuda_tcv.cu), 4-bit weights; the same sums, in the
  * same order, as the skinny kernels give that token inside a batch ---- */

@@ -445,6 +445,7 @@ extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     if (md && *md) sk_mrep_down = atoi(md) == 2 ? 2 : 1;
     int rc = cuda_skinny_wide_init(err, errlen);
     if (!rc) rc = cuda_skinny_pipe_init(err, errlen);
+    if (!rc) rc = cuda_skinny_tall_init(err, errlen);
     if (!rc) rc = cuda_tcv_init(err, errlen); /* its one-token kernels copy these tiles */
     if (rc) return rc;
     SK_ATTR(1, false, false) SK_ATTR(2, false, false) SK_ATTR(4, false, false)
@@ -504,8 +505,10 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
     a.accumulate = accumulate;
     a.w0 = qmat_rows(*m, (size_t)mat * m->rows, m->rows); /* matrix `mat` of a stack */
     const cuda_gemv_seg sg = {a.w0, y, ldy, accumulate};
+    if (cuda_skinny_tall_takes(&a.w0, T, ldx)) return cuda_skinny_tall(c, &a.w0, x, T, ldx, y, ldy, accumulate);
     if (cuda_skinny_wide_takes_dense(&sg, 1, T)) return cuda_skinny_wide_dense(c, &sg, 1, x, T, ldx);
-    /* a tall matrix (the lm_head of 9..64 rows) through the wide form in chunks of the rows
+    /* a tall matrix (the lm_head of 2..64 rows): persistent blocks streaming its tiles
+     * (cuda_skinny_tall.cu); where that form does not take it, the wide form in chunks of the rows
      * one launch of it takes: one pass builds each A fragment once for all tokens, where
      * this kernel's 8-token passes build it T/8 times (the same sums either way) */
     const int chunk = cuda_skinny_wide_max_rows();

@@ -102,6 +102,16 @@ static void test_qmm(qmm_fn fn, const char *name, int bits, int rows, int cols, 
             for (int r = 0; r < rows; r++) diff += one[r] != got[r];
             CHECK(diff == 0, "tcv %dx%d: differs from skinny_dense token 0 (T=%d) in %d rows", rows, cols, T, diff);
         }
+        if (rows >= 65536 && mat == 0) { /* a tall matrix (cuda_skinny_tall.cu): every token alone, the same bits */
+            int tdiff = 0;
+            for (int t = 0; t < T; t++) {
+                H2D(dy, y0 + (size_t)t * rows, (size_t)rows * 4);
+                OK(cuda_skinny_dense(&ctx, &m.d, mat, dx + (size_t)t * cols, 1, cols, dy, rows, accumulate));
+                D2H(one, dy, (size_t)rows * 4);
+                for (int r = 0; r < rows; r++) tdiff += one[r] != got[(size_t)t * rows + r];
+            }
+            CHECK(tdiff == 0, "skinny_dense tall %dx%d T=%d: %d values differ from each token alone", rows, cols, T, tdiff);
+        }
         free(one);
     }
     if (!skinny && T > 64) { /* the GEMM path must also agree with itself at a few rows */
@@ -1438,6 +1448,10 @@ int main(void) {
         /* ... and 9..64 tokens the wide form in chunks of rows */
         test_skinny(40000 + 17, 2048, 1, 0, 40, 0);
         test_skinny(45000, 2048, 1, 0, 64, 1);
+        /* taller: the persistent form (cuda_skinny_tall.cu), every token vs alone */
+        const int Ttall[] = {2, 8, 9, 16, 17, 40, 64};
+        for (size_t i = 0; i < sizeof Ttall / sizeof Ttall[0]; i++) test_skinny(70000 + 3, 2048, 1, 0, Ttall[i], (int)(i & 1));
+        test_skinny(66000, 1024, 1, 0, 33, 0);
         test_skinny_multi(512, 3);
         test_skinny_multi(2048, 40);
         test_swiglu(512, 2048, 2, 1);

@@ -1,0 +1,200 @@
+// cuda/cuda_skinny_tall.cu — a tall 4-bit matrix (the lm_head: 248,320 rows × 2,048) times
+// 2..64 tokens (batched decode's logits rows). The wide form took it in chunks of 20,480
+// rows: 7,760 blocks each staging a k-slice of all 64 tokens (64 KB from L2) for 32 KB of
+// weights and writing 32 KB of slice partials (774 µs for 64 tokens on the H200 against 90
+// for one token). Here, as cuda_tcv.cu's stream form does for one token, persistent blocks
+// (one an SM) stage their tokens once — NT·8 of them, all K, rows padded by 8 bf16 so a
+// fragment load's 8 token rows fall in distinct banks — and stream 32-row tiles of the
+// weights through a ring of cp.async copies (tcv_tile_async), a tile's 8 warps each one
+// m-tile × one k-slice; the slices meet in shared memory and are added in slice order.
+// Token groups of NT·8 are blockIdx.y; the blocks of the groups walk the same tiles in the
+// same order, so a tile comes from DRAM once and from L2 for the other groups.
+//
+// Bits: a (row, token)'s sum is cuda_tcv.cu's for one token — per k-slice the slice's
+// groups in order by sk_group_step (fmaf(s, Σ(128+q)x, (b-128s)·Σx) onto 0), the slices
+// added in order from 0 (tcv_slice_sum's order) — so a token's logits are the same bits
+// alone and in any batch (tests/gpu: test_skinny's tall cases, test_decode_invariance).
+#include <string.h>
+
+#include "cuda/cuda_mma.h"
+
+#define TL_WARPS 8
+#define TL_MIN_ROWS 65536 /* taller than this, 2..64 tokens: this form */
+
+/* Shared memory: xs [NT·8][K + 8] bf16 (PX order), xsum [NT·8][G], red [8 warps][NT][16][8],
+ * then the ring [STAGES][8 warps][TCV_WSM(GPW)]. */
+__host__ __device__ static size_t tl_head(int K, int NT) {
+    const size_t n = (size_t)NT * 8;
+    return (n * (K + 8) * 2 + n * (K / QGROUP) * 4 + (size_t)TL_WARPS * NT * 128 * 4 + 15) & ~(size_t)15;
+}
+template <int GPW, int NT, int STAGES>
+static size_t tl_smem(int K) {
+    return tl_head(K, NT) + (size_t)STAGES * TL_WARPS * TCV_WSM(GPW);
+}
+
+template <int GPW, int NT, int STAGES>
+static __global__ void __launch_bounds__(TL_WARPS * 32, 1)
+    tall_kernel(cuda_qmat m, const uint16_t *x, int ldx, int T, float *y, int ldy, int accumulate) {
+    TRACE_KERNEL();
+    extern __shared__ __align__(16) unsigned char sm[];
+    pdl_trigger();
+    constexpr int NTOK = NT * 8;
+    const int K = m.cols, G = K / QGROUP, KS = G / GPW, MT = TL_WARPS / KS, XS = K + 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, c = lane & 3;
+    const int mt = warp % MT, ks = warp / MT, n_tiles = (m.rows + MT * 16 - 1) / (MT * 16);
+    const int t0 = blockIdx.y * NTOK, nt_tok = min(NTOK, T - t0);
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
+    float *xsum = reinterpret_cast<float *>(sm + (size_t)NTOK * XS * 2);
+    float *red = xsum + NTOK * G;
+    unsigned char *ring = sm + tl_head(K, NT);
+    const int mine = (int)blockIdx.x < n_tiles ? (n_tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    auto issue = [&](int i) { /* the block's tile i into stage i % STAGES: this warp's m-tile and k-slice */
+        if (i < mine) {
+            const int r0 = (((int)blockIdx.x + i * (int)gridDim.x) * MT + mt) * 16;
+            tcv_tile_async<GPW>(m, (size_t)r0, min(16, m.rows - r0), ks * GPW,
+                                ring + ((size_t)(i % STAGES) * TL_WARPS + warp) * TCV_WSM(GPW));
+        }
+        cpa_commit();
+    };
+    for (int i = 0; i < STAGES - 1; i++) issue(i); /* weights: before the wait */
+    pdl_wait();
+    /* the group's tokens (zeros past T), then their group sums, rearranged for the k16 steps */
+    for (int i = threadIdx.x; i < NTOK * (K / 8); i += blockDim.x) {
+        const int v = i / (K / 8), j = i % (K / 8);
+        reinterpret_cast<uint4 *>(xs + (size_t)v * XS)[j] =
+            v < nt_tok ? reinterpret_cast<const uint4 *>(x + (size_t)(t0 + v) * ldx)[j] : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    sk_group_sums_by<true>(xs, NTOK, XS, G, xsum, threadIdx.x, blockDim.x, G);
+    __syncthreads();
+    for (int i = 0; i < mine; i++) {
+        issue(i + STAGES - 1); /* into the stage tile i - 1 used: every warp is past it */
+        cpa_wait<STAGES - 1>();
+        __syncthreads();
+        /* this warp's m-tile × k-slice against every n-tile: tcv_mma_smem's reads and steps */
+        const unsigned char *wsm = ring + ((size_t)(i % STAGES) * TL_WARPS + warp) * TCV_WSM(GPW);
+        constexpr int RB = GPW * 32, X = (GPW - 1) & 7;
+        const uint16_t *sb = reinterpret_cast<const uint16_t *>(wsm + GPW * 512);
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < GPW; gi++) {
+            const int grp = ks * GPW + gi, pos = (gi ^ (gq & X)) * 32 + c * 8;
+            sk_w f;
+            f.q0 = *reinterpret_cast<const uint2 *>(wsm + gq * RB + pos);
+            f.q1 = *reinterpret_cast<const uint2 *>(wsm + (gq + 8) * RB + pos);
+            f.s0 = bf(sb[gq * GPW + gi]);
+            f.s1 = bf(sb[(gq + 8) * GPW + gi]);
+            f.b0 = bf(sb[(16 + gq) * GPW + gi]);
+            f.b1 = bf(sb[(16 + gq + 8) * GPW + gi]);
+            uint32_t af[4][4];
+            sk_frags(f, af);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                sk_group_step<true>(af, f, xs + (size_t)(nt * 8 + gq) * XS + grp * QGROUP + 16 * c,
+                                    xsum[(nt * 8 + 2 * c) * G + grp], xsum[(nt * 8 + 2 * c + 1) * G + grp], acc[nt]);
+        }
+        /* red[warp][nt][row 0..15][token 0..7]; then (row, token) = Σ over slices in order */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float *rw = red + ((size_t)warp * NT + nt) * 128;
+            rw[gq * 8 + 2 * c] = acc[nt][0];
+            rw[gq * 8 + 2 * c + 1] = acc[nt][1];
+            rw[(gq + 8) * 8 + 2 * c] = acc[nt][2];
+            rw[(gq + 8) * 8 + 2 * c + 1] = acc[nt][3];
+        }
+        __syncthreads();
+        const int tile = (int)blockIdx.x + i * (int)gridDim.x;
+        for (int o = threadIdx.x; o < MT * 16 * NTOK; o += blockDim.x) {
+            const int tok = o / (MT * 16), rr = o % (MT * 16), mm = rr / 16, ii = rr % 16, nt = tok / 8, tc = tok % 8;
+            float v = 0.0f;
+            for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + mm) * NT + nt) * 128 + ii * 8 + tc];
+            const int r = tile * MT * 16 + rr;
+            if (tok < nt_tok && r < m.rows) {
+                float *d = y + (size_t)(t0 + tok) * ldy + r;
+                *d = accumulate ? *d + v : v;
+            }
+        }
+        /* red is rewritten after the next tile's barrier, which every thread passes after this */
+    }
+    cpa_wait<0>(); /* no copy outlives the block (the issues past `mine` are empty groups) */
+}
+
+/* Instances: NT = 1, 2 or 4 n-tiles (8, 16, 32 tokens a block: T rounded up to 8 up to 32,
+ * then token groups of 32), GPW 4 or 8; two stages. */
+#define TL_STAGES 2
+static int tl_grid[3][2]; /* [NT 1/2/4][GPW 4/8]: resident blocks (0: off) */
+
+template <int GPW, int NT>
+static cudaError_t tl_setup(int n_sm, int optin, int *grid) {
+    const size_t smem = tl_smem<GPW, NT, TL_STAGES>(2048);
+    *grid = 0;
+    if (smem > (size_t)optin) return cudaSuccess; /* stays off */
+    cudaError_t e = cudaFuncSetAttribute(tall_kernel<GPW, NT, TL_STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    int per_sm = 0;
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tall_kernel<GPW, NT, TL_STAGES>, TL_WARPS * 32, smem);
+    if (e == cudaSuccess) *grid = per_sm * n_sm;
+    return e;
+}
+
+extern "C" int cuda_skinny_tall_init(char *err, size_t errlen) {
+    int dev = 0, optin = 0;
+    const int n = cuda_sm_count();
+    cudaError_t e = n < 1 ? cudaErrorInvalidDevice : cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = tl_setup<4, 1>(n, optin, &tl_grid[0][0]);
+    if (e == cudaSuccess) e = tl_setup<8, 1>(n, optin, &tl_grid[0][1]);
+    if (e == cudaSuccess) e = tl_setup<4, 2>(n, optin, &tl_grid[1][0]);
+    if (e == cudaSuccess) e = tl_setup<8, 2>(n, optin, &tl_grid[1][1]);
+    if (e == cudaSuccess) e = tl_setup<4, 4>(n, optin, &tl_grid[2][0]);
+    if (e == cudaSuccess) e = tl_setup<8, 4>(n, optin, &tl_grid[2][1]);
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny tall: setup: %s", cudaGetErrorString(e));
+    if (env_flag("ORCHID_NO_TALL")) memset(tl_grid, 0, sizeof tl_grid); /* A/B: the wide form's chunks again */
+    return 0;
+}
+
+static int tl_nt_index(int T) { return T <= 8 ? 0 : T <= 16 ? 1 : 2; }
+
+static int tl_gpw(const struct cuda_qmat *m) {
+    const int ks = cuda_skinny_kslices(m->cols), G = m->cols / QGROUP;
+    if (!ks || G % ks) return 0;
+    const int gpw = G / ks;
+    return gpw == 4 || gpw == 8 ? gpw : 0;
+}
+
+/* Whether this form takes the matrix for T tokens: tall, 4-bit with the one-token stream
+ * form's split (4 or 8 groups a warp), K up to 2,048 (the staged tokens' room). */
+extern "C" int cuda_skinny_tall_takes(const struct cuda_qmat *m, int T, int ldx) {
+    if (T < 2 || T > 64 || m->rows < TL_MIN_ROWS || m->bits != 4 || m->cols > 2048 || ldx % 8) return 0;
+    const int gpw = tl_gpw(m);
+    return gpw && tl_grid[tl_nt_index(T)][gpw == 8] > 0 && cuda_tcv_supported(m);
+}
+
+template <int GPW, int NT>
+static cudaError_t tl_launch(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, int T, int ldx, float *y,
+                             int ldy, int accumulate, int grid) {
+    const int groups = (T + NT * 8 - 1) / (NT * 8);
+    const int per = grid / groups > 0 ? grid / groups : 1;
+    return launch_k(tall_kernel<GPW, NT, TL_STAGES>, dim3(per, groups), dim3(TL_WARPS * 32),
+                    tl_smem<GPW, NT, TL_STAGES>(m->cols), cstream(c), *m, x, ldx, T, y, ldy, accumulate);
+}
+
+extern "C" int cuda_skinny_tall(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, int T, int ldx,
+                                float *y, int ldy, int accumulate) {
+    if (!cuda_skinny_tall_takes(m, T, ldx))
+        return errorf(c->err, c->errlen, ST_INTERNAL, "skinny tall: %d x %d for %d tokens not supported", m->rows, m->cols, T);
+    const int nti = tl_nt_index(T), g8 = tl_gpw(m) == 8, grid = tl_grid[nti][g8];
+    cudaError_t e;
+    if (nti == 0) e = g8 ? tl_launch<8, 1>(c, m, x, T, ldx, y, ldy, accumulate, grid)
+                         : tl_launch<4, 1>(c, m, x, T, ldx, y, ldy, accumulate, grid);
+    else if (nti == 1) e = g8 ? tl_launch<8, 2>(c, m, x, T, ldx, y, ldy, accumulate, grid)
+                              : tl_launch<4, 2>(c, m, x, T, ldx, y, ldy, accumulate, grid);
+    else e = g8 ? tl_launch<8, 4>(c, m, x, T, ldx, y, ldy, accumulate, grid)
+                : tl_launch<4, 4>(c, m, x, T, ldx, y, ldy, accumulate, grid);
+    LAUNCH_CHECK_RC(c, e, "skinny_tall");
+}
+
+CUDA_TRACE_TU(skinny_tall)
