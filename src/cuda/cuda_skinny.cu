@@ -1,5 +1,5 @@
 // cuda/cuda_skinny.cu — tensor-core products of 4-bit MLX weights with a few tokens
-// (2..64: batched decode of many sequences, the lm_head of a few rows), dense and
+// (2..64: batched decode of many sequences; the lm_head of 2..64 rows: cuda_skinny_tall.cu), dense and
 // grouped by expert. The CUDA-core GEMV of cuda_gemv.cu re-does the dequantization per
 // token and turns compute-bound from T ≈ 2; the prefill GEMM of cuda_gemm.cu stages
 // 64 × 128 tiles through shared memory and idles at this size. Here every weight is
@@ -10,10 +10,10 @@
 // warp waiting on one round trip per group — 0.45–1.1 TB/s):
 //
 //   * A = the weights (16 rows per m-tile), B = the tokens (8 per n-tile), C fp32.
-//   * The codes enter the tensor core as exact integers q ∈ [0, 15] in bf16 (built
-//     with one AND/OR and one bf16x2 subtract per two codes); the affine form is
-//     applied per 64-wide quantization group in fp32 afterwards:
-//       y[r, t] = Σ_g s[r,g] · (Σ_{k∈g} q[r,k] x[t,k]) + b[r,g] · (Σ_{k∈g} x[t,k]),
+//   * The codes enter the tensor core as exact integers 128 + q (q ∈ [0, 15]) in bf16
+//     (one LOP3 per two codes, cuda_mma.h q_pair); the affine form is applied per 64-wide
+//     quantization group in fp32 afterwards, the 128 taken out through the bias:
+//       y[r, t] = Σ_g s[r,g] · (Σ_{k∈g} (128 + q[r,k]) x[t,k]) + (b[r,g] - 128 s[r,g]) · (Σ_{k∈g} x[t,k]),
 //     so each group is its own mma accumulation (4 k16 steps), scaled into fp32.
 //   * The k order inside a group is permuted (a dot product does not care) so that
 //     lane (g, c) = (lane/4, lane%4) reads words 2c, 2c+1 of its rows' group — one
