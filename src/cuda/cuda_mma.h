@@ -424,25 +424,34 @@ __device__ __forceinline__ void tcv_tile_async(const cuda_qmat &m, size_t base, 
     }
 }
 
+/* Group gi of a warp's tile in shared memory (tcv_tile_async's layout) as lane (gq, c)'s
+ * sk_w: its rows gq, gq + 8, code words 2c, 2c + 1, scales and biases. */
+template <int GPW>
+__device__ __forceinline__ sk_w tcv_smem_group(const unsigned char *wsm, int gi, int gq, int c) {
+    constexpr int RB = GPW * 32, X = (GPW - 1) & 7;
+    const uint16_t *sb = reinterpret_cast<const uint16_t *>(wsm + GPW * 512); /* [2][16][GPW] bf16 */
+    const int pos = (gi ^ (gq & X)) * 32 + c * 8;
+    sk_w f;
+    f.q0 = *reinterpret_cast<const uint2 *>(wsm + gq * RB + pos);
+    f.q1 = *reinterpret_cast<const uint2 *>(wsm + (gq + 8) * RB + pos);
+    f.s0 = bf(sb[gq * GPW + gi]);
+    f.s1 = bf(sb[(gq + 8) * GPW + gi]);
+    f.b0 = bf(sb[(16 + gq) * GPW + gi]);
+    f.b1 = bf(sb[(16 + gq + 8) * GPW + gi]);
+    return f;
+}
+
 /* tcv_mma with the warp's tile in shared memory (tcv_tile_async's layout), each group's
  * values read when its step runs (few registers held): the same values, the same steps. */
 template <int GPW>
 __device__ __forceinline__ void tcv_mma_smem(const unsigned char *wsm, const uint16_t *xs, const float *xsum, int g0,
                                              float &acc0, float &acc1) {
-    constexpr int RB = GPW * 32, X = (GPW - 1) & 7;
     const int lane = threadIdx.x & 31, gq = lane >> 2, c = lane & 3;
-    const uint16_t *sb = reinterpret_cast<const uint16_t *>(wsm + GPW * 512); /* [2][16][GPW] bf16 */
     float acc[4] = {acc0, 0.0f, acc1, 0.0f};
 #pragma unroll
     for (int gi = 0; gi < GPW; gi++) {
-        const int grp = g0 + gi, pos = (gi ^ (gq & X)) * 32 + c * 8;
-        sk_w f;
-        f.q0 = *reinterpret_cast<const uint2 *>(wsm + gq * RB + pos);
-        f.q1 = *reinterpret_cast<const uint2 *>(wsm + (gq + 8) * RB + pos);
-        f.s0 = bf(sb[gq * GPW + gi]);
-        f.s1 = bf(sb[(gq + 8) * GPW + gi]);
-        f.b0 = bf(sb[(16 + gq) * GPW + gi]);
-        f.b1 = bf(sb[(16 + gq + 8) * GPW + gi]);
+        const int grp = g0 + gi;
+        const sk_w f = tcv_smem_group<GPW>(wsm, gi, gq, c);
         uint32_t af[4][4];
         sk_frags(f, af);
         sk_group_step<true>(af, f, xs + grp * QGROUP + 16 * c, xsum[grp], xsum[grp], acc); /* xs: tcv_stage's order */

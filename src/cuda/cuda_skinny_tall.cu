@@ -74,21 +74,13 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 1)
         __syncthreads();
         /* this warp's m-tile × k-slice against every n-tile: tcv_mma_smem's reads and steps */
         const unsigned char *wsm = ring + ((size_t)(i % STAGES) * TL_WARPS + warp) * TCV_WSM(GPW);
-        constexpr int RB = GPW * 32, X = (GPW - 1) & 7;
-        const uint16_t *sb = reinterpret_cast<const uint16_t *>(wsm + GPW * 512);
         float acc[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
         for (int gi = 0; gi < GPW; gi++) {
-            const int grp = ks * GPW + gi, pos = (gi ^ (gq & X)) * 32 + c * 8;
-            sk_w f;
-            f.q0 = *reinterpret_cast<const uint2 *>(wsm + gq * RB + pos);
-            f.q1 = *reinterpret_cast<const uint2 *>(wsm + (gq + 8) * RB + pos);
-            f.s0 = bf(sb[gq * GPW + gi]);
-            f.s1 = bf(sb[(gq + 8) * GPW + gi]);
-            f.b0 = bf(sb[(16 + gq) * GPW + gi]);
-            f.b1 = bf(sb[(16 + gq + 8) * GPW + gi]);
+            const int grp = ks * GPW + gi;
+            const sk_w f = tcv_smem_group<GPW>(wsm, gi, gq, c);
             uint32_t af[4][4];
             sk_frags(f, af);
 #pragma unroll
