@@ -9,9 +9,11 @@
 // ids a step, 4 a lane (float4, coalesced; two steps' loads in flight). "In id order" is
 // therefore cluster rank, warp, step, lane, then the lane's 4: warp scans give ranks in id
 // order without sorting. Block results meet through distributed shared memory after a
-// cluster barrier. Every pass re-reads the row (1 MB; L2-resident) and recomputes each
-// token's p and weight by the shared header's functions — the same fp32 operations as
-// the host reference (device_sampling.c), hence the same bits. All sums are of integer
+// cluster barrier. The kept-mass pass computes each token's p by the shared header's
+// functions — the same fp32 operations as the host reference (device_sampling.c), hence
+// the same bits — and stores its key (p's bits, 0 when not kept) over the logit; every
+// later pass re-reads those keys (1 MB a row, L2-resident; each warp only its own range,
+// which it wrote itself, so plain loads need no fence). All sums are of integer
 // weights (p · 2^44), so atomics and reductions give the same result in any order and
 // for any C: a row draws the same token alone or in a batch.
 //
