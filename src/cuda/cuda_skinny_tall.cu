@@ -8,7 +8,9 @@
 // weights through a ring of cp.async copies (tcv_tile_async), a tile's 8 warps each one
 // m-tile × one k-slice; the slices meet in shared memory and are added in slice order.
 // Token groups of NT·8 are blockIdx.y; the blocks of the groups walk the same tiles in the
-// same order, so a tile comes from DRAM once and from L2 for the other groups.
+// same order, so the other groups can find a tile in L2 (ncu, 64 rows: 48 % L2 hits). The
+// form is instruction- and occupancy-bound (one 8-warp block an SM at 220 KB of shared
+// memory, 42 % issue-active: docs/PERFORMANCE.md, session 10).
 //
 // Bits: a (row, token)'s sum is cuda_tcv.cu's for one token — per k-slice the slice's
 // groups in order by sk_group_step (fmaf(s, Σ(128+q)x, (b-128s)·Σx) onto 0), the slices
