@@ -610,7 +610,6 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
     for (int i = 0; i < b->n_out && !b->out_argmax; i++)
         if (!b->out_logits[i]) return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
-
     for (int i0 = 0; i0 < b->n_out; i0 += LOGIT_ROWS) {
         const int n = b->n_out - i0 < LOGIT_ROWS ? b->n_out - i0 : LOGIT_ROWS;
         if ((rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo))) return rc;

@@ -185,6 +185,31 @@ inline bool pdl_enabled() {
     return on;
 }
 
+/* The SM count and the per-block opt-in shared memory of the current device (the set-up of
+ * the persistent kernels, persistent_grid). */
+static inline cudaError_t device_sms_optin(int *n_sm, int *optin) {
+    int dev = 0;
+    *n_sm = cuda_sm_count();
+    cudaError_t e = *n_sm < 1 ? cudaErrorInvalidDevice : cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return e;
+}
+
+/* A persistent kernel's grid: its dynamic shared memory limit raised to smem, then as many
+ * blocks of `threads` as fit on the n_sm SMs; *grid = 0 when smem is above optin (that form
+ * stays off). */
+template <typename... KArgs>
+static inline cudaError_t persistent_grid(void (*kern)(KArgs...), int threads, size_t smem, int n_sm, int optin,
+                                          int *grid) {
+    *grid = 0;
+    if (smem > (size_t)optin) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int per_sm = 0;
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem);
+    if (e == cudaSuccess) *grid = per_sm * n_sm;
+    return e;
+}
+
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
  * ORCHID_NO_TCV, ORCHID_NO_WIDE, ORCHID_SW_NOSPLIT, ORCHID_SK_NOPDL). */
 inline bool env_flag(const char *name) {

@@ -125,24 +125,14 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 1)
 static int tl_grid[3][2]; /* [NT 1/2/4][GPW 4/8]: resident blocks (0: off) */
 
 template <int GPW, int NT>
-static cudaError_t tl_setup(int n_sm, int optin, int *grid) {
-    const size_t smem = tl_smem<GPW, NT, TL_STAGES>(2048);
-    *grid = 0;
-    if (smem > (size_t)optin) return cudaSuccess; /* stays off */
-    cudaError_t e = cudaFuncSetAttribute(tall_kernel<GPW, NT, TL_STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
-    int per_sm = 0;
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tall_kernel<GPW, NT, TL_STAGES>, TL_WARPS * 32, smem);
-    if (e == cudaSuccess) *grid = per_sm * n_sm;
-    return e;
+static cudaError_t tl_setup(int n_sm, int optin, int *grid) { /* K up to 2,048 */
+    return persistent_grid(tall_kernel<GPW, NT, TL_STAGES>, TL_WARPS * 32, tl_smem<GPW, NT, TL_STAGES>(2048), n_sm, optin,
+                           grid);
 }
 
 extern "C" int cuda_skinny_tall_init(char *err, size_t errlen) {
-    int dev = 0, optin = 0;
-    const int n = cuda_sm_count();
-    cudaError_t e = n < 1 ? cudaErrorInvalidDevice : cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    int n = 0, optin = 0;
+    cudaError_t e = device_sms_optin(&n, &optin);
     if (e == cudaSuccess) e = tl_setup<4, 1>(n, optin, &tl_grid[0][0]);
     if (e == cudaSuccess) e = tl_setup<8, 1>(n, optin, &tl_grid[0][1]);
     if (e == cudaSuccess) e = tl_setup<4, 2>(n, optin, &tl_grid[1][0]);

@@ -229,25 +229,14 @@ static __global__ void __launch_bounds__(256, 2) tcv_stream_kernel(cuda_qmat m, 
     cpa_wait<0>(); /* no copy outlives the block (the issues past `mine` are empty groups) */
 }
 
-template <int GPW>
-static cudaError_t tcv_stream_setup(int n_sm, int optin, int *grid) {
-    const size_t smem = tcv_stream_smem<GPW>(4096);
-    *grid = 0;
-    if ((size_t)optin < smem) return cudaSuccess; /* small shared memory: the dense form only */
-    cudaError_t e = cudaFuncSetAttribute(tcv_stream_kernel<GPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    int per_sm = 0;
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tcv_stream_kernel<GPW>, 256, smem);
-    if (e == cudaSuccess) *grid = n_sm * per_sm;
-    return e;
-}
-
+/* The stream forms' grids (0 with small shared memory: the dense form only). */
 extern "C" int cuda_tcv_init(char *err, size_t errlen) {
-    int dev = 0, optin = 0;
-    const int n = cuda_sm_count();
-    cudaError_t e = n < 1 ? cudaErrorInvalidDevice : cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess) e = tcv_stream_setup<4>(n, optin, &tcv_stream_grid[0]);
-    if (e == cudaSuccess) e = tcv_stream_setup<8>(n, optin, &tcv_stream_grid[1]);
+    int n = 0, optin = 0;
+    cudaError_t e = device_sms_optin(&n, &optin);
+    if (e == cudaSuccess)
+        e = persistent_grid(tcv_stream_kernel<4>, 256, tcv_stream_smem<4>(4096), n, optin, &tcv_stream_grid[0]);
+    if (e == cudaSuccess)
+        e = persistent_grid(tcv_stream_kernel<8>, 256, tcv_stream_smem<8>(4096), n, optin, &tcv_stream_grid[1]);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: stream kernel setup: %s", cudaGetErrorString(e));
     return 0;
 }

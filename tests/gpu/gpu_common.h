@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "cpu/cpu_ops.h"
@@ -202,6 +203,26 @@ static inline double rel_err(const float *a, const float *ref, size_t n) {
         den += (double)ref[i] * ref[i];
     }
     return sqrt(num / (den > 0 ? den : 1e-30));
+}
+
+/* The start of a GPU test program: line-buffered stdout; with a CUDA device, prints it,
+ * seeds the RNG from the clock (fresh inputs every run, the seed printed to repeat one) and
+ * points ctx at the caller's error buffer, returning 0; without one, prints that the tests
+ * are skipped and returns -1 (the caller records the failure). */
+static inline int gpu_test_start(struct cuda_ctx *ctx, char *errbuf, size_t errlen) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    char name[160];
+    if (cuda_device_name(name, sizeof name)) {
+        printf("no CUDA device: GPU tests skipped\n");
+        return -1;
+    }
+    printf("device: %s\n", name);
+    rng_state ^= (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
+    printf("rng seed state %llu\n", (unsigned long long)rng_state);
+    ctx->stream = NULL;
+    ctx->err = errbuf;
+    ctx->errlen = errlen;
+    return 0;
 }
 
 #endif

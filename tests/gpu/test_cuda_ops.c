@@ -1403,19 +1403,10 @@ static void test_full(int n) {
 }
 
 int main(void) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    char name[160];
-    if (cuda_device_name(name, sizeof name)) {
-        printf("no CUDA device: GPU tests skipped\n");
+    if (gpu_test_start(&ctx, errbuf, sizeof errbuf)) {
         CHECK(0, "no CUDA device");
         return check_summary();
     }
-    printf("device: %s\n", name);
-    rng_state ^= (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull; /* fresh inputs every run */
-    printf("rng seed state %llu\n", (unsigned long long)rng_state);
-    ctx.stream = NULL;
-    ctx.err = errbuf;
-    ctx.errlen = sizeof errbuf;
     if (cuda_gemm_init(errbuf, sizeof errbuf) || cuda_skinny_init(errbuf, sizeof errbuf) ||
         cuda_moe_init(errbuf, sizeof errbuf) ||
         cuda_gdn_prefill_init(errbuf, sizeof errbuf) ||

@@ -9,7 +9,6 @@
  * token, the token must be the reference's draw on that row (fwd_batch.out_sampling's
  * plumbing, several rows, rows past LOGIT_ROWS). Needs an NVIDIA GPU; ends with
  * "N passed, N failed". ORCHID_GPU_TINY: the tiny checkpoint (as test_cuda_ops). */
-#include <time.h>
 
 #include "check.h"
 #include "gpu_common.h"
@@ -160,19 +159,10 @@ static void test_backend(const char *where, int n) {
 }
 
 int main(void) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    char name[160];
-    if (cuda_device_name(name, sizeof name)) {
-        printf("no CUDA device: GPU tests skipped\n");
+    if (gpu_test_start(&ctx, errbuf, sizeof errbuf)) {
         CHECK(0, "no CUDA device");
         return check_summary();
     }
-    printf("device: %s\n", name);
-    rng_state ^= (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull; /* fresh rows every run */
-    printf("rng seed state %llu\n", (unsigned long long)rng_state);
-    ctx.stream = NULL;
-    ctx.err = errbuf;
-    ctx.errlen = sizeof errbuf;
     printf("device sampler vs reference:\n");
     const int widths[] = {248320, 33333, 1000, 64, 31};
     for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
