@@ -5,29 +5,17 @@
 // memory, double buffered; mma.sync m16n8k16 bf16 → fp32. Variants: dense, SwiGLU
 // (gate and up rows interleaved in one tile, epilogue silu(g)·u → bf16), and grouped
 // (MoE: block y indexes a device tile list of (expert, m0, m_end), A rows gathered).
-#include "cuda/cuda_internal.h"
+// On sm_90a, 4-bit products go to the wgmma form instead (cuda_gemm_wg.cu; dispatch below;
+// ORCHID_NO_WGMMA=1 keeps this one): 8-bit matrices and the router's residual pass stay here.
+#include "cuda/cuda_gemm.h"
 
-#define BM 64
+#define BM GEMM_TILE_ROWS /* token rows a block: one grouped route tile */
 #define BN 128
 #define BK 64
 #define SPAD 72 /* shared row stride in bf16: 144 B, conflict-free ldmatrix */
 #define GEMM_THREADS 256
 #define GEMM_SMEM ((2 * BM * SPAD + 2 * BN * SPAD) * 2)
 
-struct gemm_args {
-    const uint16_t *x;
-    int ldx;
-    const int32_t *a_rows; /* gather map of A rows (NULL: identity) */
-    int M, N, K;
-    cuda_qmat b0, b1; /* b1: up matrix of the SwiGLU variant */
-    float *y;
-    int ldy, accumulate;
-    uint16_t *act;
-    int ld_act;
-    const int32_t *tiles; /* grouped: [max_tiles][3] then the count */
-    int max_tiles;
-    int wlo; /* dequantize the rounding residual w - bf16(w) instead of w (precise passes) */
-};
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -281,7 +269,7 @@ extern "C" int cuda_gemm_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(gemm_q_kernel<4, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMM_SMEM);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(gemm_q_kernel<8, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMM_SMEM);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
-    return 0;
+    return gemm_wg_init(err, errlen);
 }
 
 template <int BITS, bool SWIGLU, bool WLO>
@@ -296,6 +284,7 @@ static int dispatch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, d
     const int bits = a.b0.bits;
     if (swiglu && a.b1.bits != bits) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "%s: gate/up bit widths differ", what);
     if (a.wlo && swiglu) return errorf(c->err, c->errlen, ST_INTERNAL, "%s: residual weights with SwiGLU", what);
+    if (gemm_wg_usable(a, swiglu)) return gemm_wg_launch(c, a, swiglu, (int)grid.y, what);
     if (bits == 4)
         return swiglu ? launch_gemm<4, true, false>(c, a, grid, what)
                       : a.wlo ? launch_gemm<4, false, true>(c, a, grid, what) : launch_gemm<4, false, false>(c, a, grid, what);

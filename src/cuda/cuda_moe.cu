@@ -7,9 +7,9 @@
 #include <limits.h>
 #include <math.h>
 
-#include "cuda/cuda_internal.h"
+#include "cuda/cuda_gemm.h"
 
-#define MOE_BM 64 /* must equal BM of cuda_gemm.cu */
+#define MOE_BM GEMM_TILE_ROWS /* a route tile: one block row of the grouped GEMMs */
 
 /* PDL (every kernel here triggers at its start, except the router: after its rows): the
  * router and the shared expert's gate/up rows issue their first weight loads before

@@ -82,6 +82,10 @@ int cuda_copy_bandwidth(size_t bytes, int reps, double *gbps, char *err, size_t 
 
 /* One-time kernel attribute set-up (shared-memory limits); call before any launch. */
 int cuda_gemm_init(char *err, size_t errlen);
+/* Whether the prefill GEMMs take the wgmma form (cuda_gemm_wg.cu: sm_90a code on a compute
+ * capability 9 device, ORCHID_NO_WGMMA unset); tests force the mma.sync form to compare. */
+int cuda_gemm_wg_active(void);
+void cuda_gemm_force_mma(int on);
 int cuda_attn_init(int n_heads, int kv_heads, int head_dim, char *err, size_t errlen);
 
 /* ---- dense / grouped quantized matrix products (cuda_gemv.cu, cuda_gemm.cu) ---- */

@@ -359,6 +359,65 @@ static void test_gemm_precise(int bits, int rows, int cols, int T) {
     free(xf); free(ref); free(got); free(hi); free(lo); cuda_free(dh); cuda_free(dl); cuda_free(dy); rq_free(&m);
 }
 
+/* ---- the prefill GEMM's two forms on the same inputs: wgmma (cuda_gemm_wg.cu, sm_90a) against
+ * mma.sync (cuda_gemm.cu). Both use w = bf16(s·q + b) and sum fp32 products over k in
+ * order, so they agree to 1e-5 (fp32 rounding of the tensor cores' internal sums); the
+ * count of outputs that differ at all is printed. Skipped where the wgmma form is off. ---- */
+static void form_cmp(const char *what, const float *wg, const float *mma, size_t n) {
+    size_t nd = 0;
+    for (size_t i = 0; i < n; i++) nd += wg[i] != mma[i];
+    const double e = rel_err(wg, mma, n);
+    printf("  %s: wgmma vs mma.sync rel diff %.3g, %zu of %zu values differ\n", what, e, nd, n);
+    CHECK(e <= 1e-5, "%s: wgmma vs mma.sync rel diff %.3g", what, e);
+}
+
+static void test_gemm_forms_dense(int rows, int cols, int n_mats, int mat, int T, int accumulate) {
+    if (!cuda_gemm_wg_active()) return;
+    struct rq m;
+    if (rq_make(&m, rows, cols, n_mats, 4, 1.0f / sqrtf((float)cols))) { CHECK(0, "rq_make"); return; }
+    float *xf = malloc((size_t)T * cols * 4), *y0 = malloc((size_t)T * rows * 4);
+    float *a = malloc((size_t)T * rows * 4), *b = malloc((size_t)T * rows * 4);
+    uint16_t *xb = malloc((size_t)T * cols * 2), *dx;
+    float *dy;
+    rand_bf16(xf, xb, (size_t)T * cols, 1.0f);
+    rand_f32(y0, (size_t)T * rows, 1.0f);
+    DEV(dx, (size_t)T * cols * 2); DEV(dy, (size_t)T * rows * 4);
+    H2D(dx, xb, (size_t)T * cols * 2);
+    for (int form = 0; form < 2; form++) {
+        cuda_gemm_force_mma(form);
+        H2D(dy, y0, (size_t)T * rows * 4);
+        OK(cuda_gemm_dense(&ctx, &m.d, mat, dx, T, cols, dy, rows, accumulate));
+        D2H(form ? b : a, dy, (size_t)T * rows * 4);
+    }
+    cuda_gemm_force_mma(0);
+    char what[96];
+    snprintf(what, sizeof what, "gemm_dense %dx%d mat %d/%d T=%d%s", rows, cols, mat, n_mats, T, accumulate ? " +=" : "");
+    form_cmp(what, a, b, (size_t)T * rows);
+    cuda_free(dx); cuda_free(dy); free(xf); free(y0); free(a); free(b); free(xb); rq_free(&m);
+}
+
+static void test_gemm_forms_swiglu(int I, int H, int T) {
+    if (!cuda_gemm_wg_active()) return;
+    struct rq g, u;
+    rq_make(&g, I, H, 1, 4, 1.0f / sqrtf((float)H)); rq_make(&u, I, H, 1, 4, 1.0f / sqrtf((float)H));
+    float *xf = malloc((size_t)T * H * 4), *a = malloc((size_t)T * I * 4), *b = malloc((size_t)T * I * 4);
+    uint16_t *xb = malloc((size_t)T * H * 2), *ob = malloc((size_t)T * I * 2), *dx, *da;
+    rand_bf16(xf, xb, (size_t)T * H, 1.0f);
+    DEV(dx, (size_t)T * H * 2); DEV(da, (size_t)T * I * 2);
+    H2D(dx, xb, (size_t)T * H * 2);
+    for (int form = 0; form < 2; form++) {
+        cuda_gemm_force_mma(form);
+        OK(cuda_gemm_swiglu(&ctx, &g.d, &u.d, dx, T, H, da, I));
+        D2H(ob, da, (size_t)T * I * 2);
+        for (size_t i = 0; i < (size_t)T * I; i++) (form ? b : a)[i] = bf16_to_f32(ob[i]);
+    }
+    cuda_gemm_force_mma(0);
+    char what[64];
+    snprintf(what, sizeof what, "gemm_swiglu I=%d H=%d T=%d (bf16 out)", I, H, T);
+    form_cmp(what, a, b, (size_t)T * I);
+    cuda_free(dx); cuda_free(da); free(xf); free(a); free(b); free(xb); free(ob); rq_free(&g); rq_free(&u);
+}
+
 /* ---- SwiGLU: the prefill GEMM (bf16 weights) or the skinny kernel; bf16 output, 1e-2 ---- */
 static void test_swiglu(int I, int H, int T, int skinny) {
     struct rq g, u;
@@ -815,8 +874,23 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
             OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
             OK(cuda_skinny_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
         } else {
+            if (cuda_gemm_wg_active()) { /* the mma.sync form on the same route, against the wgmma form below */
+                cuda_gemm_force_mma(1);
+                OK(cuda_moe_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
+                OK(cuda_moe_grouped_down(&ctx, &down.d, dact, &r, ded));
+                cuda_gemm_force_mma(0);
+            }
+            float *em = malloc((size_t)T * K * H * 4), *ew2 = malloc((size_t)T * K * H * 4);
+            D2H(em, ded, (size_t)T * K * H * 4);
             OK(cuda_moe_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
             OK(cuda_moe_grouped_down(&ctx, &down.d, dact, &r, ded));
+            if (cuda_gemm_wg_active()) {
+                char what[80];
+                snprintf(what, sizeof what, "grouped swiglu+down E=%d K=%d H=%d I=%d T=%d", E, K, H, I, T);
+                D2H(ew2, ded, (size_t)T * K * H * 4);
+                form_cmp(what, ew2, em, (size_t)T * K * H);
+            }
+            free(em); free(ew2);
             OK(cuda_gemm_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
             OK(cuda_gemm_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
         }
@@ -1462,6 +1536,15 @@ int main(void) {
     test_gemm_precise(4, 200, 512, 17);
     test_swiglu(512, 2048, 100, 0);
     test_swiglu(64, 128, 37, 0);
+    test_swiglu(512, 2048, 300, 0);
+    printf("prefill GEMM forms (wgmma %s):\n", cuda_gemm_wg_active() ? "on" : "off: not sm_90a, or ORCHID_NO_WGMMA");
+    test_gemm_forms_dense(1000, 2048, 1, 0, 300, 0);
+    test_gemm_forms_dense(300, 512, 3, 2, 129, 1);
+    test_gemm_forms_dense(2048, 4096, 1, 0, 130, 0);
+    test_gemm_forms_dense(8192, 2048, 1, 0, 512, 0);
+    test_gemm_forms_dense(32, 2048, 1, 0, 77, 1);
+    test_gemm_forms_swiglu(512, 2048, 300);
+    test_gemm_forms_swiglu(200, 2048, 65);
     test_embed_rmsnorm(1000, 2048, 5);
     test_embed_rmsnorm(100, 128, 33);
     test_argmax(1, 248320);

@@ -1,0 +1,382 @@
+// cuda/cuda_gemm_wg.cu — the prefill GEMMs on Hopper's warpgroup tensor-core instruction
+// (wgmma.mma_async, sm_90a): y[M, N] = x[M, K] · W[N, K]ᵀ with W MLX affine 4-bit, for the
+// dense, SwiGLU and grouped (MoE) products of cuda_gemm.cu, same arguments, same outputs.
+//
+// Roles. The weights are wgmma's A operand, taken from registers: a block holds 128 weight
+// rows, 64 a warpgroup (two warpgroups, 256 threads), and a thread dequantizes exactly the
+// rows and k positions of its own A fragment (rows g and g + 8 of its warp's 16, k = 2t,
+// 2t + 1, 2t + 8, 2t + 9 of each k16 step: byte t of each code word) from the staged codes,
+// so the bf16 weights never pass through shared memory. The tokens are the B operand: BT
+// token rows (128 dense, 64 = one route tile grouped) × 64 k, one quantization group a
+// stage, copied by cp.async into 128-byte rows in the 128-byte swizzle wgmma reads (16-byte
+// chunk c of row n at chunk c ^ (n & 7)); the accumulator is 64 weight rows × BT tokens in
+// fp32 registers, written out transposed (y[token, row]).
+//
+// Numerics: w = bf16(s·q + b) in one fused bf16x2 fma (s, q, b exact in bf16, the product
+// exact: the rounding of cuda_gemm.cu's fp32 fma + bf16 conversion whenever that fma is
+// exact), products accumulated in fp32 over k in order. A row's outputs do not depend on
+// the other rows of the batch (prefill packing relies on it: docs/ARCHITECTURE.md).
+//
+// Pipeline, per group kg (STAGES stages, copies kept STAGES − 2 groups ahead):
+//   wait for stage kg's copies, fence them to the async proxy, block barrier;
+//   issue group kg + STAGES − 2 into the stage group kg − 2 used (both warpgroups finished
+//   it: each waited for its group kg − 2 at the end of step kg − 1, before this barrier);
+//   dequantize group kg into this step's A registers (two sets, alternate steps: the set
+//   of group kg − 2 is free by the same wait); four wgmma k16 steps; commit; wait until
+//   at most this group is in flight.
+// Codes are staged 48 bytes a row (32 + 16 pad: a warp's 16-byte reads of 8 rows touch
+// distinct banks); scales and biases of the block's rows for all K come once, at the start.
+#include "cuda/cuda_gemm.h"
+
+#define WG_THREADS 256
+#define WG_ROWS 128   /* weight rows a block (64 a warpgroup) */
+#define WG_CSTRIDE 48 /* bytes a staged codes row */
+
+template <int BT, int STAGES>
+struct wg_shape {
+    static constexpr int act = BT * 128;              /* BT tokens × 64 bf16 */
+    static constexpr int codes = WG_ROWS * WG_CSTRIDE; /* 6,144 */
+    static constexpr int stage = act + codes;
+    static constexpr int ring = STAGES * stage;
+    static_assert(stage % 1024 == 0, "a stage keeps the next stage's token rows swizzle-aligned");
+};
+/* Scales and biases: [WG_ROWS][G + 8] bf16 each (the pad keeps 8 rows' reads on distinct
+ * banks and rows 16-byte aligned for cp.async). */
+static inline size_t wg_smem_bytes(int ring, int K) { return 1024 + (size_t)ring + (size_t)WG_ROWS * (K / 64 + 8) * 4; }
+
+#define WG_DENSE_BT 128
+#define WG_DENSE_STAGES 5
+#define WG_GROUPED_STAGES 6
+
+__device__ __forceinline__ void cpa16z(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows 128 bytes
+ * apart, 8-row groups 1,024 apart (SBO), leading offset unused (LBO 16 bytes). */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+
+/* D[64 × BT] += A[64 × 16] (registers) · B[16 × BT] (descriptor). */
+template <int BT>
+__device__ __forceinline__ void wgmma_rs(float (&d)[BT / 2], const uint32_t *a, uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+/* Operand fences: a volatile empty asm that "writes" each register, so the compiler neither
+ * moves their definitions below a wgmma.fence nor reads an accumulator before the
+ * wgmma.wait_group that completes it (the wgmma asm statements' outputs look ready at once). */
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+/* bf16x2 (q_lo, q_hi) of byte t of w, then s·q + b in one fused bf16x2 fma. The byte's two
+ * codes land in the two halves (prmt: byte t of w and of w >> 4), 0x4300 | q = 128 + q
+ * exactly, minus 128 exactly, then the fma: every step but the last is exact. */
+__device__ __forceinline__ uint32_t wg_dq(uint32_t w, uint32_t sel, uint32_t s2, uint32_t b2) {
+    uint32_t r, v, q, o;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(w >> 4), "r"(sel));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(r), "r"(0x000F000Fu), "r"(0x43004300u));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(q) : "r"(v), "r"(0x3F803F80u), "r"(0xC300C300u));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(o) : "r"(q), "r"(s2), "r"(b2));
+    return o;
+}
+#endif
+
+template <int BT, int STAGES, bool SWIGLU>
+static __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(gemm_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    TRACE_KERNEL();
+    typedef wg_shape<BT, STAGES> S;
+    extern __shared__ __align__(16) uint8_t wg_raw[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(wg_raw);
+    uint8_t *ring = wg_raw + ((1024 - (raw_s & 1023)) & 1023); /* the swizzle needs 1,024-byte atoms */
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+    const int G = a.K >> 6, GS = G + 8;
+    uint16_t *s_sc = reinterpret_cast<uint16_t *>(ring + S::ring); /* [WG_ROWS][GS] */
+    uint16_t *s_bi = s_sc + WG_ROWS * GS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+
+    int m0, m_end, expert = 0;
+    if (a.tiles) {
+        const int n_tiles = a.tiles[a.max_tiles * 3];
+        if ((int)blockIdx.y >= n_tiles) return;
+        expert = a.tiles[blockIdx.y * 3];
+        m0 = a.tiles[blockIdx.y * 3 + 1];
+        m_end = min(a.tiles[blockIdx.y * 3 + 2], m0 + BT);
+    } else {
+        m0 = blockIdx.y * BT;
+        m_end = min(a.M, m0 + BT);
+    }
+    const int f0 = blockIdx.x * (SWIGLU ? WG_ROWS / 2 : WG_ROWS);
+
+    /* Staged weight row R (0..127): warp R / 16's rows; SwiGLU interleaves each warp's 16 as
+     * 8 gate rows then the 8 up rows of the same features. */
+    auto row_src = [&](int R, const cuda_qmat *&m, bool &ok) -> size_t {
+        int f;
+        m = &a.b0;
+        if (SWIGLU) {
+            f = f0 + (R >> 4) * 8 + (R & 7);
+            if (R & 8) m = &a.b1;
+        } else {
+            f = f0 + R;
+        }
+        ok = f < a.N;
+        return (size_t)expert * m->rows + (ok ? f : 0);
+    };
+
+    /* This thread's copies a stage: chunk (tid & 7) of token rows (tid >> 3) + 32 i, and one
+     * 16-byte half of codes row tid >> 1. */
+    constexpr int NA = BT / 32;
+    const uint16_t *a_src[NA];
+    bool a_ok[NA];
+    const int a_ch = tid & 7, a_n0 = tid >> 3;
+    const int a_dst = a_n0 * 128 + ((a_ch ^ (a_n0 & 7)) << 4); /* + 4,096 i: rows 32 i further */
+#pragma unroll
+    for (int i = 0; i < NA; i++) {
+        const int gr = m0 + a_n0 + 32 * i;
+        a_ok[i] = gr < m_end;
+        const int src = a_ok[i] ? (a.a_rows ? a.a_rows[gr] : gr) : 0;
+        a_src[i] = a.x + (size_t)src * a.ldx + a_ch * 8;
+    }
+    const int c_row = tid >> 1, c_half = tid & 1;
+    const uint32_t *c_src;
+    bool c_ok;
+    {
+        const cuda_qmat *m;
+        const size_t r = row_src(c_row, m, c_ok);
+        c_src = m->codes + r * (size_t)(a.K / 8) + c_half * 4;
+    }
+    auto issue = [&](int kg, int st) {
+        uint8_t *sb = ring + st * S::stage;
+#pragma unroll
+        for (int i = 0; i < NA; i++)
+            cpa16z(sb + a_dst + 4096 * i, a_ok[i] ? (const void *)(a_src[i] + kg * 64) : (const void *)a.x, a_ok[i]);
+        cpa16z(sb + S::act + c_row * WG_CSTRIDE + c_half * 16, c_ok ? (const void *)(c_src + kg * 8) : (const void *)a.x,
+               c_ok);
+    };
+
+    /* Prologue: every row's scales and biases (with stage 0's copies), then stages up to STAGES − 3. */
+    {
+        const int cpr = G >> 3; /* 16-byte chunks a row */
+        for (int i = tid; i < WG_ROWS * cpr; i += WG_THREADS) {
+            const int R = i / cpr, j = i - R * cpr;
+            const cuda_qmat *m;
+            bool ok;
+            const size_t r = row_src(R, m, ok);
+            const size_t off = r * (size_t)G + j * 8;
+            cpa16z(s_sc + R * GS + j * 8, ok ? (const void *)(m->scales + off) : (const void *)a.x, ok);
+            cpa16z(s_bi + R * GS + j * 8, ok ? (const void *)(m->biases + off) : (const void *)a.x, ok);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; s++) {
+        if (s < G) issue(s, s);
+        cpa_commit();
+    }
+
+    float acc[BT / 2];
+#pragma unroll
+    for (int i = 0; i < BT / 2; i++) acc[i] = 0.0f;
+    uint32_t af0[16], af1[16];
+    const uint32_t sel = (uint32_t)t | ((uint32_t)(t + 4) << 8);
+    const int R0 = warp * 16 + g; /* this thread's first staged row; the second is R0 + 8 */
+
+    auto step = [&](int kg, uint32_t(&af)[16]) {
+        cpa_wait<STAGES - 3>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        {
+            const int nk = kg + STAGES - 2;
+            if (nk < G) issue(nk, nk % STAGES);
+            cpa_commit();
+        }
+        const int st = kg % STAGES;
+        const uint8_t *cs = ring + st * S::stage + S::act;
+        const uint4 w0 = *reinterpret_cast<const uint4 *>(cs + R0 * WG_CSTRIDE);
+        const uint4 w1 = *reinterpret_cast<const uint4 *>(cs + R0 * WG_CSTRIDE + 16);
+        const uint4 v0 = *reinterpret_cast<const uint4 *>(cs + (R0 + 8) * WG_CSTRIDE);
+        const uint4 v1 = *reinterpret_cast<const uint4 *>(cs + (R0 + 8) * WG_CSTRIDE + 16);
+        const uint32_t s0 = s_sc[R0 * GS + kg], b0 = s_bi[R0 * GS + kg];
+        const uint32_t s1 = s_sc[(R0 + 8) * GS + kg], b1 = s_bi[(R0 + 8) * GS + kg];
+        const uint32_t s0x = s0 | (s0 << 16), b0x = b0 | (b0 << 16), s1x = s1 | (s1 << 16), b1x = b1 | (b1 << 16);
+        const uint32_t wr[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        const uint32_t vr[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            af[4 * kk + 0] = wg_dq(wr[2 * kk], sel, s0x, b0x);     /* row g,     k 2t, 2t+1 */
+            af[4 * kk + 1] = wg_dq(vr[2 * kk], sel, s1x, b1x);     /* row g + 8, k 2t, 2t+1 */
+            af[4 * kk + 2] = wg_dq(wr[2 * kk + 1], sel, s0x, b0x); /* row g,     k 2t+8, 2t+9 */
+            af[4 * kk + 3] = wg_dq(vr[2 * kk + 1], sel, s1x, b1x); /* row g + 8, k 2t+8, 2t+9 */
+        }
+        uint64_t desc[4]; /* defined before the fence too: ptxas serialises wgmma whose inputs are computed between them */
+        const uint32_t bs = ring_s + st * S::stage;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            desc[kk] = wg_desc(bs + kk * 32);
+            asm volatile("" : "+l"(desc[kk])::"memory");
+        }
+        reg_fence(af);
+        reg_fence(acc);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_rs<BT>(acc, af + 4 * kk, desc[kk]);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        reg_fence(acc);
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    };
+    /* Alternate register sets, unconditionally within the loop: a step may rewrite a set only
+     * when the step before it used the other one (its wait retired this set's last group). */
+    int kg = 0;
+    for (; kg + 1 < G; kg += 2) {
+        step(kg, af0);
+        step(kg + 1, af1);
+    }
+    if (kg < G) step(kg, af0);
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    reg_fence(acc);
+    cpa_wait<0>();
+
+    /* Epilogue: acc[4j + e] is row R0 + 8 (e >> 1), token 8j + 2t + (e & 1). */
+#pragma unroll
+    for (int j = 0; j < BT / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = m0 + 8 * j + 2 * t + e;
+            if (r >= m_end) continue;
+            if (SWIGLU) {
+                const int f = f0 + warp * 8 + g;
+                if (f < a.N) a.act[(size_t)r * a.ld_act + f] = f2bf(silu(acc[4 * j + e]) * acc[4 * j + 2 + e]);
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int f = f0 + R0 + 8 * h;
+                    if (f >= a.N) continue;
+                    float *dst = a.y + (size_t)r * a.ldy + f;
+                    const float v = acc[4 * j + 2 * h + e];
+                    *dst = a.accumulate ? *dst + v : v;
+                }
+            }
+        }
+    }
+#endif
+}
+
+/* Writes 1 when the sm_90a code is what this device runs (a binary without it, or another
+ * architecture, gets the empty body and 0). */
+static __global__ void gemm_wg_probe(int *out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+static bool wg_on = false;     /* set by gemm_wg_init */
+static bool wg_forced_off = false; /* cuda_gemm_force_mma (tests compare the two forms) */
+static size_t wg_optin = 0;
+
+extern "C" void cuda_gemm_force_mma(int on) { wg_forced_off = on != 0; }
+extern "C" int cuda_gemm_wg_active(void) { return wg_on && !wg_forced_off; }
+
+template <int BT, int STAGES, bool SWIGLU>
+static cudaError_t wg_attr() {
+    return cudaFuncSetAttribute(gemm_wg_kernel<BT, STAGES, SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)wg_optin);
+}
+
+int gemm_wg_init(char *err, size_t errlen) {
+    wg_on = false;
+    int dev = 0, major = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+        return errorf(err, errlen, ST_DEVICE, "gemm_wg: device attributes unavailable");
+    if (major != 9 || env_flag("ORCHID_NO_WGMMA")) return 0;
+    wg_optin = (size_t)optin;
+    cudaError_t e = wg_attr<WG_DENSE_BT, WG_DENSE_STAGES, false>();
+    if (e == cudaSuccess) e = wg_attr<WG_DENSE_BT, WG_DENSE_STAGES, true>();
+    if (e == cudaSuccess) e = wg_attr<GEMM_TILE_ROWS, WG_GROUPED_STAGES, false>();
+    if (e == cudaSuccess) e = wg_attr<GEMM_TILE_ROWS, WG_GROUPED_STAGES, true>();
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    int *d = NULL, h = 0;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: probe allocation failed");
+    gemm_wg_probe<<<1, 1>>>(d);
+    e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: probe failed: %s", cudaGetErrorString(e));
+    wg_on = h == 1;
+    return 0;
+}
+
+static size_t wg_bytes(const gemm_args &a, bool grouped) {
+    return grouped ? wg_smem_bytes(wg_shape<GEMM_TILE_ROWS, WG_GROUPED_STAGES>::ring, a.K)
+                   : wg_smem_bytes(wg_shape<WG_DENSE_BT, WG_DENSE_STAGES>::ring, a.K);
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+bool gemm_wg_usable(const gemm_args &a, bool swiglu) {
+    if (!wg_on || wg_forced_off || a.wlo || a.b0.bits != 4 || (swiglu && a.b1.bits != 4)) return false;
+    /* a row's scales in whole 16-byte chunks; token rows in 16-byte chunks */
+    if (a.K % 512 != 0 || a.ldx % 8 != 0 || !aligned16(a.x)) return false;
+    if (!aligned16(a.b0.codes) || !aligned16(a.b0.scales) || !aligned16(a.b0.biases)) return false;
+    if (swiglu && (!aligned16(a.b1.codes) || !aligned16(a.b1.scales) || !aligned16(a.b1.biases))) return false;
+    return wg_bytes(a, a.tiles != NULL) <= wg_optin;
+}
+
+template <int BT, int STAGES, bool SWIGLU>
+static int wg_run(const struct cuda_ctx *c, const gemm_args &a, dim3 grid, size_t smem, const char *what) {
+    gemm_wg_kernel<BT, STAGES, SWIGLU><<<grid, WG_THREADS, smem, cstream(c)>>>(a);
+    LAUNCH_CHECK(c, what);
+}
+
+int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_rows, const char *what) {
+    const bool grouped = a.tiles != NULL;
+    const int fx = (a.N + (swiglu ? WG_ROWS / 2 : WG_ROWS) - 1) / (swiglu ? WG_ROWS / 2 : WG_ROWS);
+    const size_t smem = wg_bytes(a, grouped);
+    if (grouped) {
+        const dim3 grid(fx, tile_rows);
+        return swiglu ? wg_run<GEMM_TILE_ROWS, WG_GROUPED_STAGES, true>(c, a, grid, smem, what)
+                      : wg_run<GEMM_TILE_ROWS, WG_GROUPED_STAGES, false>(c, a, grid, smem, what);
+    }
+    const dim3 grid(fx, (a.M + WG_DENSE_BT - 1) / WG_DENSE_BT);
+    return swiglu ? wg_run<WG_DENSE_BT, WG_DENSE_STAGES, true>(c, a, grid, smem, what)
+                  : wg_run<WG_DENSE_BT, WG_DENSE_STAGES, false>(c, a, grid, smem, what);
+}
+
+CUDA_TRACE_TU(gemm_wg)
