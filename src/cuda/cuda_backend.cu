@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda/cuda_internal.h"
+#include "cuda/cuda_gemm.h"
 
 extern "C" {
 #include "backend.h"
@@ -424,7 +424,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     P("router", cuda_gemm_precise(c, &d->router, cb->xn, cb->xlo, T, H, cb->rlog, E, 0));
     P("router", cuda_gemm_precise(c, &d->sh_eg, cb->xn, cb->xlo, T, H, cb->seg, 1, 0));
     P("moe_topk", cuda_moe_topk(c, cb->rlog, E, T, E, K, cf->norm_topk_prob, cb->ids, cb->mw));
-    P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, &cb->route));
+    P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, GEMM_TILE_ROWS, &cb->route));
     P("moe_grouped_swiglu", cuda_moe_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
     P("moe_grouped_down", cuda_moe_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
     P("shared_swiglu", cuda_gemm_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
@@ -478,7 +478,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     }
     P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                           cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
-    P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, &cb->route));
+    P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, 64, &cb->route));
     P("moe_skinny_swiglu", cuda_skinny_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
     P("moe_skinny_down", cuda_skinny_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
     if (!side) {

@@ -9,21 +9,13 @@
 // ORCHID_NO_WGMMA=1 keeps this one): 8-bit matrices and the router's residual pass stay here.
 #include "cuda/cuda_gemm.h"
 
-#define BM GEMM_TILE_ROWS /* token rows a block: one grouped route tile */
+#define BM 64 /* token rows a block (a route tile of 128 slots takes two) */
 #define BN 128
 #define BK 64
 #define SPAD 72 /* shared row stride in bf16: 144 B, conflict-free ldmatrix */
 #define GEMM_THREADS 256
 #define GEMM_SMEM ((2 * BM * SPAD + 2 * BN * SPAD) * 2)
 
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    const int sz = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 __device__ __forceinline__ void ldsm_x4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
@@ -118,12 +110,14 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
     const int wm = warp >> 2, wn = warp & 3;
 
     int m0, m_end, expert = 0;
-    if (a.tiles) {
+    if (a.tiles) { /* block row y: part y % subs of tile y / subs */
         const int n_tiles = a.tiles[a.max_tiles * 3];
-        if ((int)blockIdx.y >= n_tiles) return;
-        expert = a.tiles[blockIdx.y * 3];
-        m0 = a.tiles[blockIdx.y * 3 + 1];
-        m_end = a.tiles[blockIdx.y * 3 + 2];
+        const int subs = a.tile_rows > BM ? a.tile_rows / BM : 1, ti = blockIdx.y / subs;
+        if (ti >= n_tiles) return;
+        expert = a.tiles[ti * 3];
+        m0 = a.tiles[ti * 3 + 1] + (blockIdx.y - ti * subs) * BM;
+        m_end = min(a.tiles[ti * 3 + 2], a.tiles[ti * 3 + 1] + a.tile_rows);
+        if (m0 >= m_end) return;
     } else {
         m0 = blockIdx.y * BM;
         m_end = a.M;
@@ -173,11 +167,11 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
     bregs<BITS> br;
     /* prologue: stage 0 */
 #pragma unroll
-    for (int i = 0; i < 2; i++) cp_async16(As + a_row[i] * SPAD + a_ch[i] * 8, a_ok[i] ? (const void *)a_src[i] : (const void *)a.x, a_ok[i]);
-    cp_commit();
+    for (int i = 0; i < 2; i++) cpa16z(As + a_row[i] * SPAD + a_ch[i] * 8, a_ok[i] ? (const void *)a_src[i] : (const void *)a.x, a_ok[i]);
+    cpa_commit();
     load_b<BITS>(br, b_codes, b_sc, b_bi, b_ok, 0, b_half);
     store_b<BITS, WLO>(br, Bs + b_n * SPAD + b_half * 32);
-    cp_wait_all();
+    cpa_wait<0>();
     __syncthreads();
 
     for (int kt = 0; kt < nk; kt++) {
@@ -187,9 +181,9 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
             uint16_t *An = As + (buf ^ 1) * BM * SPAD;
 #pragma unroll
             for (int i = 0; i < 2; i++)
-                cp_async16(An + a_row[i] * SPAD + a_ch[i] * 8,
+                cpa16z(An + a_row[i] * SPAD + a_ch[i] * 8,
                            a_ok[i] ? (const void *)(a_src[i] + (kt + 1) * BK) : (const void *)a.x, a_ok[i]);
-            cp_commit();
+            cpa_commit();
             load_b<BITS>(br, b_codes, b_sc, b_bi, b_ok, kt + 1, b_half);
         }
         const uint16_t *Ac = As + buf * BM * SPAD;
@@ -219,7 +213,7 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
         }
         if (more) {
             store_b<BITS, WLO>(br, Bs + (buf ^ 1) * BN * SPAD + b_n * SPAD + b_half * 32);
-            cp_wait_all();
+            cpa_wait<0>();
         }
         __syncthreads();
     }
@@ -285,6 +279,7 @@ static int dispatch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, d
     if (swiglu && a.b1.bits != bits) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "%s: gate/up bit widths differ", what);
     if (a.wlo && swiglu) return errorf(c->err, c->errlen, ST_INTERNAL, "%s: residual weights with SwiGLU", what);
     if (gemm_wg_usable(a, swiglu)) return gemm_wg_launch(c, a, swiglu, (int)grid.y, what);
+    if (a.tiles && a.tile_rows > BM) grid.y *= a.tile_rows / BM; /* grouped: grid.y counts route tiles */
     if (bits == 4)
         return swiglu ? launch_gemm<4, true, false>(c, a, grid, what)
                       : a.wlo ? launch_gemm<4, false, true>(c, a, grid, what) : launch_gemm<4, false, false>(c, a, grid, what);
@@ -359,6 +354,7 @@ extern "C" int cuda_moe_grouped_swiglu(const struct cuda_ctx *c, const struct cu
     a.ld_act = gate->rows;
     a.tiles = r->tiles;
     a.max_tiles = r->max_tiles;
+    a.tile_rows = r->tile_rows;
     return dispatch(c, a, true, dim3((gate->rows + 63) / 64, cuda_moe_route_grid(r)), "moe_grouped_swiglu");
 }
 
@@ -370,6 +366,7 @@ extern "C" int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda
     a.ldy = down->rows;
     a.tiles = r->tiles;
     a.max_tiles = r->max_tiles;
+    a.tile_rows = r->tile_rows;
     return dispatch(c, a, false, dim3((down->rows + BN - 1) / BN, cuda_moe_route_grid(r)), "moe_grouped_down");
 }
 

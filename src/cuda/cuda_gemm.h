@@ -22,18 +22,21 @@ struct gemm_args {
     int ld_act;
     const int32_t *tiles; /* grouped: [max_tiles][3] then the count */
     int max_tiles;
+    int tile_rows; /* grouped: the route's slots a tile (64 or 128) */
     int wlo; /* dequantize the rounding residual w - bf16(w) instead of w (precise passes) */
 };
 
-/* Rows of a grouped route tile (cuda_moe.cu's MOE_BM): both GEMM forms take one tile a block row. */
-#define GEMM_TILE_ROWS 64
+/* Slots a route tile holds for the prefill GEMMs (cuda_moe_route_build's tile_rows): the
+ * wgmma form takes one such tile a block row, the mma.sync form two blocks of 64 rows. The
+ * batched-decode kernels (cuda_skinny.cu) need tiles of at most 64. */
+#define GEMM_TILE_ROWS 128
 
 /* The Hopper form (cuda_gemm_wg.cu). gemm_wg_init: shared-memory opt-ins and a probe that the
  * sm_90a code is what runs here (off with ORCHID_NO_WGMMA=1); gemm_wg_usable: whether this
  * product can take it (4-bit, no residual pass, shapes and alignment); gemm_wg_launch:
- * launches it (grid from the arguments: dense when a.tiles is NULL). */
+ * launches it (dense when a.tiles is NULL; grouped: tile_blocks block rows, one a route tile). */
 int gemm_wg_init(char *err, size_t errlen);
 bool gemm_wg_usable(const gemm_args &a, bool swiglu);
-int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_rows, const char *what);
+int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_blocks, const char *what);
 
 #endif

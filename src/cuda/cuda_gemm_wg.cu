@@ -6,11 +6,14 @@
 // rows, 64 a warpgroup (two warpgroups, 256 threads), and a thread dequantizes exactly the
 // rows and k positions of its own A fragment (rows g and g + 8 of its warp's 16, k = 2t,
 // 2t + 1, 2t + 8, 2t + 9 of each k16 step: byte t of each code word) from the staged codes,
-// so the bf16 weights never pass through shared memory. The tokens are the B operand: BT
-// token rows (128 dense, 64 = one route tile grouped) × 64 k, one quantization group a
-// stage, copied by cp.async into 128-byte rows in the 128-byte swizzle wgmma reads (16-byte
-// chunk c of row n at chunk c ^ (n & 7)); the accumulator is 64 weight rows × BT tokens in
-// fp32 registers, written out transposed (y[token, row]).
+// so the bf16 weights never pass through shared memory. The tokens are the B operand: 128
+// token rows (a dense block's, or one route tile of 128 slots) × 64 k, one quantization
+// group a stage, copied by cp.async into 128-byte rows in the 128-byte swizzle wgmma reads
+// (16-byte chunk c of row n at chunk c ^ (n & 7)); the accumulator is 64 weight rows × 128
+// tokens in fp32 registers, written out transposed (y[token, row]). A route tile of at most
+// 64 slots issues wgmma with N = 64 (cuda_wgmma.h); 128-slot route tiles halve the
+// dequantization a grouped product pays per token against 64-slot ones (H200, 8 × 512-token
+// pack: grouped gate/up 520 → 423 µs, down 323 → 278 µs a layer).
 //
 // Numerics: w = bf16(s·q + b) in one fused bf16x2 fma (s, q, b exact in bf16, the product
 // exact: the rounding of cuda_gemm.cu's fp32 fma + bf16 conversion whenever that fma is
@@ -27,14 +30,16 @@
 // Codes are staged 48 bytes a row (32 + 16 pad: a warp's 16-byte reads of 8 rows touch
 // distinct banks); scales and biases of the block's rows for all K come once, at the start.
 #include "cuda/cuda_gemm.h"
+#include "cuda/cuda_wgmma.h"
 
 #define WG_THREADS 256
+#define WG_BT 128     /* token rows a block (dense) or route tile (grouped) */
 #define WG_ROWS 128   /* weight rows a block (64 a warpgroup) */
 #define WG_CSTRIDE 48 /* bytes a staged codes row */
 
-template <int BT, int STAGES>
+template <int STAGES>
 struct wg_shape {
-    static constexpr int act = BT * 128;              /* BT tokens × 64 bf16 */
+    static constexpr int act = WG_BT * 128;           /* 128 tokens × 64 bf16 */
     static constexpr int codes = WG_ROWS * WG_CSTRIDE; /* 6,144 */
     static constexpr int stage = act + codes;
     static constexpr int ring = STAGES * stage;
@@ -44,14 +49,13 @@ struct wg_shape {
  * banks and rows 16-byte aligned for cp.async). */
 static inline size_t wg_smem_bytes(int ring, int K) { return 1024 + (size_t)ring + (size_t)WG_ROWS * (K / 64 + 8) * 4; }
 
-#define WG_DENSE_BT 128
-#define WG_DENSE_STAGES 5
-#define WG_GROUPED_STAGES 6
-
-__device__ __forceinline__ void cpa16z(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
+/* Two blocks an SM (4 stages, registers capped at 128: a few bytes spill) where the shared
+ * memory allows it (K ≤ 2,048 on the H200), else one block of 5 stages: measured on the
+ * H200 at 4,096 tokens, GDN in-projection 149 → 131 µs a call as two blocks, the K = 4,096
+ * out-projection 261 µs as one block against 274 as the 4-stage form alone.
+ * ORCHID_WG_ONE_BLOCK=1 keeps every product on the one-block form (A/B). */
+#define WG_STAGES1 5
+#define WG_STAGES2 4
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows 128 bytes
@@ -59,34 +63,6 @@ __device__ __forceinline__ void cpa16z(void *smem, const void *gmem, bool valid)
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
-}
-
-#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-                 "+f"(d[i + 6]), "+f"(d[i + 7])
-
-/* D[64 × BT] += A[64 × 16] (registers) · B[16 × BT] (descriptor). */
-template <int BT>
-__device__ __forceinline__ void wgmma_rs(float (&d)[BT / 2], const uint32_t *a, uint64_t desc);
-template <>
-__device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const uint32_t *a, uint64_t desc) {
-    asm volatile(
-                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
-        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
-        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-template <>
-__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const uint32_t *a, uint64_t desc) {
-    asm volatile(
-                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 
 /* Operand fences: a volatile empty asm that "writes" each register, so the compiler neither
@@ -116,11 +92,12 @@ __device__ __forceinline__ uint32_t wg_dq(uint32_t w, uint32_t sel, uint32_t s2,
 }
 #endif
 
-template <int BT, int STAGES, bool SWIGLU>
-static __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(gemm_args a) {
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
+static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BT = WG_BT;
     TRACE_KERNEL();
-    typedef wg_shape<BT, STAGES> S;
+    typedef wg_shape<STAGES> S;
     extern __shared__ __align__(16) uint8_t wg_raw[];
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(wg_raw);
     uint8_t *ring = wg_raw + ((1024 - (raw_s & 1023)) & 1023); /* the swizzle needs 1,024-byte atoms */
@@ -209,9 +186,9 @@ static __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(gemm_args
         cpa_commit();
     }
 
-    float acc[BT / 2];
+    float acc[64];
 #pragma unroll
-    for (int i = 0; i < BT / 2; i++) acc[i] = 0.0f;
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
     uint32_t af0[16], af1[16];
     const uint32_t sel = (uint32_t)t | ((uint32_t)(t + 4) << 8);
     const int R0 = warp * 16 + g; /* this thread's first staged row; the second is R0 + 8 */
@@ -253,8 +230,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(gemm_args
         reg_fence(af);
         reg_fence(acc);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_rs<BT>(acc, af + 4 * kk, desc[kk]);
+        wgmma_group<PARTIAL>(m_end - m0, acc, af, desc);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         reg_fence(acc);
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -307,30 +283,41 @@ static __global__ void gemm_wg_probe(int *out) {
 }
 
 static bool wg_on = false;     /* set by gemm_wg_init */
+static bool wg_two = false;    /* products may take the two-blocks-an-SM form */
+static size_t wg_sm_smem = 0;  /* shared memory an SM */
 static bool wg_forced_off = false; /* cuda_gemm_force_mma (tests compare the two forms) */
 static size_t wg_optin = 0;
 
 extern "C" void cuda_gemm_force_mma(int on) { wg_forced_off = on != 0; }
 extern "C" int cuda_gemm_wg_active(void) { return wg_on && !wg_forced_off; }
 
-template <int BT, int STAGES, bool SWIGLU>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
 static cudaError_t wg_attr() {
-    return cudaFuncSetAttribute(gemm_wg_kernel<BT, STAGES, SWIGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)wg_optin);
+}
+template <bool PARTIAL>
+static cudaError_t wg_attrs() {
+    cudaError_t e = wg_attr<WG_STAGES1, false, 1, PARTIAL>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES1, true, 1, PARTIAL>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES2, false, 2, PARTIAL>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES2, true, 2, PARTIAL>();
+    return e;
 }
 
 int gemm_wg_init(char *err, size_t errlen) {
     wg_on = false;
-    int dev = 0, major = 0, optin = 0;
+    int dev = 0, major = 0, optin = 0, per_sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev))
         return errorf(err, errlen, ST_DEVICE, "gemm_wg: device attributes unavailable");
     if (major != 9 || env_flag("ORCHID_NO_WGMMA")) return 0;
     wg_optin = (size_t)optin;
-    cudaError_t e = wg_attr<WG_DENSE_BT, WG_DENSE_STAGES, false>();
-    if (e == cudaSuccess) e = wg_attr<WG_DENSE_BT, WG_DENSE_STAGES, true>();
-    if (e == cudaSuccess) e = wg_attr<GEMM_TILE_ROWS, WG_GROUPED_STAGES, false>();
-    if (e == cudaSuccess) e = wg_attr<GEMM_TILE_ROWS, WG_GROUPED_STAGES, true>();
+    wg_sm_smem = (size_t)per_sm;
+    wg_two = !env_flag("ORCHID_WG_ONE_BLOCK");
+    cudaError_t e = wg_attrs<false>();
+    if (e == cudaSuccess) e = wg_attrs<true>();
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     int *d = NULL, h = 0;
     if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: probe allocation failed");
@@ -343,40 +330,41 @@ int gemm_wg_init(char *err, size_t errlen) {
     return 0;
 }
 
-static size_t wg_bytes(const gemm_args &a, bool grouped) {
-    return grouped ? wg_smem_bytes(wg_shape<GEMM_TILE_ROWS, WG_GROUPED_STAGES>::ring, a.K)
-                   : wg_smem_bytes(wg_shape<WG_DENSE_BT, WG_DENSE_STAGES>::ring, a.K);
-}
-
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 bool gemm_wg_usable(const gemm_args &a, bool swiglu) {
     if (!wg_on || wg_forced_off || a.wlo || a.b0.bits != 4 || (swiglu && a.b1.bits != 4)) return false;
+    if (a.tiles && a.tile_rows != WG_BT) return false; /* a route of 64-slot tiles: the mma.sync form */
     /* a row's scales in whole 16-byte chunks; token rows in 16-byte chunks */
     if (a.K % 512 != 0 || a.ldx % 8 != 0 || !aligned16(a.x)) return false;
     if (!aligned16(a.b0.codes) || !aligned16(a.b0.scales) || !aligned16(a.b0.biases)) return false;
     if (swiglu && (!aligned16(a.b1.codes) || !aligned16(a.b1.scales) || !aligned16(a.b1.biases))) return false;
-    return wg_bytes(a, a.tiles != NULL) <= wg_optin;
+    return wg_smem_bytes(wg_shape<WG_STAGES1>::ring, a.K) <= wg_optin;
 }
 
-template <int BT, int STAGES, bool SWIGLU>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
 static int wg_run(const struct cuda_ctx *c, const gemm_args &a, dim3 grid, size_t smem, const char *what) {
-    gemm_wg_kernel<BT, STAGES, SWIGLU><<<grid, WG_THREADS, smem, cstream(c)>>>(a);
+    gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL><<<grid, WG_THREADS, smem, cstream(c)>>>(a);
     LAUNCH_CHECK(c, what);
 }
 
-int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_rows, const char *what) {
-    const bool grouped = a.tiles != NULL;
-    const int fx = (a.N + (swiglu ? WG_ROWS / 2 : WG_ROWS) - 1) / (swiglu ? WG_ROWS / 2 : WG_ROWS);
-    const size_t smem = wg_bytes(a, grouped);
-    if (grouped) {
-        const dim3 grid(fx, tile_rows);
-        return swiglu ? wg_run<GEMM_TILE_ROWS, WG_GROUPED_STAGES, true>(c, a, grid, smem, what)
-                      : wg_run<GEMM_TILE_ROWS, WG_GROUPED_STAGES, false>(c, a, grid, smem, what);
-    }
-    const dim3 grid(fx, (a.M + WG_DENSE_BT - 1) / WG_DENSE_BT);
-    return swiglu ? wg_run<WG_DENSE_BT, WG_DENSE_STAGES, true>(c, a, grid, smem, what)
-                  : wg_run<WG_DENSE_BT, WG_DENSE_STAGES, false>(c, a, grid, smem, what);
+/* Dense products fill every tile but the last: N is always 128. A grouped tile of at most 64
+ * slots issues N = 64. */
+template <bool PARTIAL>
+static int wg_launch_n(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, dim3 grid, const char *what) {
+    const size_t smem2 = wg_smem_bytes(wg_shape<WG_STAGES2>::ring, a.K);
+    if (wg_two && 2 * (smem2 + 1024) <= wg_sm_smem) /* (1 KB an SM block is the runtime's) */
+        return swiglu ? wg_run<WG_STAGES2, true, 2, PARTIAL>(c, a, grid, smem2, what)
+                      : wg_run<WG_STAGES2, false, 2, PARTIAL>(c, a, grid, smem2, what);
+    const size_t smem1 = wg_smem_bytes(wg_shape<WG_STAGES1>::ring, a.K);
+    return swiglu ? wg_run<WG_STAGES1, true, 1, PARTIAL>(c, a, grid, smem1, what)
+                  : wg_run<WG_STAGES1, false, 1, PARTIAL>(c, a, grid, smem1, what);
+}
+
+int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_blocks, const char *what) {
+    const int fr = swiglu ? WG_ROWS / 2 : WG_ROWS; /* features a block */
+    const dim3 grid((a.N + fr - 1) / fr, a.tiles ? tile_blocks : (a.M + WG_BT - 1) / WG_BT);
+    return a.tiles ? wg_launch_n<true>(c, a, swiglu, grid, what) : wg_launch_n<false>(c, a, swiglu, grid, what);
 }
 
 CUDA_TRACE_TU(gemm_wg)

@@ -278,6 +278,26 @@ __device__ __forceinline__ float block_sum(float v, float *sh32) {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
+/* The gated RMSNorm of one 128-wide head by one warp, lane holding d = 32·i + lane: the
+ * 128-thread block_sum's order (four warp sums, then a warp sum of them in lanes 0..3),
+ * then w·y·inv·silu(z) as bf16 into dst[0..127]. cuda_gdn.cu's gated_norm128_kernel and
+ * cuda_tcv.cu's fused stage both use it, so they agree with the block form bit for bit. */
+__device__ __forceinline__ void gnorm128_warp(const float (&yv)[4], const float (&zv)[4], const float *w, float eps,
+                                              uint16_t *dst) {
+    const int lane = threadIdx.x & 31;
+    float part[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) part[i] = warp_sum(yv[i] * yv[i]);
+    const float t = lane == 0 ? part[0] : lane == 1 ? part[1] : lane == 2 ? part[2] : lane == 3 ? part[3] : 0.0f;
+    const float ss = warp_sum(t);
+    const float inv = rsqrtf(ss / 128.0f + eps);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int d = 32 * i + lane;
+        dst[d] = f2bf(w[d] * yv[i] * inv * silu(zv[i]));
+    }
+}
+
 /* Asynchronous global → shared copies (cp.async, sm_80+): 16 bytes through L2 only, 8 or
  * 4 bytes through L1; one commit group per call of cpa_commit; cpa_wait<N> returns when at
  * most N of this thread's groups are still in flight (a barrier then shows them to the
@@ -293,6 +313,11 @@ __device__ __forceinline__ void cpa8(void *smem, const void *gmem) {
 __device__ __forceinline__ void cpa4(void *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+/* 16 bytes, or 16 zero bytes when !valid (gmem must still be a valid address). */
+__device__ __forceinline__ void cpa16z(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

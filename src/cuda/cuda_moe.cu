@@ -9,7 +9,6 @@
 
 #include "cuda/cuda_gemm.h"
 
-#define MOE_BM GEMM_TILE_ROWS /* a route tile: one block row of the grouped GEMMs */
 
 /* PDL (every kernel here triggers at its start, except the router: after its rows): the
  * router and the shared expert's gate/up rows issue their first weight loads before
@@ -568,7 +567,7 @@ __device__ __forceinline__ void warp_scan2(int &a, int &b, int lane) {
 
 /* ---- large-batch routing: one block does histogram, scan, tile list and scatter ---- */
 
-static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, int S, int E, int K,
+static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, int S, int E, int K, int tile_shift,
                                                             cuda_moe_route r) {
     TRACE_KERNEL();
     __shared__ int cnt[1024], off[1025], toff[1025], cur[1024];
@@ -582,14 +581,14 @@ static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, 
     __syncthreads();
     for (int i = tid; i < S; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
     __syncthreads();
-    /* exclusive scans of the counts and of the tiles (⌈count / MOE_BM⌉) over the experts:
+    /* exclusive scans of the counts and of the tiles (⌈count / tile rows⌉) over the experts:
      * thread e < E holds expert e; warp scans by shuffles, then the warp totals (E <= 1024:
      * 32 warps at most) scanned by warp 0. Was one thread's serial loop over E: ~4 µs of the
      * route's 11 at 64 tokens (H200). */
     {
         __shared__ int wsum[32], wtile[32];
         const int lane = tid & 31, wid = tid >> 5;
-        const int n = tid < E ? cnt[tid] : 0, nt = (n + MOE_BM - 1) / MOE_BM;
+        const int n = tid < E ? cnt[tid] : 0, nt = (n + (1 << tile_shift) - 1) >> tile_shift;
         int a = n, b = nt;
         warp_scan2(a, b, lane);
         if (lane == 31) {
@@ -622,7 +621,7 @@ static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, 
         for (int j = 0; j < toff[e + 1] - toff[e]; j++) {
             const int ti = toff[e] + j;
             r.tiles[ti * 3] = e;
-            r.tiles[ti * 3 + 1] = off[e] + j * MOE_BM;
+            r.tiles[ti * 3 + 1] = off[e] + (j << tile_shift);
             r.tiles[ti * 3 + 2] = off[e] + cnt[e];
         }
     }
@@ -635,15 +634,19 @@ static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, 
     }
 }
 
-extern "C" int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K,
+extern "C" int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, int tile_rows,
                                     struct cuda_moe_route *r) {
     if (E > 1024) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_route: %d experts", E);
-    const int need = (T * K + MOE_BM - 1) / MOE_BM + E;
+    int shift = 3;
+    while (shift < 7 && (1 << shift) < tile_rows) shift++;
+    if ((1 << shift) != tile_rows) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_route: tiles of %d slots", tile_rows);
+    const int need = (T * K + tile_rows - 1) / tile_rows + E;
     if (need > r->max_tiles) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_route: %d tiles > capacity %d", need, r->max_tiles);
     r->bound_tiles = need;
+    r->tile_rows = tile_rows;
     r->n_experts = E;
     r->n_slots = T * K;
-    LAUNCH_CHECK_RC(c, launch_k(route_kernel, dim3(1), dim3(1024), 0, cstream(c), ids, T * K, E, K, *r), "moe_route");
+    LAUNCH_CHECK_RC(c, launch_k(route_kernel, dim3(1), dim3(1024), 0, cstream(c), ids, T * K, E, K, shift, *r), "moe_route");
 }
 
 /* Block (token t, 256 columns): one output a thread, its K expert rows requested together

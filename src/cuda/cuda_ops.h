@@ -212,7 +212,8 @@ struct cuda_moe_route {
     int32_t *slot_of_pair;/* [T*K] */
     int32_t *tiles;       /* [max_tiles * 3] (expert, m0, m_end), then n_tiles at [max_tiles*3] */
     int max_tiles;
-    int bound_tiles;      /* the most tiles the last cuda_moe_route_build can have made: ⌈T·K/64⌉ + E */
+    int bound_tiles;      /* the most tiles the last cuda_moe_route_build can have made: ⌈T·K/tile_rows⌉ + E */
+    int tile_rows;        /* slots a tile of the last build (64: the skinny kernels; 128: the prefill GEMMs) */
     int n_experts, n_slots; /* E and T·K of the last cuda_moe_route_build (host side) */
 };
 /* Grid rows of a grouped launch over a route: its bound, not the capacity (a 64-token
@@ -221,7 +222,10 @@ struct cuda_moe_route {
 static inline int cuda_moe_route_grid(const struct cuda_moe_route *r) {
     return r->bound_tiles > 0 && r->bound_tiles < r->max_tiles ? r->bound_tiles : r->max_tiles;
 }
-int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, struct cuda_moe_route *r);
+/* Sorts the T·K (token, expert) pairs by expert into slots and cuts each expert's run into
+ * tiles of at most tile_rows (a power of two, 8..128) slots. */
+int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, int tile_rows,
+                         struct cuda_moe_route *r);
 int cuda_moe_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act);
 int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,

@@ -568,13 +568,20 @@ extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qm
     return sk_dispatch<true, false>(c, a, (T + 7) / 8, gate->rows, 1, "skinny_swiglu");
 }
 
+static int sk_check_route(const struct cuda_ctx *c, const struct cuda_moe_route *r, const char *what) {
+    if (r->tile_rows > 64)
+        return errorf(c->err, c->errlen, ST_INTERNAL, "%s: route tiles of %d slots (at most 64 here)", what, r->tile_rows);
+    return 0;
+}
+
 /* Grouped by the route's tiles: tiles hold at most 64 slots; the kernel takes them in
  * passes of 8 (NT = 1), which covers the usual decode counts (a few tokens per expert)
  * in one pass. */
 extern "C" int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                                           const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act) {
     int rc;
-    if ((rc = sk_check(c, gate, ldx, "skinny_grouped_swiglu")) || (rc = sk_check(c, up, ldx, "skinny_grouped_swiglu")))
+    if ((rc = sk_check(c, gate, ldx, "skinny_grouped_swiglu")) || (rc = sk_check(c, up, ldx, "skinny_grouped_swiglu")) ||
+        (rc = sk_check_route(c, r, "skinny_grouped_swiglu")))
         return rc;
     sk_args a = sk_args_for(gate, xn, ldx, r);
     a.w1 = *up;
@@ -589,7 +596,8 @@ extern "C" int cuda_skinny_grouped_swiglu(const struct cuda_ctx *c, const struct
 extern "C" int cuda_skinny_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
                                         const struct cuda_moe_route *r, float *out) {
     int rc;
-    if ((rc = sk_check(c, down, down->cols, "skinny_grouped_down"))) return rc;
+    if ((rc = sk_check(c, down, down->cols, "skinny_grouped_down")) || (rc = sk_check_route(c, r, "skinny_grouped_down")))
+        return rc;
     sk_args a = sk_args_for(down, act, down->cols, r);
     a.y = out;
     a.ldy = down->rows;

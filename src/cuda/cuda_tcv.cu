@@ -85,17 +85,7 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K,
         for (int j = 0; j < HW; j++) {
             const int h = h0 + j * nw + warp;
             if (h >= gn.Hv) continue; /* warp-uniform */
-            float part[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) part[i] = warp_sum(yv[j][i] * yv[j][i]);
-            const float t = lane == 0 ? part[0] : lane == 1 ? part[1] : lane == 2 ? part[2] : lane == 3 ? part[3] : 0.0f;
-            const float ss = warp_sum(t);
-            const float inv = rsqrtf(ss / 128.0f + gn.eps);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int d = 32 * i + lane;
-                xs[h * 128 + d] = f2bf(gn.w[d] * yv[j][i] * inv * silu(zv[j][i]));
-            }
+            gnorm128_warp(yv[j], zv[j], gn.w, gn.eps, xs + h * 128);
         }
     }
     __syncthreads();

@@ -15,6 +15,9 @@
  *
  * --trace DIR: one more forward at T = 1 and at the largest T with the in-kernel timeline
  * on (cuda_backend_trace_next), written to DIR/trace_T<T>.csv (tools/trace_report.py).
+ * --pack K: the sessions are prefilled K at a time, one forward of K × ctx tokens each (the
+ * server's packed prompt chunks, sched_plan_invariant; K · ctx ≤ the backend's
+ * max_batch_tokens), each pack timed and the last one profiled per op.
  */
 #include <stdint.h>
 
@@ -50,13 +53,14 @@ static int step(struct backend *be, struct backend_session **ss, int T, int pos,
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *shape = "35b-a3b", *batches = "1,8,16,17,32,64", *trace_dir = NULL;
-    int ctx = 512, steps = 8;
+    int ctx = 512, steps = 8, pack = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--shape")) shape = argv[i + 1];
         else if (!strcmp(argv[i], "--ctx")) ctx = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--batches")) batches = argv[i + 1];
         else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--trace")) trace_dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--pack")) pack = atoi(argv[i + 1]);
     }
     int Ts[32], nT = 0, maxT = 1;
     for (const char *p = batches; *p && nT < 32;) {
@@ -85,14 +89,42 @@ int main(int argc, char **argv) {
     const size_t lbytes = (size_t)maxT * V * sizeof(float);
     float *logits = be->host_alloc ? be->host_alloc(be, lbytes) : malloc(lbytes);
     for (int i = 0; i < maxT; i++) dst[i] = logits + (size_t)i * V;
-    t0 = now_seconds();
-    for (int s = 0; s < maxT; s++) {
-        int32_t *p = malloc(sizeof(int32_t) * (size_t)ctx);
-        for (int i = 0; i < ctx; i++) p[i] = (int32_t)((((uint64_t)(i + 131 * s) * 2654435761u) & 0xffffffffu) % (uint64_t)V);
-        if (feed(be, ss[s], p, ctx, 0, ctx, NULL, V, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-        free(p);
+    if (pack < 1 || pack > maxT || (long)pack * ctx > be->max_batch_tokens) {
+        fprintf(stderr, "--pack %d: needs 1 <= K <= %d sessions and K x %d tokens <= %d\n", pack, maxT, ctx, be->max_batch_tokens);
+        return 1;
     }
-    printf("prefilled %d sessions x %d tokens in %.2f s\n", maxT, ctx, now_seconds() - t0);
+    t0 = now_seconds();
+    int32_t *ptok = malloc(sizeof(int32_t) * (size_t)pack * ctx), *ppos = malloc(sizeof(int32_t) * (size_t)pack * ctx);
+    int32_t *pseq = malloc(sizeof(int32_t) * (size_t)pack * ctx), *prow = malloc(sizeof(int32_t) * (size_t)pack);
+    int32_t *pids = malloc(sizeof(int32_t) * (size_t)pack);
+    float **pnone = calloc((size_t)pack, sizeof(float *));
+    for (int s0 = 0; s0 < maxT; s0 += pack) {
+        const int k = maxT - s0 < pack ? maxT - s0 : pack;
+        for (int j = 0; j < k; j++)
+            for (int i = 0; i < ctx; i++) {
+                ptok[j * ctx + i] = (int32_t)((((uint64_t)(i + 131 * (s0 + j)) * 2654435761u) & 0xffffffffu) % (uint64_t)V);
+                ppos[j * ctx + i] = i;
+                pseq[j * ctx + i] = j;
+            }
+        for (int j = 0; j < k; j++) prow[j] = j * ctx + ctx - 1;
+        /* one forward for the pack, each prompt's last row's argmax (as the server asks) */
+        const bool last = s0 + pack >= maxT && s0 > 0;
+        if (last && cuda_backend_set_profile(be, 1, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        const double tp = now_seconds();
+        struct fwd_batch b = {.n_tokens = k * ctx, .tokens = ptok, .pos = ppos, .seq = pseq, .sessions = ss + s0,
+                              .n_seqs = k, .n_out = k, .out_rows = prow, .out_logits = pnone, .out_argmax = pids};
+        if (be->forward(be, &b, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        if (pack > 1 && !last)
+            printf("pack of %d x %d tokens: %.1f ms (%.0f tok/s)\n", k, ctx, (now_seconds() - tp) * 1e3,
+                   k * ctx / (now_seconds() - tp));
+        if (last) {
+            printf("\nprofile: one pack of %d sequences x %d tokens (GPU time per op)\n", k, ctx);
+            cuda_backend_profile_dump(be, stdout);
+            if (cuda_backend_set_profile(be, 0, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        }
+    }
+    free(ptok); free(ppos); free(pseq); free(prow); free(pids); free(pnone);
+    printf("prefilled %d sessions x %d tokens, %d a forward, in %.2f s\n", maxT, ctx, pack, now_seconds() - t0);
     for (int i = 0; i < maxT; i++) tok[i] = (int32_t)(1000 + 7 * i);
     int pos = ctx;
     printf("\n| T | ms/step, T logits rows (pinned) | no outputs | T argmax ids | T sampled ids, T = 1 | T sampled ids, "

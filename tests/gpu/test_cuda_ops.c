@@ -849,7 +849,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
         r.tiles = r.slot_of_pair + T * K;
         r.max_tiles = max_tiles;
         uint16_t *dsact; DEV(dsact, (size_t)T * I * 2);
-        OK(cuda_moe_route_build(&ctx, dids, T, E, K, &r));
+        OK(cuda_moe_route_build(&ctx, dids, T, E, K, grouped >= 2 ? 64 : 128, &r));
         if (grouped >= 2) { /* the batched-decode form: skinny tensor-core kernels */
             OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
             OK(cuda_skinny_grouped_down(&ctx, &down.d, dact, &r, ded));

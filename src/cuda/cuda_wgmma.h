@@ -1,0 +1,56 @@
+// cuda/cuda_wgmma.h — wgmma.mma_async m64nNk16 (sm_90a), bf16 × bf16 → fp32, A from registers
+// and B through a shared-memory descriptor, for the prefill GEMM (cuda_gemm_wg.cu): N = 128
+// (a full token tile) and N = 64 (a route tile of at most 64 slots, half the tensor work).
+// The accumulator is a 64-float array (N/2 of it used: d[4j + e] is row g + 8(e >> 1),
+// column 8j + 2t + (e & 1) of the warp's 16 rows); scale-d is the immediate 1 (accumulate),
+// A and B unscaled, B K-major (not transposed).
+#ifndef ORCHID_CUDA_WGMMA_H
+#define ORCHID_CUDA_WGMMA_H
+
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+__device__ __forceinline__ void wgmma_n64(float (&d)[64], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+#undef WG_D8
+
+/* The four k16 steps of one quantization group: N = 128, or N = 64 when the tile has at
+ * most 64 rows and may be partial (a grouped product's route tiles). The branch sits
+ * outside the issue sequence, so no other instruction comes between a group's wgmma (ptxas
+ * would serialise them); ptxas adds a warpgroup.arrive where the two paths join (C7519).
+ * Measured on the H200 (8 × 512-token pack): N by the tile's rows rounded to 8 (a 16-way
+ * switch) was 1 % slower than this; the dense products, always N = 128, lost 5-15 % when
+ * they took the branch. */
+template <bool PARTIAL>
+__device__ __forceinline__ void wgmma_group(int rows, float (&d)[64], const uint32_t *af, const uint64_t *desc) {
+    if (PARTIAL && rows <= 64) {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_n64(d, af + 4 * kk, desc[kk]);
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_n128(d, af + 4 * kk, desc[kk]);
+    }
+}
+#endif
+
+#endif
