@@ -349,7 +349,8 @@ static int wg_run(const struct cuda_ctx *c, const gemm_args &a, dim3 grid, size_
 }
 
 /* Dense products fill every tile but the last: N is always 128. A grouped tile of at most 64
- * slots issues N = 64. */
+ * slots issues N = 64 (H200, 8 × 512 pack: gate/up 425 µs a layer against 445 with N = 128
+ * for every tile, down 280 against 283). */
 template <bool PARTIAL>
 static int wg_launch_n(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, dim3 grid, const char *what) {
     const size_t smem2 = wg_smem_bytes(wg_shape<WG_STAGES2>::ring, a.K);

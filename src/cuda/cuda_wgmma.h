@@ -37,7 +37,9 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[64], const uint32_t *a, uin
 /* The four k16 steps of one quantization group: N = 128, or N = 64 when the tile has at
  * most 64 rows and may be partial (a grouped product's route tiles). The branch sits
  * outside the issue sequence, so no other instruction comes between a group's wgmma (ptxas
- * would serialise them); ptxas adds a warpgroup.arrive where the two paths join (C7519).
+ * would serialise them); ptxas adds a warpgroup.arrive where the two paths join (its C7519
+ * notes in the build log; two copies of the whole loop instead, one a N, made it serialise
+ * the wgmma for want of registers).
  * Measured on the H200 (8 × 512-token pack): N by the tile's rows rounded to 8 (a 16-way
  * switch) was 1 % slower than this; the dense products, always N = 128, lost 5-15 % when
  * they took the branch. */
