@@ -222,6 +222,31 @@ static int upload_weights(struct cuda_backend *cb, const struct model_weights *w
     return 0;
 }
 
+/* ---- the side stream (the shared expert beside the routed experts) ----
+ * side_fork: when the forward may use it (not while profiling or tracing, which name ops in
+ * one stream; not with ORCHID_NO_SIDE_STREAM=1), makes `side` wait for everything queued on
+ * the main stream so far and gives its context; side_record_join marks the end of the side
+ * work, side_join makes the main stream wait for it. Only the shared expert and its gate run
+ * there: their kernels keep no global partials or counters, so nothing is shared with the
+ * launches beside them, and their sums have a fixed order (same bits either way). */
+static bool side_fork(struct cuda_backend *cb, const cuda_ctx *c, cuda_ctx *cs) {
+    if (!cb->side || cb->prof_on || cb->trace_path) return false;
+    *cs = {(cuda_stream_t)cb->side, c->err, c->errlen};
+    if (cudaEventRecord(cb->fork_ev, cb->stream) != cudaSuccess || cudaStreamWaitEvent(cb->side, cb->fork_ev, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return false; /* the work then runs on the main stream */
+    }
+    return true;
+}
+static int side_record_join(struct cuda_backend *cb, const cuda_ctx *c) {
+    CUDA_TRY(cudaEventRecord(cb->join_ev, cb->side), c->err, c->errlen, "cuda forward: end of the side stream's work");
+    return 0;
+}
+static int side_join(struct cuda_backend *cb, const cuda_ctx *c) {
+    CUDA_TRY(cudaStreamWaitEvent(cb->stream, cb->join_ev, 0), c->err, c->errlen, "cuda forward: join the side stream");
+    return 0;
+}
+
 /* ---- per-op profile ---- */
 
 static void prof_mark(struct cuda_backend *cb, const char *name) {
@@ -421,14 +446,29 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         return 0;
     }
     P("post_rmsnorm", cuda_rmsnorm_split(c, cb->x, d->post_norm, T, H, cf->rms_eps, cb->xn, cb->xlo));
+    /* the shared expert and its gate need only xn / xlo: on the side stream, beside the
+     * router, the one-block route build and the grouped products (H200, 8 × 512-token pack:
+     * the gate's three one-row passes and the route leave most SMs idle) */
+    cuda_ctx cs;
+    const bool side = side_fork(cb, c, &cs);
+    if (side) {
+        if ((rc = cuda_gemm_precise(&cs, &d->sh_eg, cb->xn, cb->xlo, T, H, cb->seg, 1, 0))) return rc;
+        if ((rc = cuda_gemm_swiglu(&cs, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is))) return rc;
+        if ((rc = cuda_gemm_dense(&cs, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0))) return rc;
+        if ((rc = side_record_join(cb, c))) return rc;
+    }
     P("router", cuda_gemm_precise(c, &d->router, cb->xn, cb->xlo, T, H, cb->rlog, E, 0));
-    P("router", cuda_gemm_precise(c, &d->sh_eg, cb->xn, cb->xlo, T, H, cb->seg, 1, 0));
+    if (!side) P("router", cuda_gemm_precise(c, &d->sh_eg, cb->xn, cb->xlo, T, H, cb->seg, 1, 0));
     P("moe_topk", cuda_moe_topk(c, cb->rlog, E, T, E, K, cf->norm_topk_prob, cb->ids, cb->mw));
     P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, GEMM_TILE_ROWS, &cb->route));
     P("moe_grouped_swiglu", cuda_moe_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
     P("moe_grouped_down", cuda_moe_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
-    P("shared_swiglu", cuda_gemm_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
-    P("shared_down", cuda_gemm_dense(c, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0));
+    if (!side) {
+        P("shared_swiglu", cuda_gemm_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
+        P("shared_down", cuda_gemm_dense(c, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0));
+    } else if ((rc = side_join(cb, c))) {
+        return rc;
+    }
     P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
     return 0;
 }
@@ -467,14 +507,12 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     /* the shared expert needs only xn: on the side stream, beside the router's chain of small
      * launches (router, route) that leave most SMs idle; its kernels' results do not depend
      * on what runs beside them (their reductions have a fixed order) */
-    const bool side = cb->side && !cb->prof_on && !cb->trace_path; /* profiles and timelines name ops in one stream */
+    cuda_ctx cs;
+    const bool side = side_fork(cb, c, &cs);
     if (side) {
-        const cuda_ctx cs = {(cuda_stream_t)cb->side, c->err, c->errlen};
-        CUDA_TRY(cudaEventRecord(cb->fork_ev, cb->stream), c->err, c->errlen, "cuda forward: fork the shared expert");
-        CUDA_TRY(cudaStreamWaitEvent(cb->side, cb->fork_ev, 0), c->err, c->errlen, "cuda forward: fork the shared expert");
         if ((rc = cuda_skinny_swiglu(&cs, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is))) return rc;
         if ((rc = cuda_skinny_dense(&cs, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0))) return rc;
-        CUDA_TRY(cudaEventRecord(cb->join_ev, cb->side), c->err, c->errlen, "cuda forward: join the shared expert");
+        if ((rc = side_record_join(cb, c))) return rc;
     }
     P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                           cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
@@ -484,8 +522,8 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     if (!side) {
         P("shared_skinny_swiglu", cuda_skinny_swiglu(c, &d->sh_gate, &d->sh_up, cb->xn, T, H, cb->sact, cb->Is));
         P("shared_skinny_down", cuda_skinny_dense(c, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0));
-    } else {
-        CUDA_TRY(cudaStreamWaitEvent(cb->stream, cb->join_ev, 0), c->err, c->errlen, "cuda forward: join the shared expert");
+    } else if ((rc = side_join(cb, c))) {
+        return rc;
     }
     P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
     return 0;
