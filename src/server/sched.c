@@ -66,9 +66,19 @@ struct sched {
     threadpool *pool;            /* samples the running sequences in parallel */
     int *samp_slot;              /* [n_slots] slots to sample on the host this step */
     int *group_len;              /* [n_slots] entries of each batch-invariant forward this step */
+    struct pending_save *saves;  /* [n_slots] checkpoints this step owes, taken after its tokens */
     bool device_argmax;          /* argmax-only rows for plain greedy jobs (see the top) */
     bool device_sampling;        /* device-drawn tokens for plain sampling jobs (see the top) */
     bool pack_prompts;           /* batch-invariant mode packs long prompt chunks (see the top) */
+};
+
+/* A checkpoint a step's forward made due (its slot and the job it ran for): saved after the
+ * step hands its tokens over, so a prompt's first token is not held back by the copy of its
+ * state to the host (and, the first times, the pinned buffers' allocation). The session
+ * does not change between the forward and the save: nothing is fed until the next step. */
+struct pending_save {
+    int slot;
+    const struct job *job;
 };
 
 static void sample_item(void *ctx, int i) {
@@ -387,7 +397,8 @@ static int load(struct sched *S) {
     }
     S->samp_slot = calloc((size_t)S->n_slots, sizeof *S->samp_slot);
     S->group_len = calloc((size_t)S->n_slots, sizeof *S->group_len);
-    if (!S->samp_slot || !S->group_len) {
+    S->saves = calloc((size_t)S->n_slots, sizeof *S->saves);
+    if (!S->samp_slot || !S->group_len || !S->saves) {
         rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for scheduler slots");
         goto fail;
     }
@@ -533,6 +544,7 @@ static void *sched_main(void *arg) {
         long used = 0;
         for (int i = 0; i < S->n_slots; i++) used += S->port.seq_length(S->port.ctx, S->slots[i].s);
         metrics_kv(used, (long)S->n_slots * S->opt.max_seq);
+        int n_save = 0;
         for (int k = 0; k < nb; k++) {
             struct slot *sl = &S->slots[S->batch_slot[k]];
             struct job *j = sl->job;
@@ -540,13 +552,11 @@ static void *sched_main(void *arg) {
             if (j->n_fed < j->n_prompt) {
                 const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
                 j->n_fed += b->n_tokens;
-                if (ck && j->n_fed == ck && S->port.cache_save(S->port.ctx, sl->s, err, sizeof err))
-                    fprintf(stderr, "prefix cache: save failed: %s\n", err);
-                /* a prompt without chat turns (e.g. token ids on /v1/completions) is
+                /* a prompt without chat turns (e.g. token ids on /v1/completions) is also
                  * checkpointed where it ends: a follow-up request may extend it exactly */
-                if (j->n_fed == j->n_prompt && j->n_prompt > j->cached && !j->turn_last && S->port.cache_save &&
-                    S->port.cache_save(S->port.ctx, sl->s, err, sizeof err))
-                    fprintf(stderr, "prefix cache: save failed: %s\n", err);
+                if ((ck && j->n_fed == ck) ||
+                    (j->n_fed == j->n_prompt && j->n_prompt > j->cached && !j->turn_last && S->port.cache_save))
+                    S->saves[n_save++] = (struct pending_save){S->batch_slot[k], j};
             }
         }
         /* Sample every sequence that has logits, in parallel (each job owns its sampler
@@ -571,6 +581,13 @@ static void *sched_main(void *arg) {
             struct slot *sl = &S->slots[S->batch_slot[k]];
             struct job *j = sl->job;
             if (!take_token(S, sl, j, &sl->res)) j->next_tok = sl->res.token;
+        }
+        /* the checkpoints this step made due; a job its first token finished was saved by
+         * finish_job (or, cancelled or failed, is not worth keeping) */
+        for (int i = 0; i < n_save; i++) {
+            struct slot *sl = &S->slots[S->saves[i].slot];
+            if (sl->job != S->saves[i].job) continue;
+            if (S->port.cache_save(S->port.ctx, sl->s, err, sizeof err)) fprintf(stderr, "prefix cache: save failed: %s\n", err);
         }
     }
     /* stopping: cancel everything */
@@ -698,6 +715,7 @@ void sched_free(struct sched *S) {
     threadpool_destroy(S->pool);
     free(S->samp_slot);
     free(S->group_len);
+    free(S->saves);
     free(S->q);
     free(S->tmp);
     pthread_mutex_destroy(&S->mu);
