@@ -353,6 +353,8 @@ void *engine_host_alloc(engine *e, size_t bytes) {
     return e->be->host_alloc ? e->be->host_alloc(e->be, bytes) : malloc(bytes);
 }
 
+bool engine_host_pinned(const engine *e) { return e->be->host_alloc != NULL; }
+
 void engine_host_free(engine *e, void *p) {
     if (!p) return;
     if (e->be->host_free) e->be->host_free(e->be, p);

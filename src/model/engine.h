@@ -128,6 +128,8 @@ size_t engine_device_mem_used(engine *e);
  * logits rows of batch_seq. Free with engine_host_free before engine_close. */
 void *engine_host_alloc(engine *e, size_t bytes);
 void engine_host_free(engine *e, void *p);
+/* Whether engine_host_alloc gives the backend's own (pinned) memory rather than malloc's. */
+bool engine_host_pinned(const engine *e);
 
 
 #endif

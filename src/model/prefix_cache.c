@@ -99,6 +99,23 @@ static void pool_put(prefix_cache *pc, struct hbuf *b) {
     b->p = NULL;
 }
 
+int prefix_cache_prewarm(prefix_cache *pc, int n) {
+    if (!engine_host_pinned(pc->e) || !pc->state_bytes) return 0;
+    if (n < 0) { /* three quarters of the budget: the rest stays for KV blocks before pooled ones are freed */
+        const size_t fit = pc->max_bytes / 4 * 3 / pc->state_bytes;
+        n = fit < POOL_MAX ? (int)fit : POOL_MAX;
+    }
+    int k = 0;
+    while (k < n && pc->n_pool < POOL_MAX && pc->st.bytes + pc->st.pooled + pc->state_bytes <= pc->max_bytes) {
+        struct hbuf b = {.cap = pc->state_bytes, .engine = true};
+        if (!(b.p = engine_host_alloc(pc->e, pc->state_bytes))) break;
+        pc->st.host_allocs++;
+        pool_put(pc, &b);
+        k++;
+    }
+    return k;
+}
+
 /* Frees the largest pooled block; false if the pool is empty. */
 static bool pool_drop(prefix_cache *pc) {
     if (!pc->n_pool) return false;

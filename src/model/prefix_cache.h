@@ -44,6 +44,13 @@ int prefix_cache_restore(prefix_cache *pc, session *s, const int32_t *tokens, in
  * is only marked as recently used). Not saving for lack of memory is not an error. */
 int prefix_cache_save(prefix_cache *pc, session *s, char *err, size_t errlen);
 
+/* Allocates up to n state-sized blocks of the engine's pinned memory into the pool now
+ * (within max_bytes and the pool's room; none when the engine's host memory is plain
+ * malloc, which costs nothing to get later), so the first saves take them instead of
+ * pinning fresh memory while a request waits. n < 0: the default, as many as fill three
+ * quarters of max_bytes (at most the pool's 32). Returns how many it allocated. */
+int prefix_cache_prewarm(prefix_cache *pc, int n);
+
 void prefix_cache_get_stats(const prefix_cache *pc, struct prefix_cache_stats *st);
 
 #endif

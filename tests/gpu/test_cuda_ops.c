@@ -1349,6 +1349,12 @@ out:
     if (!rc) rc = session_open(e, &r, cap, err, sizeof err);
     if (rc) { CHECK(0, "%s: prefix cache: %s", shape, err); goto done; }
     {
+        /* pinned state blocks ahead of time: the two saves below take them, no fresh allocation */
+        const int warm = prefix_cache_prewarm(pc, 2);
+        struct prefix_cache_stats w0;
+        prefix_cache_get_stats(pc, &w0);
+        CHECK(warm == 2 && w0.host_allocs == 2 && w0.pooled > 0, "%s: prewarm: %d blocks, %llu allocations, %zu B pooled",
+              shape, warm, (unsigned long long)w0.host_allocs, w0.pooled);
         int32_t t[60], br[60];
         prompt_tokens(t, 60, V, 11);
         memcpy(br, t, 40 * 4);
@@ -1395,6 +1401,9 @@ out:
         prefix_cache_get_stats(pc, &pst);
         CHECK(pst.hits == 2 && pst.hit_tokens == 88 && pst.entries == 2, "%s: stats hits %llu tokens %llu entries %zu", shape,
               (unsigned long long)pst.hits, (unsigned long long)pst.hit_tokens, pst.entries);
+        /* the state blocks came from the pool: only the two KV segments were allocated */
+        CHECK(pst.host_allocs == w0.host_allocs + 2 && pst.pooled == 0, "%s: after prewarm: %llu allocations, %zu B pooled",
+              shape, (unsigned long long)pst.host_allocs, pst.pooled);
         free(a); free(b);
     }
 done:
