@@ -7,8 +7,7 @@
 #include <limits.h>
 #include <math.h>
 
-#include "cuda/cuda_gemm.h"
-
+#include "cuda/cuda_internal.h"
 
 /* PDL (every kernel here triggers at its start, except the router: after its rows): the
  * router and the shared expert's gate/up rows issue their first weight loads before

@@ -87,6 +87,13 @@ static void sample_item(void *ctx, int i) {
     sampler_sample(sl->job->smp, sl->logits, &sl->res);
 }
 
+/* True when the environment variable is set to anything but "" or "0" (the A/B switches
+ * read at start). */
+static bool env_set(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 /* Asks for the slot's next token: the argmax alone when the job's sampler would pick
  * exactly that, a token drawn by the device sampler when it can draw it (this consumes
  * the job's RNG draw for the token), else the logits row for the host sampler. */
@@ -409,15 +416,12 @@ static int load(struct sched *S) {
         if (threads > S->n_slots) threads = S->n_slots;
         if ((rc = threadpool_create(&S->pool, threads, err, sizeof err))) goto fail;
     }
-    const char *no_amax = getenv("ORCHID_NO_DEVICE_ARGMAX");
-    S->device_argmax = !(no_amax && *no_amax && strcmp(no_amax, "0") != 0);
+    S->device_argmax = !env_set("ORCHID_NO_DEVICE_ARGMAX");
     if (!S->device_argmax) fprintf(stderr, "ORCHID_NO_DEVICE_ARGMAX: every token is sampled on the host from its logits\n");
-    const char *no_dsmp = getenv("ORCHID_NO_DEVICE_SAMPLING");
-    S->device_sampling = S->port.device_sampling && !(no_dsmp && *no_dsmp && strcmp(no_dsmp, "0") != 0);
+    S->device_sampling = S->port.device_sampling && !env_set("ORCHID_NO_DEVICE_SAMPLING");
     if (S->port.device_sampling && !S->device_sampling)
         fprintf(stderr, "ORCHID_NO_DEVICE_SAMPLING: sampled tokens are drawn on the host from their logits\n");
-    const char *no_pack = getenv("ORCHID_NO_PREFILL_PACK");
-    S->pack_prompts = !(no_pack && *no_pack && strcmp(no_pack, "0") != 0);
+    S->pack_prompts = !env_set("ORCHID_NO_PREFILL_PACK");
     if (!S->pack_prompts) fprintf(stderr, "ORCHID_NO_PREFILL_PACK: every prompt chunk gets a forward of its own\n");
     pthread_mutex_lock(&S->mu);
     S->state = SCHED_READY;
