@@ -361,17 +361,42 @@ static int trace_write(struct cuda_backend *cb, char *err, size_t errlen) {
  * last block the next layer's input norm, and the router's last block the top-k. */
 static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c);
 
+/* Layer l takes one token through cuda_tcv.cu's forms (projections and expert pairs). */
+static bool tcv_layer(const struct cuda_backend *cb, int l, int T) {
+    return T == 1 && cb->L[l].tcv && cuda_tcv_enabled();
+}
+/* One token's norms computed by the launches that read them (cuda_norm_src: no one-block
+ * tail on the step's chain) rather than by their producers' last blocks. ORCHID_NO_NORM_SRC=1
+ * keeps the tails (A/B; the same bits either way). */
+static bool norm_src_on(const struct cuda_backend *cb) {
+    static const bool off = env_flag("ORCHID_NO_NORM_SRC");
+    return !off && cb->H % 32 == 0;
+}
+/* Layer l's input norm is computed by its first projection: layer l - 1's down pairs (tcv)
+ * then leave out their tail. */
+static bool in_norm_src(const struct cuda_backend *cb, int l, int T) {
+    if (l <= 0 || l >= cb->cfg->n_layers || !norm_src_on(cb) || !tcv_layer(cb, l - 1, T) || !tcv_layer(cb, l, T)) return false;
+    return cb->L[l].kind != LAYER_LINEAR || cb->cfg->conv_kernel - 1 <= CUDA_TCV_CONV_MAX;
+}
+
 static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c) {
     const struct model_config *cf = cb->cfg;
     const dlayer *d = &cb->L[l];
     const int T = m.T, H = cb->H;
     if (T >= 2 && T <= MID_T && d->skinny) return run_layer_mid(cb, l, m, c);
     const bool small = T <= SMALL_T;
-    const bool tcv = T == 1 && d->tcv && cuda_tcv_enabled(); /* one token: cuda_tcv.cu's tensor-core forms */
+    const bool tcv = tcv_layer(cb, l, T); /* one token: cuda_tcv.cu's tensor-core forms */
     const bool tcv_conv = tcv && cf->conv_kernel - 1 <= CUDA_TCV_CONV_MAX;
     int rc;
     if (!small || l == 0) P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
-    const cuda_tail_norm post = {cb->counters, d->post_norm, cf->rms_eps, cb->xn, cb->xn32};
+    /* one token through tcv: the input norm by the first projection's blocks (in_ns), the
+     * post-mixer norm by the router's (post_ns: its block 0 leaves xn for the expert pairs) */
+    const cuda_norm_src in_ns = {cb->x, d->in_norm, cf->rms_eps, NULL};
+    const bool in_src = in_norm_src(cb, l, T);
+    const cuda_norm_src post_ns = {cb->x, d->post_norm, cf->rms_eps, cb->xn};
+    const bool post_src = tcv && norm_src_on(cb);
+    const cuda_tail_norm post_tail = {cb->counters, d->post_norm, cf->rms_eps, cb->xn, cb->xn32};
+    const cuda_tail_norm *post = post_src ? NULL : &post_tail;
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
         if (small) {
@@ -379,7 +404,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
                                   {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
             if (tcv_conv) { /* one token: the conv step runs in the projection's epilogue */
                 const cuda_tcv_conv cv = {d->conv, m.seqs, d->ord, cf->conv_kernel, cb->C, cb->conv_out};
-                P("gdn_in+conv", cuda_tcv_multi_conv(c, s, 4, cb->xn, &cv));
+                P("gdn_in+conv", in_src ? cuda_tcv_multi_norm(c, s, 4, &in_ns, &cv) : cuda_tcv_multi_conv(c, s, 4, cb->xn, &cv));
             } else {
                 P("gdn_in_gemv", cuda_gemv_multi(c, s, 4, cb->xn, T, H));
             }
@@ -400,17 +425,19 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
                                         d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, cb->y));
         if (tcv) { /* one token: the gated norm is staged by the out projection itself */
             const cuda_tcv_gnorm gn = {cb->y, cb->zb, d->norm, Hv, cb->Dv, cf->rms_eps};
-            P("gnorm+gdn_out+norm", cuda_tcv_gnorm_acc_norm(c, &d->out, &gn, cb->x, &post));
+            P("gnorm+gdn_out+norm", cuda_tcv_gnorm_acc_norm(c, &d->out, &gn, cb->x, post));
         } else {
             P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
-            if (small) P("gdn_out_proj+norm", cuda_gemv_acc_norm(c, &d->out, cb->ybf, T, cb->vd, cb->x, H, &post));
+            if (small) P("gdn_out_proj+norm", cuda_gemv_acc_norm(c, &d->out, cb->ybf, T, cb->vd, cb->x, H, &post_tail));
             else P("gdn_out_proj", cuda_qmatmul(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
         }
     } else {
         const int qw = 2 * cb->qd;
         if (small) {
             cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
-            P("attn_qkv_gemv", tcv ? cuda_tcv_multi(c, s, 3, cb->xn) : cuda_gemv_multi(c, s, 3, cb->xn, T, H));
+            P("attn_qkv_gemv", in_src ? cuda_tcv_multi_norm(c, s, 3, &in_ns, NULL)
+                               : tcv  ? cuda_tcv_multi(c, s, 3, cb->xn)
+                                      : cuda_gemv_multi(c, s, 3, cb->xn, T, H));
         } else {
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
@@ -421,8 +448,8 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
                                  cb->D, cb->part, cb->ybf));
         if (small)
-            P("attn_o_proj+norm", tcv ? cuda_tcv_acc_norm(c, &d->o, cb->ybf, cb->x, &post)
-                                      : cuda_gemv_acc_norm(c, &d->o, cb->ybf, T, cb->qd, cb->x, H, &post));
+            P("attn_o_proj+norm", tcv ? cuda_tcv_acc_norm(c, &d->o, cb->ybf, cb->x, post)
+                                      : cuda_gemv_acc_norm(c, &d->o, cb->ybf, T, cb->qd, cb->x, H, &post_tail));
         else P("attn_o_proj", cuda_qmatmul(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
     /* MoE */
@@ -431,13 +458,17 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const int ld_act = d->gate.rows > d->sh_gate.rows ? d->gate.rows : d->sh_gate.rows; /* the pair kernels' layout */
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
-        P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
-                                              cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
+        if (post_src)
+            P("router+topk", cuda_moe_router_topk_norm(c, &d->router, &d->sh_eg, &post_ns, cb->rlog, cb->seg, K,
+                                                       cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
+        else
+            P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
+                                                  cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
         if (tcv) {
             P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
                                                         cb->act, ld_act));
             P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, cb->act, ld_act,
-                                                         K, cb->x, last ? NULL : &next));
+                                                         K, cb->x, last || in_norm_src(cb, l + 1, T) ? NULL : &next));
             return 0;
         }
         P("moe_gateup_pairs", cuda_moe_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, H, T, K, cb->act));

@@ -294,10 +294,15 @@ static size_t wg_optin = 0;
 extern "C" void cuda_gemm_force_mma(int on) { wg_forced_off = on != 0; }
 extern "C" int cuda_gemm_wg_active(void) { return wg_on && !wg_forced_off; }
 
+/* The opt-in less the kernel's static shared memory (none in a normal build; the trace
+ * build's per-block marks take some, and asking for the whole opt-in then fails). */
 template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
 static cudaError_t wg_attr() {
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL>);
+    if (e != cudaSuccess) return e;
     return cudaFuncSetAttribute(gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)wg_optin);
+                                (int)(wg_optin - fa.sharedSizeBytes));
 }
 template <bool PARTIAL>
 static cudaError_t wg_attrs() {

@@ -412,45 +412,103 @@ __device__ __forceinline__ bool last_block_done(int *counter, int total = 0) {
  * than 256 threads (none of the tails today) sums on all of them: correct, other bits. */
 #define TN_REG 16
 #define TN_LANES 256
-__device__ __forceinline__ void tail_rmsnorm(const float *x, int ldx, int T, int n, const cuda_tail_norm &tn) {
-    __shared__ float sh[32];
+/* rsqrt(mean(x²) + eps) of one row of n values in that order: lane l < L = min(block, 256)
+ * fmas x[l], x[l + L], ... (the first NR from v[], the rest read through L2), then
+ * block_sum. Every one-token norm goes through here (the tails below, the consumers'
+ * norms of norm_src_row), so they agree with rmsnorm_kernel bit for bit. */
+template <int NR>
+__device__ __forceinline__ float rms_row_inv(const float (&v)[NR], const float *xr, int n, float eps, float *sh) {
     const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
     const bool lane = (int)threadIdx.x < L;
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NR; k++)
+        if (lane && (int)threadIdx.x + k * L < n) ss = __fmaf_rn(v[k], v[k], ss);
+    for (int i = threadIdx.x + NR * L; lane && i < n; i += L) {
+        const float a = __ldcg(xr + i);
+        ss = __fmaf_rn(a, a, ss);
+    }
+    ss = block_sum(ss, sh);
+    return rsqrtf(ss / (float)n + eps);
+}
+
+/* A row's first NR values of lane threadIdx.x (i = lane + k·L) into v: written by other
+ * blocks or launches, so through L2; past n (or past the L lanes) 0. */
+template <int NR>
+__device__ __forceinline__ void rms_row_load(const float *xr, int n, float (&v)[NR]) {
+    const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
+#pragma unroll
+    for (int k = 0; k < NR; k++) {
+        const int i = threadIdx.x + k * L;
+        v[k] = (int)threadIdx.x < L && i < n ? __ldcg(xr + i) : 0.0f;
+    }
+}
+
+/* The normalised row x[i]·inv·gain[i] handed to f(i, value) by the lanes that summed it
+ * (v, g: rms_row_load's values of x and of the gains; the rest read again). */
+template <int NR, typename F>
+__device__ __forceinline__ void rms_row_out(const float (&v)[NR], const float (&g)[NR], const float *xr, const float *gain,
+                                            int n, float inv, F f) {
+    const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
+    if ((int)threadIdx.x >= L) return;
+#pragma unroll
+    for (int k = 0; k < NR; k++) {
+        const int i = threadIdx.x + k * L;
+        if (i < n) f(i, v[k] * inv * g[k]);
+    }
+    for (int i = threadIdx.x + NR * L; i < n; i += L) f(i, __ldcg(xr + i) * inv * gain[i]);
+}
+
+/* RMSNorm of T rows of x (L2 reads: other blocks wrote them) by one block. It runs after
+ * every other block of its launch, on the critical path of the decode step, so the first
+ * TN_REG·L values of a row and their gains are read once, together, and kept in registers
+ * for the second pass (same sums in the same order as reading them twice). The sum runs on
+ * L = 256 lanes (the block's first 256 threads; the rest add 0) in rmsnorm_kernel's order
+ * — lane l sums x[l], x[l + 256], ... by fma, then block_sum — so a row normalised here (one
+ * token's decode) has the bits the batched path's rmsnorm kernel gives it. A block of fewer
+ * than 256 threads (none of the tails today) sums on all of them: correct, other bits. */
+__device__ __forceinline__ void tail_rmsnorm(const float *x, int ldx, int T, int n, const cuda_tail_norm &tn) {
+    __shared__ float sh[32];
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * ldx;
         float v[TN_REG], g[TN_REG];
-#pragma unroll
-        for (int k = 0; k < TN_REG; k++) {
-            const int i = threadIdx.x + k * L;
-            v[k] = lane && i < n ? __ldcg(xr + i) : 0.0f;
-            g[k] = lane && i < n ? tn.gain[i] : 0.0f;
-        }
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < TN_REG; k++)
-            if (lane && threadIdx.x + k * L < n) ss = __fmaf_rn(v[k], v[k], ss);
-        for (int i = threadIdx.x + TN_REG * L; lane && i < n; i += L) {
-            const float a = __ldcg(xr + i);
-            ss = __fmaf_rn(a, a, ss);
-        }
-        ss = block_sum(ss, sh);
-        const float inv = rsqrtf(ss / (float)n + tn.eps);
-        if (!lane) continue; /* (every thread has been through block_sum's barriers) */
-#pragma unroll
-        for (int k = 0; k < TN_REG; k++) {
-            const int i = threadIdx.x + k * L;
-            if (i < n) {
-                const float o = v[k] * inv * g[k];
-                tn.xn[(size_t)t * n + i] = f2bf(o);
-                if (tn.xn32) tn.xn32[(size_t)t * n + i] = o;
-            }
-        }
-        for (int i = threadIdx.x + TN_REG * L; i < n; i += L) {
-            const float o = __ldcg(xr + i) * inv * tn.gain[i];
+        rms_row_load<TN_REG>(xr, n, v);
+        rms_row_load<TN_REG>(tn.gain, n, g);
+        const float inv = rms_row_inv<TN_REG>(v, xr, n, tn.eps, sh);
+        rms_row_out<TN_REG>(v, g, xr, tn.gain, n, inv, [&](int i, float o) {
             tn.xn[(size_t)t * n + i] = f2bf(o);
             if (tn.xn32) tn.xn32[(size_t)t * n + i] = o;
-        }
+        });
     }
+}
+
+/* The consumer's side of a one-token norm (cuda_norm_src): every block of the launch that
+ * reads the normalised row computes it itself from the residual, in the tail's order, instead
+ * of waiting for its producer's last block to write it (a counter atomic, the tail's reads
+ * and a one-block grid end on the decode step's chain, ~3 µs twice a layer: H200, session
+ * 4). NS_REG values a thread: n ≤ NS_REG·256 (2,048 here) stay in registers. The gains are
+ * the model's and constant: norm_src_gains reads them before pdl_wait. */
+#define NS_REG 8
+__device__ __forceinline__ void norm_src_gains(const cuda_norm_src &ns, int n, float (&g)[NS_REG]) {
+    const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
+#pragma unroll
+    for (int k = 0; k < NS_REG; k++) {
+        const int i = threadIdx.x + k * L;
+        g[k] = (int)threadIdx.x < L && i < n ? ns.gain[i] : 0.0f;
+    }
+}
+/* After pdl_wait: f(i, x[i]·inv·gain[i]) for the row (block 0 also stores bf16 into ns.xn). */
+template <typename F>
+__device__ __forceinline__ void norm_src_row(const cuda_norm_src &ns, int n, const float (&g)[NS_REG], F f) {
+    __shared__ float sh[32];
+    float v[NS_REG];
+    rms_row_load<NS_REG>(ns.x, n, v);
+    const float inv = rms_row_inv<NS_REG>(v, ns.x, n, ns.eps, sh);
+    uint16_t *xn = blockIdx.x == 0 && blockIdx.y == 0 ? ns.xn : nullptr;
+    rms_row_out<NS_REG>(v, g, ns.x, ns.gain, n, inv, [&](int i, float o) {
+        f(i, o);
+        if (xn) xn[i] = f2bf(o);
+    });
 }
 
 /* Exact small-integer to float: q < 2^23. */

@@ -35,7 +35,7 @@ __host__ __device__ __forceinline__ int rt_xstride(int H) { return H / 32 * RT_X
 __device__ __forceinline__ const float *rt_xs_at(const float *xs, int H, int t, int f) {
     return xs + (size_t)t * rt_xstride(H) + (f >> 5) * RT_XPAD + (f & 31);
 }
-/* Whether a launch of these shapes can stage (rt_smem then picks router_kernel<true>):
+/* Whether a launch of these shapes can stage (rt_smem then picks router_kernel<RT_STAGED>):
  * whole 32-float runs, 16-byte aligned token rows, and the bytes within the opt-in. */
 #define RT_SMEM_MAX (96 * 1024)
 static bool rt_smem_ok(int H, int ldx) {
@@ -43,44 +43,55 @@ static bool rt_smem_ok(int H, int ldx) {
 }
 
 /* acc[t] += W_row · x[t0 + t] (t < nt) over the lane's chunks, weights dequantized exactly
- * in fp32; the first round of weight loads is issued before pdl_wait (which this calls). */
+ * in fp32, in two parts around the wait: rt_first issues the first round of the lane's
+ * weight loads (the whole row for K = 2048; PRE: before pdl_wait), rt_rest reads x (from
+ * global memory, or staged in xs) and does the sums. router_row is the unstaged one-warp
+ * form, waiting in between; the kernel's norm form stages x between them (block-wide). */
+#define RT_RU 4 /* chunks a lane has in flight */
+struct rt_regs {
+    uint4 w[RT_RU];
+    float sc[RT_RU], bi[RT_RU];
+};
 template <int BITS>
-__device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt,
-                                           float *acc, int lane, const float *xs) {
-    constexpr int per = BITS == 4 ? 32 : 16, RU = 4;
+__device__ __forceinline__ void rt_round(const cuda_qmat &m, int row, int base, bool pre, rt_regs &r) {
+    constexpr int per = BITS == 4 ? 32 : 16;
     const int nch = m.cols / per;
     const uint4 *cr = reinterpret_cast<const uint4 *>(qrow_codes(m, row));
     const size_t g0 = qrow_group0(m, row);
-    uint4 w[RU];
-    float sc[RU], bi[RU];
-    auto load_round = [&](int base, bool pre) {
 #pragma unroll
-        for (int u = 0; u < RU; u++) {
-            const int ch = base + 32 * u;
-            if (ch < nch) {
-                w[u] = pre ? ld_stream_pre(cr + ch) : ld_stream(cr + ch);
-                sc[u] = bf(m.scales[g0 + ch * per / QGROUP]);
-                bi[u] = bf(m.biases[g0 + ch * per / QGROUP]);
-            } else {
-                w[u] = make_uint4(0, 0, 0, 0);
-                sc[u] = bi[u] = 0.0f;
-            }
+    for (int u = 0; u < RT_RU; u++) {
+        const int ch = base + 32 * u;
+        if (ch < nch) {
+            r.w[u] = pre ? ld_stream_pre(cr + ch) : ld_stream(cr + ch);
+            r.sc[u] = bf(m.scales[g0 + ch * per / QGROUP]);
+            r.bi[u] = bf(m.biases[g0 + ch * per / QGROUP]);
+        } else {
+            r.w[u] = make_uint4(0, 0, 0, 0);
+            r.sc[u] = r.bi[u] = 0.0f;
         }
-    };
-    load_round(lane, xs == nullptr); /* weights only (the whole row for K = 2048): before the wait */
-    if (!xs) pdl_wait(); /* staged: the kernel waited before staging */
-    for (int base = lane; base < nch; base += 32 * RU) {
-        if (base != lane) load_round(base, false);
+    }
+}
+template <int BITS>
+__device__ __forceinline__ void rt_first(const cuda_qmat &m, int row, int lane, bool pre, rt_regs &r) {
+    rt_round<BITS>(m, row, lane, pre, r);
+}
+template <int BITS>
+__device__ __forceinline__ void rt_rest(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt, float *acc,
+                                        int lane, const float *xs, rt_regs &r) {
+    constexpr int per = BITS == 4 ? 32 : 16;
+    const int nch = m.cols / per;
+    for (int base = lane; base < nch; base += 32 * RT_RU) {
+        if (base != lane) rt_round<BITS>(m, row, base, false, r);
 #pragma unroll
-        for (int u = 0; u < RU; u++) {
+        for (int u = 0; u < RT_RU; u++) {
             const int ch = base + 32 * u;
             if (ch >= nch) continue;
-            const uint32_t ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+            const uint32_t ws[4] = {r.w[u].x, r.w[u].y, r.w[u].z, r.w[u].w};
             float wf[per];
 #pragma unroll
             for (int e = 0; e < per; e++) {
                 const uint32_t q = BITS == 4 ? (ws[e / 8] >> (4 * (e % 8))) & 15u : (ws[e / 4] >> (8 * (e % 4))) & 255u;
-                wf[e] = fmaf(sc[u], u2f(q), bi[u]);
+                wf[e] = fmaf(r.sc[u], u2f(q), r.bi[u]);
             }
 #pragma unroll
             for (int t = 0; t < RT_TOK; t++) {
@@ -101,6 +112,14 @@ __device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const fl
             }
         }
     }
+}
+template <int BITS>
+__device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt,
+                                           float *acc, int lane, const float *xs) {
+    rt_regs r;
+    rt_first<BITS>(m, row, lane, xs == nullptr, r);
+    if (!xs) pdl_wait(); /* staged: the kernel waited before staging */
+    rt_rest<BITS>(m, row, x, ldx, t0, nt, acc, lane, xs, r);
 }
 
 /* (v, e) comes before (v2, e2): larger logit first, the lower expert on a tie. */
@@ -221,18 +240,22 @@ struct topk_tail {
     float *w;
 };
 
-/* STAGED (rt_smem decides; the one-token launch keeps the unstaged code as it was: a
- * kernel carrying both measured −1 % on batch-1 decode) */
-template <bool STAGED>
+/* How a router launch reads x: straight from global memory (one token, RT_PLAIN), staged
+ * in shared memory by cp.async (batches: rt_smem decides, RT_STAGED), or normalised from the
+ * residual by every block into shared memory (one token, RT_NORM: cuda_norm_src, no tail
+ * before it). The one-token launches keep their own instances: a kernel carrying both
+ * forms measured −1 % on batch-1 decode. */
+enum { RT_PLAIN = 0, RT_STAGED = 1, RT_NORM = 2 };
+template <int MODE>
 static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T,
-                                                            float *logits, int ld, float *seg, topk_tail tk) {
+                                                            float *logits, int ld, float *seg, topk_tail tk, cuda_norm_src ns) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) float rt_xs[];
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int E = router.rows;
-    constexpr bool staged = STAGED;
-    if (staged) { /* every thread: wait, then copy the row of blocks' tokens */
-        const int t0 = blockIdx.y * RT_TOK, nt = min(RT_TOK, T - t0), H = router.cols;
+    const int t0 = blockIdx.y * RT_TOK, nt = min(RT_TOK, T - t0);
+    if (MODE == RT_STAGED) { /* every thread: wait, then copy the row of blocks' tokens */
+        const int H = router.cols;
         if (row <= E) { /* the weights toward L2 meanwhile */
             const cuda_qmat &m = row < E ? router : sg;
             const char *p = reinterpret_cast<const char *>(qrow_codes(m, row < E ? row : 0));
@@ -247,20 +270,38 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
         cpa_wait<0>();
         __syncthreads();
     }
-    if (row <= E) { /* router_row waits after its first weight loads (unstaged) */
-        const int t0 = blockIdx.y * RT_TOK, nt = min(RT_TOK, T - t0);
-        const bool is_r = row < E;
-        cuda_qmat m; /* by value (see gateup_pairs_kernel) */
-        m.codes = is_r ? router.codes : sg.codes; m.scales = is_r ? router.scales : sg.scales;
-        m.biases = is_r ? router.biases : sg.biases; m.rows = is_r ? router.rows : sg.rows;
-        m.cols = is_r ? router.cols : sg.cols; m.bits = is_r ? router.bits : sg.bits; m.n_mats = 1;
-        const int r = is_r ? row : 0;
-        float acc[RT_TOK];
+    const bool is_r = row < E;
+    cuda_qmat m; /* by value (see gateup_pairs_kernel) */
+    m.codes = is_r ? router.codes : sg.codes; m.scales = is_r ? router.scales : sg.scales;
+    m.biases = is_r ? router.biases : sg.biases; m.rows = is_r ? router.rows : sg.rows;
+    m.cols = is_r ? router.cols : sg.cols; m.bits = is_r ? router.bits : sg.bits; m.n_mats = 1;
+    const int r = is_r ? row : 0;
+    float acc[RT_TOK];
 #pragma unroll
-        for (int t = 0; t < RT_TOK; t++) acc[t] = 0.0f;
-        const float *xs = staged ? rt_xs : nullptr;
+    for (int t = 0; t < RT_TOK; t++) acc[t] = 0.0f;
+    if (MODE == RT_NORM) { /* weights first, then every thread stages the normalised row */
+        rt_regs rr;
+        if (row <= E) {
+            if (m.bits == 4) rt_first<4>(m, r, lane, true, rr);
+            else rt_first<8>(m, r, lane, true, rr);
+        }
+        float g[NS_REG];
+        norm_src_gains(ns, router.cols, g);
+        pdl_wait();
+        norm_src_row(ns, router.cols, g, [&](int i, float o) { *const_cast<float *>(rt_xs_at(rt_xs, router.cols, 0, i)) = o; });
+        __syncthreads();
+        if (row <= E) {
+            if (m.bits == 4) rt_rest<4>(m, r, x, ldx, 0, 1, acc, lane, rt_xs, rr);
+            else rt_rest<8>(m, r, x, ldx, 0, 1, acc, lane, rt_xs, rr);
+        }
+    } else if (row <= E) { /* router_row waits after its first weight loads (unstaged) */
+        const float *xs = MODE == RT_STAGED ? rt_xs : nullptr;
         if (m.bits == 4) router_row<4>(m, r, x, ldx, t0, nt, acc, lane, xs);
         else router_row<8>(m, r, x, ldx, t0, nt, acc, lane, xs);
+    } else if (MODE == RT_PLAIN) {
+        pdl_wait();
+    }
+    if (row <= E) {
 #pragma unroll
         for (int t = 0; t < RT_TOK; t++) {
             if (t >= nt) break; /* warp-uniform */
@@ -270,8 +311,6 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
                 else seg[t0 + t] = v;
             }
         }
-    } else if (!staged) {
-        pdl_wait();
     }
     /* Triggered here, not at the start: gateup_pairs is then scheduled during the top-k
      * tail instead of parking its blocks for the whole kernel (measured on the H200,
@@ -281,7 +320,7 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
      * row: the rows' top-ks run side by side; one block for all 64 tokens took 50 µs a
      * layer on the H200), one warp per token; logits written by other blocks: through L2 */
     if (tk.counter && last_block_done(tk.counter + blockIdx.y, gridDim.x)) {
-        const int t0 = blockIdx.y * RT_TOK, t1 = min(T, t0 + RT_TOK);
+        const int t1 = min(T, t0 + RT_TOK);
         for (int t = t0 + (int)(threadIdx.x >> 5); t < t1; t += blockDim.x >> 5) {
             const float *lr = logits + (size_t)t * ld;
             topk_token_cg(lr, E, tk.K, tk.renorm, tk.ids + (size_t)t * tk.K, tk.w + (size_t)t * tk.K, lane);
@@ -295,22 +334,29 @@ static size_t rt_smem(const struct cuda_qmat *router, const struct cuda_qmat *sh
     return (size_t)RT_TOK * rt_xstride(router->cols) * 4;
 }
 
-/* One router launch: staged when rt_smem gives it bytes. */
+/* One router launch: staged when rt_smem gives it bytes; ns: the norm form (T = 1). */
 static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, const float *x,
-                     int ldx, int T, float *logits, int ld, float *seg, const topk_tail &tk, const char *what) {
-    const size_t smem = rt_smem(router, sh_gate, x, T, ldx);
+                     int ldx, int T, float *logits, int ld, float *seg, const topk_tail &tk, const char *what,
+                     const cuda_norm_src *ns = NULL) {
     const dim3 grid((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK);
-    if (smem)
-        LAUNCH_CHECK_RC(c, launch_k(router_kernel<true>, grid, dim3(256), smem, cstream(c), *router, *sh_gate, x, ldx, T, logits,
-                                    ld, seg, tk),
+    cuda_norm_src none;
+    memset(&none, 0, sizeof none);
+    if (ns)
+        LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_NORM>, grid, dim3(256), (size_t)rt_xstride(router->cols) * 4, cstream(c),
+                                    *router, *sh_gate, x, ldx, T, logits, ld, seg, tk, *ns),
                         what);
-    LAUNCH_CHECK_RC(c, launch_k(router_kernel<false>, grid, dim3(256), 0, cstream(c), *router, *sh_gate, x, ldx, T, logits, ld,
-                                seg, tk),
+    const size_t smem = rt_smem(router, sh_gate, x, T, ldx);
+    if (smem)
+        LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_STAGED>, grid, dim3(256), smem, cstream(c), *router, *sh_gate, x, ldx, T,
+                                    logits, ld, seg, tk, none),
+                        what);
+    LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_PLAIN>, grid, dim3(256), 0, cstream(c), *router, *sh_gate, x, ldx, T, logits,
+                                ld, seg, tk, none),
                     what);
 }
 
 extern "C" int cuda_moe_init(char *err, size_t errlen) {
-    const cudaError_t e = cudaFuncSetAttribute(router_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
+    const cudaError_t e = cudaFuncSetAttribute(router_kernel<RT_STAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "moe: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     return 0;
 }
@@ -334,6 +380,19 @@ extern "C" int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
     const topk_tail tk = {counter, K, renorm, ids, w};
     return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router_topk");
+}
+
+extern "C" int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct cuda_qmat *router,
+                                         const struct cuda_qmat *sh_gate, const struct cuda_norm_src *ns, float *logits,
+                                         float *seg, int K, int renorm, int32_t *ids, float *w, int *counter) {
+    if (router->rows > 256 || K > 32 || !ns || !ns->x || !ns->gain || router->cols % 32 ||
+        (size_t)rt_xstride(router->cols) * 4 > 48 * 1024 || sh_gate->cols != router->cols)
+        return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk_norm: %d experts of %d columns, top-%d", router->rows,
+                      router->cols, K);
+    if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
+    const topk_tail tk = {counter, K, renorm, ids, w};
+    return rt_launch(c, router, sh_gate, NULL, router->cols, 1, logits, router->rows, seg, tk, "moe_router_topk_norm", ns);
 }
 
 /* ---- small-batch pairs path ---- */

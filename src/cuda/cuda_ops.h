@@ -67,6 +67,17 @@ struct cuda_tail_norm {
     float *xn32;
 };
 
+/* The other way round (one token): no tail; each block of the launch that reads the
+ * normalised row computes it itself from the residual x (n = its columns) with gain, the
+ * same bits as the tail and the batched norm kernels (cuda_internal.h norm_src_row); when
+ * xn != NULL the launch's block 0 also leaves the bf16 row there for later launches. */
+struct cuda_norm_src {
+    const float *x;
+    const float *gain;
+    float eps;
+    uint16_t *xn;
+};
+
 /* ---- memory helpers (for tests and the backend) ---- */
 int cuda_malloc(void **p, size_t bytes, const char *what, char *err, size_t errlen);
 void cuda_free(void *p);
@@ -195,6 +206,11 @@ int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat *router, co
 int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                          const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
                          int32_t *ids, float *w, int *counter);
+/* One token whose input is normalised by the router's blocks themselves (ns: the residual
+ * row of router->cols values; ns->xn gets the bf16 row for the expert launches after it). */
+int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
+                              const struct cuda_norm_src *ns, float *logits, float *seg, int K, int renorm, int32_t *ids,
+                              float *w, int *counter);
 /* Small-batch MoE (T*(K+1) pairs): act[p, I] for routed pairs and the shared expert (pair K of each token). */
 int cuda_moe_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                           const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
@@ -314,6 +330,10 @@ struct cuda_tcv_gnorm {
     float eps;
 };
 int cuda_tcv_multi_conv(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
+                        const struct cuda_tcv_conv *conv);
+/* cuda_tcv_multi / _conv (conv may be NULL) with x the RMSNorm of ns->x, computed by every
+ * block (no tail before it; ns->xn, if set, gets the bf16 row from block 0). */
+int cuda_tcv_multi_norm(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const struct cuda_norm_src *ns,
                         const struct cuda_tcv_conv *conv);
 int cuda_tcv_gnorm_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const struct cuda_tcv_gnorm *gn, float *y,
                             const struct cuda_tail_norm *tail);

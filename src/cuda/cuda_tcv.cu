@@ -45,6 +45,7 @@ struct tcv_args {
     cuda_tail_norm tail; /* counter != NULL: one accumulating matrix, normalise y after */
     cuda_tcv_conv conv;  /* w != NULL: segment 0's rows go through the decode conv step */
     cuda_tcv_gnorm gn;   /* y != NULL: x is the gated RMSNorm of gn.y, gn.z (not a.x) */
+    cuda_norm_src ns;    /* x != NULL: x is the RMSNorm of ns.x, by every block (not a.x) */
 };
 
 /* Segment 0's epilogue for the GDN in-projection of one token: row r is conv channel r,
@@ -93,9 +94,21 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K,
     __syncthreads();
 }
 
-/* GN: the input is staged by tcv_stage_gnorm (a separate instance: its registers would
- * otherwise count against every launch of the kernel). */
-template <int GPW, bool GN>
+/* Stages x = the RMSNorm of ns.x (every block computes it: norm_src_row, the tail's bits),
+ * bf16, into xs; then the group sums. g: the gains, read before the wait. */
+__device__ __forceinline__ void tcv_stage_norm(const cuda_norm_src &ns, int K, const float (&g)[NS_REG], uint16_t *xs,
+                                               float *xsum) {
+    norm_src_row(ns, K, g, [&](int i, float o) { xs[i] = f2bf(o); });
+    __syncthreads();
+    sk_group_sums<true>(xs, 1, K, K / QGROUP, xsum); /* and rearranged, as tcv_stage */
+    __syncthreads();
+}
+
+/* How the input is staged: a.x as given, the gated norm of a.gn (tcv_stage_gnorm), or the
+ * RMSNorm of a.ns (tcv_stage_norm); separate instances, so neither's registers count
+ * against the plain launches. */
+enum { TCV_X = 0, TCV_GNORM = 1, TCV_NORM = 2 };
+template <int GPW, int STAGE>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kernel(tcv_args a) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
@@ -122,8 +135,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
         for (int j = 0; j < a.conv.K; j++) cpa4(cvs + CUDA_TCV_CONV_MAX + j, a.conv.w + (size_t)crow * a.conv.K + j);
         cpa_commit();
     }
+    float g[NS_REG];
+    if (STAGE == TCV_NORM) norm_src_gains(a.ns, K, g);
     pdl_wait();
-    if (GN) tcv_stage_gnorm(a.gn, K, xs, xsum);
+    if (STAGE == TCV_GNORM) tcv_stage_gnorm(a.gn, K, xs, xsum);
+    else if (STAGE == TCV_NORM) tcv_stage_norm(a.ns, K, g, xs, xsum);
     else tcv_stage(a.x, K, 1, K, xs, xsum);
     tcv_mma_to_red<GPW>(w, xs, xsum, ks * GPW, red);
     if ((int)threadIdx.x < MT * 16) {
@@ -238,14 +254,18 @@ extern "C" int cuda_tcv_init(char *err, size_t errlen) {
 template <int GPW>
 static int tcv_dense_launch(const struct cuda_ctx *c, const tcv_args &a, int blocks, int K) {
     if (a.gn.y)
-        LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW, true>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
+        LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW, TCV_GNORM>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
                         "tcv_dense");
-    LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW, false>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
+    if (a.ns.x)
+        LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW, TCV_NORM>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
+                        "tcv_dense");
+    LAUNCH_CHECK_RC(c, launch_k(tcv_dense_kernel<GPW, TCV_X>, dim3(blocks), dim3(256), tcv_dense_smem(K), cstream(c), a),
                     "tcv_dense");
 }
 
 static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
-                        const cuda_tail_norm *tail, const cuda_tcv_conv *conv, const cuda_tcv_gnorm *gn) {
+                        const cuda_tail_norm *tail, const cuda_tcv_conv *conv, const cuda_tcv_gnorm *gn,
+                        const cuda_norm_src *ns = NULL) {
     if (n_segs < 1 || n_segs > TCV_MAXSEG) return errorf(c->err, c->errlen, ST_INTERNAL, "tcv: %d matrices (1..4)", n_segs);
     tcv_args a;
     memset(&a, 0, sizeof a);
@@ -266,6 +286,11 @@ static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *se
         a.gn = *gn;
     }
     const int K = segs[0].m.cols, gpw = tcv_gpw(K);
+    if (ns) {
+        if (!ns->x || !ns->gain || tail || gn)
+            return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv: a normalised input of %d columns with a tail or gated norm", K);
+        a.ns = *ns;
+    }
     int blocks = 0;
     for (int i = 0; i < n_segs; i++) {
         if (!cuda_tcv_supported(&segs[i].m) || segs[i].m.cols != K || segs[i].accumulate != a.accumulate)
@@ -279,7 +304,7 @@ static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *se
     }
     a.blk0[n_segs] = blocks;
     const int sgrid = gpw == 4 ? tcv_stream_grid[0] : gpw == 8 ? tcv_stream_grid[1] : 0;
-    if (n_segs == 1 && !tail && !conv && !gn && sgrid > 0 && blocks >= TCV_STREAM_MIN_TILES && K <= 4096) {
+    if (n_segs == 1 && !tail && !conv && !gn && !ns && sgrid > 0 && blocks >= TCV_STREAM_MIN_TILES && K <= 4096) {
         const int grid = sgrid < blocks ? sgrid : blocks;
         if (gpw == 4)
             LAUNCH_CHECK_RC(c, launch_k(tcv_stream_kernel<4>, dim3(grid), dim3(256), tcv_stream_smem<4>(K), cstream(c), a.w[0],
@@ -301,6 +326,12 @@ extern "C" int cuda_tcv_multi(const struct cuda_ctx *c, const struct cuda_gemv_s
 extern "C" int cuda_tcv_multi_conv(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
                                    const struct cuda_tcv_conv *conv) {
     return tcv_dense_go(c, segs, n_segs, x, NULL, conv, NULL);
+}
+
+extern "C" int cuda_tcv_multi_norm(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs,
+                                   const struct cuda_norm_src *ns, const struct cuda_tcv_conv *conv) {
+    if (!ns) return errorf(c->err, c->errlen, ST_INTERNAL, "tcv_multi_norm: no input");
+    return tcv_dense_go(c, segs, n_segs, NULL, NULL, conv, NULL, ns);
 }
 
 /* y += W·(x or the gated norm gn), then the tail. */

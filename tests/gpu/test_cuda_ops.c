@@ -192,6 +192,86 @@ static void test_skinny_multi(int cols, int T) {
     free(got); free(got1); free(xf); free(xb);
 }
 
+/* ---- one token's norm computed by its consumers (cuda_norm_src) against the norm kernel
+ * and then the same consumer on its output, bitwise: the projections (cuda_tcv_multi_norm)
+ * and the router with its top-k (cuda_moe_router_topk_norm, whose block 0 also leaves the
+ * bf16 row for the expert launches). Residuals of scale 1 and 30 (the residual stream
+ * grows through the layers). ---- */
+static int bits_differ(const void *a, const void *b, size_t n4) {
+    const uint32_t *x = a, *y = b;
+    int d = 0;
+    for (size_t i = 0; i < n4; i++) d += x[i] != y[i];
+    return d;
+}
+static void test_norm_src(int H, int E, int K, float scale) {
+    const int rows[2] = {1000, 64};
+    const float eps = 1e-6f;
+    float *x = malloc((size_t)H * 4), *gain = malloc((size_t)H * 4);
+    rand_f32(x, (size_t)H, scale);
+    for (int i = 0; i < H; i++) gain[i] = 1.0f + 0.2f * rng_normal();
+    float *dx, *dg, *dxn32; uint16_t *dxn, *dxn2;
+    DEV(dx, (size_t)H * 4); DEV(dg, (size_t)H * 4); DEV(dxn32, (size_t)H * 4); DEV(dxn, (size_t)H * 2); DEV(dxn2, (size_t)H * 2);
+    H2D(dx, x, (size_t)H * 4); H2D(dg, gain, (size_t)H * 4);
+    OK(cuda_rmsnorm2(&ctx, dx, dg, 1, H, eps, NULL, dxn, dxn32));
+    const struct cuda_norm_src ns = {dx, dg, eps, dxn2};
+    /* projections */
+    struct rq m[2];
+    struct cuda_gemv_seg ref[2], got[2];
+    for (int i = 0; i < 2; i++) {
+        rq_make(&m[i], rows[i], H, 1, 4, 1.0f / sqrtf((float)H));
+        ref[i].m = got[i].m = m[i].d;
+        ref[i].ldy = got[i].ldy = rows[i];
+        ref[i].accumulate = got[i].accumulate = 0;
+        DEV(ref[i].y, (size_t)rows[i] * 4); DEV(got[i].y, (size_t)rows[i] * 4);
+    }
+    if (cuda_tcv_supported(&m[0].d)) {
+        OK(cuda_tcv_multi(&ctx, ref, 2, dxn));
+        OK(cuda_tcv_multi_norm(&ctx, got, 2, &ns, NULL));
+        float *a = malloc((size_t)rows[0] * 4), *b = malloc((size_t)rows[0] * 4);
+        for (int i = 0; i < 2; i++) {
+            D2H(a, ref[i].y, (size_t)rows[i] * 4); D2H(b, got[i].y, (size_t)rows[i] * 4);
+            const int d = bits_differ(a, b, (size_t)rows[i]);
+            CHECK(d == 0, "tcv_multi_norm H=%d x%.0f matrix %d: %d of %d rows differ from rmsnorm + tcv_multi", H, scale, i, d, rows[i]);
+        }
+        uint16_t *n1 = malloc((size_t)H * 2), *n2 = malloc((size_t)H * 2);
+        D2H(n1, dxn, (size_t)H * 2); D2H(n2, dxn2, (size_t)H * 2);
+        int d = 0;
+        for (int i = 0; i < H; i++) d += n1[i] != n2[i];
+        CHECK(d == 0, "tcv_multi_norm H=%d: block 0's bf16 row differs from rmsnorm's in %d of %d", H, d, H);
+        free(a); free(b); free(n1); free(n2);
+    }
+    for (int i = 0; i < 2; i++) { cuda_free(ref[i].y); cuda_free(got[i].y); rq_free(&m[i]); }
+    /* router + top-k */
+    struct rq router, sg;
+    rq_make(&router, E, H, 1, 8, 1.0f / sqrtf((float)H));
+    rq_make(&sg, 1, H, 1, 8, 1.0f / sqrtf((float)H));
+    float *dl[2], *dseg[2], *dw[2]; int32_t *dids[2]; int *dcnt;
+    DEV(dcnt, 64);
+    if (cuda_memset0(dcnt, 64, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+    for (int j = 0; j < 2; j++) { DEV(dl[j], (size_t)E * 4); DEV(dseg[j], 4); DEV(dw[j], (size_t)K * 4); DEV(dids[j], (size_t)K * 4); }
+    if (cuda_memset0(dxn2, (size_t)H * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+    OK(cuda_moe_router_topk(&ctx, &router.d, &sg.d, dxn32, H, 1, dl[0], E, dseg[0], K, 1, dids[0], dw[0], dcnt));
+    OK(cuda_moe_router_topk_norm(&ctx, &router.d, &sg.d, &ns, dl[1], dseg[1], K, 1, dids[1], dw[1], dcnt));
+    float *l0 = malloc((size_t)E * 4), *l1 = malloc((size_t)E * 4), s0, s1, w0[32], w1[32];
+    int32_t i0[32], i1[32];
+    D2H(l0, dl[0], (size_t)E * 4); D2H(l1, dl[1], (size_t)E * 4); D2H(&s0, dseg[0], 4); D2H(&s1, dseg[1], 4);
+    D2H(w0, dw[0], (size_t)K * 4); D2H(w1, dw[1], (size_t)K * 4); D2H(i0, dids[0], (size_t)K * 4); D2H(i1, dids[1], (size_t)K * 4);
+    const int dlog = bits_differ(l0, l1, (size_t)E) + bits_differ(&s0, &s1, 1);
+    const int dtop = bits_differ(i0, i1, (size_t)K) + bits_differ(w0, w1, (size_t)K);
+    CHECK(dlog == 0 && dtop == 0, "router_topk_norm E=%d H=%d x%.0f: %d logits and %d top-k values differ from rmsnorm + router_topk",
+          E, H, scale, dlog, dtop);
+    uint16_t *n1 = malloc((size_t)H * 2), *n2 = malloc((size_t)H * 2);
+    D2H(n1, dxn, (size_t)H * 2); D2H(n2, dxn2, (size_t)H * 2);
+    int d = 0;
+    for (int i = 0; i < H; i++) d += n1[i] != n2[i];
+    CHECK(d == 0, "router_topk_norm H=%d: the bf16 row left for the experts differs from rmsnorm's in %d of %d", H, d, H);
+    free(l0); free(l1); free(n1); free(n2);
+    for (int j = 0; j < 2; j++) { cuda_free(dl[j]); cuda_free(dseg[j]); cuda_free(dw[j]); cuda_free(dids[j]); }
+    cuda_free(dcnt); rq_free(&router); rq_free(&sg);
+    cuda_free(dx); cuda_free(dg); cuda_free(dxn32); cuda_free(dxn); cuda_free(dxn2);
+    free(x); free(gain);
+}
+
 /* ---- fused multi-matrix GEMV (decode projections): 1e-4 ---- */
 static void test_gemv_multi(void) {
     struct rq a, b, c8;
@@ -1538,6 +1618,10 @@ int main(void) {
     test_gemv_acc_norm(2048, 4096, 1, 1);
     test_gemv_acc_norm(2048, 2048, 1, 1);
     test_gemv_acc_norm(1000, 512, 1, 1);
+    test_norm_src(2048, 256, 8, 1.0f);
+    test_norm_src(2048, 256, 8, 30.0f);
+    test_norm_src(4096, 64, 4, 3.0f); /* past NS_REG·256 values: the rest read again */
+    test_norm_src(256, 16, 4, 1.0f);
     test_tcv_gdn_fusions(512, 2048, 32);
     test_tcv_gdn_fusions(8192, 2048, 4);
     test_gemm_precise(8, 256, 2048, 300);
