@@ -236,10 +236,8 @@ static int fl_spb(int n_blocks, int n_split) {
 
 extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     const int smem = (int)flash_smem(D);
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&fl_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        fl_sms < 1)
-        fl_sms = 132;
+    cuda_caps caps;
+    fl_sms = device_caps(&caps) == cudaSuccess && caps.sms > 0 ? caps.sms : 132;
     (void)fl_spb(0, 1); /* reads the environment here, outside any graph capture */
     cudaError_t e;
     if (D == 256) e = cudaFuncSetAttribute(flash_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

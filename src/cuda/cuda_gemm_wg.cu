@@ -317,14 +317,11 @@ static cudaError_t wg_attrs() {
 
 int gemm_wg_init(char *err, size_t errlen) {
     wg_on = false;
-    int dev = 0, major = 0, optin = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev))
-        return errorf(err, errlen, ST_DEVICE, "gemm_wg: device attributes unavailable");
-    if (major != 9 || env_flag("ORCHID_NO_WGMMA")) return 0;
-    wg_optin = (size_t)optin;
-    wg_sm_smem = (size_t)per_sm;
+    cuda_caps caps;
+    if (device_caps(&caps) != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: device attributes unavailable");
+    if (caps.major != 9 || env_flag("ORCHID_NO_WGMMA")) return 0;
+    wg_optin = (size_t)caps.optin;
+    wg_sm_smem = (size_t)caps.per_sm;
     wg_two = !env_flag("ORCHID_WG_ONE_BLOCK");
     wg_three = !env_flag("ORCHID_WG_NO3");
     cudaError_t e = wg_attrs<false>();

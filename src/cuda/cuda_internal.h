@@ -168,19 +168,40 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+/* The current device's numbers the kernels' set-ups read: multiprocessors, compute
+ * capability major, per-block opt-in and per-SM shared memory. Queried once (the first
+ * caller: a backend's set-up, outside any graph capture); the error of that query, if any,
+ * is returned every time (the numbers are then 0). */
+struct cuda_caps {
+    int sms, major, optin, per_sm;
+};
+inline cudaError_t device_caps(cuda_caps *out) {
+    static const std::pair<cudaError_t, cuda_caps> q = [] {
+        cuda_caps c = {0, 0, 0, 0};
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            c = cuda_caps{0, 0, 0, 0};
+        }
+        return std::make_pair(e, c);
+    }();
+    *out = q.second;
+    return q.first;
+}
+
 /* True when launches get the PDL attribute: device 9.0+ and ORCHID_PDL not "0" (read once,
  * on the first launch; cuda_attn_init asks first, outside any graph capture). */
 inline bool pdl_enabled() {
     static const bool on = [] {
         const char *e = getenv("ORCHID_PDL");
         if (e && !strcmp(e, "0")) return false;
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-        return major >= 9;
+        cuda_caps c;
+        return device_caps(&c) == cudaSuccess && c.major >= 9;
     }();
     return on;
 }
@@ -188,11 +209,11 @@ inline bool pdl_enabled() {
 /* The SM count and the per-block opt-in shared memory of the current device (the set-up of
  * the persistent kernels, persistent_grid). */
 static inline cudaError_t device_sms_optin(int *n_sm, int *optin) {
-    int dev = 0;
-    *n_sm = cuda_sm_count();
-    cudaError_t e = *n_sm < 1 ? cudaErrorInvalidDevice : cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return e;
+    cuda_caps c;
+    const cudaError_t e = device_caps(&c);
+    *n_sm = c.sms;
+    *optin = c.optin;
+    return e == cudaSuccess && c.sms < 1 ? cudaErrorInvalidDevice : e;
 }
 
 /* A persistent kernel's grid: its dynamic shared memory limit raised to smem, then as many

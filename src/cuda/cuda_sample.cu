@@ -502,12 +502,11 @@ static int cluster_for(int n_rows) {
     if (env < 0) {
         const char *e = getenv("ORCHID_SAMPLE_CLUSTER");
         env = e && *e ? atoi(e) : 0;
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
-            sm90 = major >= 9;
-        cudaGetLastError();
+        cuda_caps caps;
+        if (device_caps(&caps) == cudaSuccess) {
+            sms = caps.sms;
+            sm90 = caps.major >= 9;
+        }
     }
     if (!sm90) return 1;
     const int want = g_force_cluster ? g_force_cluster : env;

@@ -431,15 +431,12 @@ static int sk_dispatch(const struct cuda_ctx *c, const sk_args &a, int want_nt, 
         e = cudaFuncSetAttribute(skinny_kernel<NT, SW, GR>, cudaFuncAttributeMaxDynamicSharedMemorySize, sk_block_max());
 
 extern "C" int cuda_skinny_init(char *err, size_t errlen) {
-    int dev = 0, optin = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cuda_caps caps;
+    cudaError_t e = device_caps(&caps);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: device attributes: %s", cudaGetErrorString(e));
-    sk_optin = optin;
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) major = 0;
+    sk_optin = caps.optin;
     const char *nb = getenv("ORCHID_SK_NOBULK");
-    sk_bulk_on = major >= 9 && !(nb && *nb && strcmp(nb, "0") != 0);
+    sk_bulk_on = caps.major >= 9 && !(nb && *nb && strcmp(nb, "0") != 0);
     const char *ms = getenv("ORCHID_SK_MREP_SWIGLU"), *md = getenv("ORCHID_SK_MREP_DOWN");
     if (ms && *ms) sk_mrep_swiglu = atoi(ms) == 2 ? 2 : 1;
     if (md && *md) sk_mrep_down = atoi(md) == 2 ? 2 : 1;

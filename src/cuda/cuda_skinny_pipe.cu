@@ -349,11 +349,11 @@ static int sp_stages_env(const char *name) {
  * them — docs/PERFORMANCE.md, session 8). The GPU tests switch them on to hold their bits
  * to the grouped kernel's. */
 extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
-    int dev = 0, major = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sp_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sp_sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cuda_caps caps;
+    cudaError_t e = device_caps(&caps);
+    const int major = caps.major;
+    sp_optin = caps.optin;
+    sp_sms = caps.sms;
     /* the dynamic opt-in is what the static barriers leave of the block's maximum */
     cudaFuncAttributes fa0, fa1;
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa0, skinny_pipe_kernel<true>);
