@@ -356,9 +356,12 @@ static int trace_write(struct cuda_backend *cb, char *err, size_t errlen) {
 
 /* ---- one layer over a batch ---- */
 
-/* Small batches (decode) fuse the norms into the launch before them: the residual-adding
- * projection's last block computes the post-attention norm, the MoE down projection's
- * last block the next layer's input norm, and the router's last block the top-k. */
+/* Small batches (decode) fuse the norms into the launches around them. One token through
+ * cuda_tcv.cu: each block of the launch that reads a norm computes it (the first projection
+ * the layer's input norm, the router the post-mixer norm: in_norm_src / norm_src_on); the
+ * GEMV path and ORCHID_NO_NORM_SRC=1: the residual-adding projection's last block computes
+ * the post-mixer norm and the MoE down projection's last block the next layer's input norm.
+ * The router's last block runs the top-k. */
 static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c);
 
 /* Layer l takes one token through cuda_tcv.cu's forms (projections and expert pairs). */
