@@ -382,6 +382,15 @@ static bool in_norm_src(const struct cuda_backend *cb, int l, int T) {
     return cb->L[l].kind != LAYER_LINEAR || cb->cfg->conv_kernel - 1 <= CUDA_TCV_CONV_MAX;
 }
 
+/* 2..64 tokens: layer l's input norm is computed by layer l - 1's MoE combine
+ * (cuda_moe_combine_norm) when both take the skinny path. ORCHID_NO_COMBINE_NORM=1: its own
+ * launch (A/B; the same bits either way). */
+static bool mid_norm_fused(const struct cuda_backend *cb, int l) {
+    static const bool off = env_flag("ORCHID_NO_COMBINE_NORM");
+    return !off && l > 0 && l < cb->cfg->n_layers && cb->L[l - 1].skinny && cb->L[l].skinny &&
+           cuda_moe_combine_norm_ok(cb->H);
+}
+
 static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c) {
     const struct model_config *cf = cb->cfg;
     const dlayer *d = &cb->L[l];
@@ -516,7 +525,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     const dlayer *d = &cb->L[l];
     const int T = m.T, H = cb->H, E = cb->E, K = cb->K;
     int rc;
-    P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
+    if (!mid_norm_fused(cb, l)) P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
         cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
@@ -559,7 +568,11 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     } else if ((rc = side_join(cb, c))) {
         return rc;
     }
-    P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
+    if (mid_norm_fused(cb, l + 1))
+        P("moe_combine+norm", cuda_moe_combine_norm(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x,
+                                                     cb->L[l + 1].in_norm, cf->rms_eps, cb->xn));
+    else
+        P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
     return 0;
 }
 

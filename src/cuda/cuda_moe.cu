@@ -732,18 +732,11 @@ static __global__ void combine_kernel(const float *__restrict__ ed, const int32_
     x[(size_t)t * H + d] += acc;
 }
 
-/* Four consecutive outputs a thread (float4 loads and stores, H % 4 == 0): the same terms in
- * the same order for each output. One output a thread left the 4,096-token prefill at
- * 181 µs a layer (H200) for ~370 MB of traffic. */
-static __global__ void combine4_kernel(const float *__restrict__ ed, const int32_t *__restrict__ slot_of_pair,
-                                       const float *__restrict__ w, const float *__restrict__ sd,
-                                       const float *__restrict__ seg, int ld_seg, int K, int H, float *__restrict__ x) {
-    TRACE_KERNEL();
-    pdl_trigger();
-    pdl_wait();
-    const int t = blockIdx.x, d = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
-    if (d >= H) return;
-    const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
+/* Four consecutive outputs of token t from d (float4 loads and stores, H % 4 == 0): the same
+ * terms in the same order for each output as combine_kernel. */
+__device__ __forceinline__ void combine4_at(const float *__restrict__ ed, const int32_t *__restrict__ slot_of_pair,
+                                            const float *__restrict__ w, const float *__restrict__ sd, float sg, int K, int H,
+                                            int t, int d, float *__restrict__ x) {
     float4 e[COMBINE_KMAX];
 #pragma unroll
     for (int k = 0; k < COMBINE_KMAX; k++)
@@ -768,6 +761,48 @@ static __global__ void combine4_kernel(const float *__restrict__ ed, const int32
     *xo = xv;
 }
 
+/* Four consecutive outputs a thread. One output a thread left the 4,096-token prefill at
+ * 181 µs a layer (H200) for ~370 MB of traffic. */
+static __global__ void combine4_kernel(const float *__restrict__ ed, const int32_t *__restrict__ slot_of_pair,
+                                       const float *__restrict__ w, const float *__restrict__ sd,
+                                       const float *__restrict__ seg, int ld_seg, int K, int H, float *__restrict__ x) {
+    TRACE_KERNEL();
+    pdl_trigger();
+    pdl_wait();
+    const int t = blockIdx.x, d = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
+    if (d >= H) return;
+    const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
+    combine4_at(ed, slot_of_pair, w, sd, sg, K, H, t, d, x);
+}
+
+/* The combine of one token a block (256 threads), then the next layer's input RMSNorm of
+ * the row it just finished (bf16 into xn), in rmsnorm_kernel's order (rms_row_*: 256 lanes,
+ * lane l over x[l], x[l + 256], ...): the same bits as the separate norm launch it replaces
+ * on the 2..64-token path (40 launches a step). The gains are the model's: read before the
+ * wait. The row's values are this block's own global writes, read back after the barrier. */
+static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *__restrict__ ed,
+                                                                   const int32_t *__restrict__ slot_of_pair,
+                                                                   const float *__restrict__ w, const float *__restrict__ sd,
+                                                                   const float *__restrict__ seg, int ld_seg, int K, int H,
+                                                                   float *__restrict__ x, const float *__restrict__ gain,
+                                                                   float eps, uint16_t *__restrict__ xn) {
+    TRACE_KERNEL();
+    __shared__ float sh[32];
+    pdl_trigger();
+    float g[NS_REG];
+    rms_row_load<NS_REG>(gain, H, g);
+    pdl_wait();
+    const int t = blockIdx.x;
+    const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
+    for (int d = 4 * (int)threadIdx.x; d < H; d += 4 * (int)blockDim.x) combine4_at(ed, slot_of_pair, w, sd, sg, K, H, t, d, x);
+    __syncthreads();
+    const float *xr = x + (size_t)t * H;
+    float v[NS_REG];
+    rms_row_load<NS_REG>(xr, H, v);
+    const float inv = rms_row_inv<NS_REG>(v, xr, H, eps, sh);
+    rms_row_out<NS_REG>(v, g, xr, gain, H, inv, [&](int i, float o) { xn[(size_t)t * H + i] = f2bf(o); });
+}
+
 extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
                                 const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x) {
     if (T <= 0) return 0;
@@ -781,6 +816,19 @@ extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const
                                 ld_seg, K, H, x),
                     "moe_combine");
 }
+
+extern "C" int cuda_moe_combine_norm(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
+                                     const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x,
+                                     const float *gain, float eps, uint16_t *xn) {
+    if (T <= 0) return 0;
+    if (!cuda_moe_combine_norm_ok(H) || K > COMBINE_KMAX || (((uintptr_t)ed | (uintptr_t)sd | (uintptr_t)x) & 15))
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_combine_norm: %d experts a token, %d columns", K, H);
+    LAUNCH_CHECK_RC(c, launch_k(combine_norm_kernel, dim3(T), dim3(256), 0, cstream(c), ed, slot_of_pair, w, sd, seg, ld_seg, K,
+                                H, x, gain, eps, xn),
+                    "moe_combine_norm");
+}
+
+extern "C" int cuda_moe_combine_norm_ok(int H) { return H % 4 == 0 && H > 0; }
 
 static __global__ void swiglu_kernel(const float *g, const float *u, size_t n, uint16_t *out) {
     TRACE_KERNEL();

@@ -249,6 +249,13 @@ int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down
 /* x[t] += Σ_k w ed[slot_of_pair[t*K+k]] + sigmoid(seg[t]) sd[t] */
 int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
                      const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x);
+/* The same for T tokens, then each token's RMSNorm of x with gain into xn (bf16) — the next
+ * layer's input norm, the bits of cuda_rmsnorm (the 2..64-token path: one launch less a
+ * layer). cuda_moe_combine_norm_ok: the shapes it takes (H % 4 == 0). */
+int cuda_moe_combine_norm(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
+                          const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x, const float *gain,
+                          float eps, uint16_t *xn);
+int cuda_moe_combine_norm_ok(int H);
 int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const float *u, size_t n, uint16_t *out);
 
 /* ---- skinny tensor-core products for 2..64 tokens (cuda_skinny.cu), 4-bit weights ---- */

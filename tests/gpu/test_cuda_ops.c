@@ -272,6 +272,38 @@ static void test_norm_src(int H, int E, int K, float scale) {
     free(x); free(gain);
 }
 
+/* ---- the MoE combine with the next layer's input norm (the 2..64-token path) against the
+ * combine and then the norm kernel, bitwise: x and the bf16 row ---- */
+static void test_combine_norm(int T, int K, int H) {
+    const size_t nx = (size_t)T * H, ne = (size_t)T * K * H;
+    float *ed = malloc(ne * 4), *sd = malloc(nx * 4), *x = malloc(nx * 4), *w = malloc((size_t)T * K * 4);
+    float *seg = malloc((size_t)T * 4), *gain = malloc((size_t)H * 4), *xa = malloc(nx * 4), *xb = malloc(nx * 4);
+    int32_t *slot = malloc((size_t)T * K * 4);
+    uint16_t *na = malloc(nx * 2), *nb = malloc(nx * 2);
+    rand_f32(ed, ne, 1.0f); rand_f32(sd, nx, 1.0f); rand_f32(x, nx, 4.0f); rand_f32(w, (size_t)T * K, 0.3f);
+    rand_f32(seg, (size_t)T, 1.0f);
+    for (int i = 0; i < H; i++) gain[i] = 1.0f + 0.2f * rng_normal();
+    for (int i = 0; i < T * K; i++) slot[i] = (i * 7 + 3) % (T * K); /* a permutation (T·K not a multiple of 7) */
+    float *ded, *dsd, *dx, *dw, *dseg, *dg; int32_t *dslot; uint16_t *dn;
+    DEV(ded, ne * 4); DEV(dsd, nx * 4); DEV(dx, nx * 4); DEV(dw, (size_t)T * K * 4); DEV(dseg, (size_t)T * 4); DEV(dg, (size_t)H * 4);
+    DEV(dslot, (size_t)T * K * 4); DEV(dn, nx * 2);
+    H2D(ded, ed, ne * 4); H2D(dsd, sd, nx * 4); H2D(dw, w, (size_t)T * K * 4); H2D(dseg, seg, (size_t)T * 4); H2D(dg, gain, (size_t)H * 4);
+    H2D(dslot, slot, (size_t)T * K * 4);
+    H2D(dx, x, nx * 4);
+    OK(cuda_moe_combine(&ctx, ded, dslot, dw, dsd, dseg, 1, T, K, H, dx));
+    OK(cuda_rmsnorm(&ctx, dx, dg, T, H, 1e-6f, NULL, dn));
+    D2H(xa, dx, nx * 4); D2H(na, dn, nx * 2);
+    H2D(dx, x, nx * 4);
+    OK(cuda_moe_combine_norm(&ctx, ded, dslot, dw, dsd, dseg, 1, T, K, H, dx, dg, 1e-6f, dn));
+    D2H(xb, dx, nx * 4); D2H(nb, dn, nx * 2);
+    int dxs = bits_differ(xa, xb, nx), dns = 0;
+    for (size_t i = 0; i < nx; i++) dns += na[i] != nb[i];
+    CHECK(dxs == 0 && dns == 0, "moe_combine_norm T=%d K=%d H=%d: %d of x and %d of the norm differ from combine + rmsnorm", T, K,
+          H, dxs, dns);
+    free(ed); free(sd); free(x); free(w); free(seg); free(gain); free(xa); free(xb); free(slot); free(na); free(nb);
+    cuda_free(ded); cuda_free(dsd); cuda_free(dx); cuda_free(dw); cuda_free(dseg); cuda_free(dg); cuda_free(dslot); cuda_free(dn);
+}
+
 /* ---- fused multi-matrix GEMV (decode projections): 1e-4 ---- */
 static void test_gemv_multi(void) {
     struct rq a, b, c8;
@@ -1618,6 +1650,10 @@ int main(void) {
     test_gemv_acc_norm(2048, 4096, 1, 1);
     test_gemv_acc_norm(2048, 2048, 1, 1);
     test_gemv_acc_norm(1000, 512, 1, 1);
+    test_combine_norm(64, 8, 2048);
+    test_combine_norm(5, 8, 2048);
+    test_combine_norm(3, 2, 128);   /* fewer columns than lanes */
+    test_combine_norm(2, 4, 5000);  /* past NS_REG·256 columns: the rest read again */
     test_norm_src(2048, 256, 8, 1.0f);
     test_norm_src(2048, 256, 8, 30.0f);
     test_norm_src(4096, 64, 4, 3.0f); /* past NS_REG·256 values: the rest read again */
