@@ -518,8 +518,9 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
 
 /* 2..MID_T tokens (batched decode of many sequences): every weight is read once for all
  * tokens by the tensor-core kernels of cuda_skinny.cu; the MoE goes through the sorted
- * route (each touched expert read once for all its tokens) and the fp32 router. Norms
- * are separate launches here (the fused tails of the GEMV path are per-token loops). */
+ * route (each touched expert read once for all its tokens) and the fp32 router. The
+ * post-mixer norm is a launch of its own; the input norm is computed by the previous
+ * layer's MoE combine (mid_norm_fused), the first layer's by its own launch. */
 static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c) {
     const struct model_config *cf = cb->cfg;
     const dlayer *d = &cb->L[l];
