@@ -508,16 +508,8 @@ __device__ __forceinline__ void tail_rmsnorm(const float *x, int ldx, int T, int
  * of waiting for its producer's last block to write it (a counter atomic, the tail's reads
  * and a one-block grid end on the decode step's chain, ~3 µs twice a layer: H200, session
  * 4). NS_REG values a thread: n ≤ NS_REG·256 (2,048 here) stay in registers. The gains are
- * the model's and constant: norm_src_gains reads them before pdl_wait. */
+ * the model's and constant: the caller reads them (rms_row_load) before pdl_wait. */
 #define NS_REG 8
-__device__ __forceinline__ void norm_src_gains(const cuda_norm_src &ns, int n, float (&g)[NS_REG]) {
-    const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
-#pragma unroll
-    for (int k = 0; k < NS_REG; k++) {
-        const int i = threadIdx.x + k * L;
-        g[k] = (int)threadIdx.x < L && i < n ? ns.gain[i] : 0.0f;
-    }
-}
 /* After pdl_wait: f(i, x[i]·inv·gain[i]) for the row (block 0 also stores bf16 into ns.xn). */
 template <typename F>
 __device__ __forceinline__ void norm_src_row(const cuda_norm_src &ns, int n, const float (&g)[NS_REG], F f) {

@@ -43,7 +43,7 @@ static bool rt_smem_ok(int H, int ldx) {
 }
 
 /* acc[t] += W_row · x[t0 + t] (t < nt) over the lane's chunks, weights dequantized exactly
- * in fp32, in two parts around the wait: rt_first issues the first round of the lane's
+ * in fp32, in two parts around the wait: rt_round from the lane issues the first round of its
  * weight loads (the whole row for K = 2048; PRE: before pdl_wait), rt_rest reads x (from
  * global memory, or staged in xs) and does the sums. router_row is the unstaged one-warp
  * form, waiting in between; the kernel's norm form stages x between them (block-wide). */
@@ -70,10 +70,6 @@ __device__ __forceinline__ void rt_round(const cuda_qmat &m, int row, int base, 
             r.sc[u] = r.bi[u] = 0.0f;
         }
     }
-}
-template <int BITS>
-__device__ __forceinline__ void rt_first(const cuda_qmat &m, int row, int lane, bool pre, rt_regs &r) {
-    rt_round<BITS>(m, row, lane, pre, r);
 }
 template <int BITS>
 __device__ __forceinline__ void rt_rest(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt, float *acc,
@@ -117,7 +113,7 @@ template <int BITS>
 __device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt,
                                            float *acc, int lane, const float *xs) {
     rt_regs r;
-    rt_first<BITS>(m, row, lane, xs == nullptr, r);
+    rt_round<BITS>(m, row, lane, xs == nullptr, r);
     if (!xs) pdl_wait(); /* staged: the kernel waited before staging */
     rt_rest<BITS>(m, row, x, ldx, t0, nt, acc, lane, xs, r);
 }
@@ -282,11 +278,11 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
     if (MODE == RT_NORM) { /* weights first, then every thread stages the normalised row */
         rt_regs rr;
         if (row <= E) {
-            if (m.bits == 4) rt_first<4>(m, r, lane, true, rr);
-            else rt_first<8>(m, r, lane, true, rr);
+            if (m.bits == 4) rt_round<4>(m, r, lane, true, rr);
+            else rt_round<8>(m, r, lane, true, rr);
         }
         float g[NS_REG];
-        norm_src_gains(ns, router.cols, g);
+        rms_row_load<NS_REG>(ns.gain, router.cols, g);
         pdl_wait();
         norm_src_row(ns, router.cols, g, [&](int i, float o) { *const_cast<float *>(rt_xs_at(rt_xs, router.cols, 0, i)) = o; });
         __syncthreads();
@@ -776,7 +772,7 @@ static __global__ void combine4_kernel(const float *__restrict__ ed, const int32
 }
 
 /* The combine of one token a block (256 threads), then the next layer's input RMSNorm of
- * the row it just finished (bf16 into xn), in rmsnorm_kernel's order (rms_row_*: 256 lanes,
+ * the row it just finished (bf16 into xn), in rmsnorm_kernel's order (norm_src_row: 256 lanes,
  * lane l over x[l], x[l + 256], ...): the same bits as the separate norm launch it replaces
  * on the 2..64-token path (40 launches a step). The gains are the model's: read before the
  * wait. The row's values are this block's own global writes, read back after the barrier. */
@@ -787,7 +783,6 @@ static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *_
                                                                    float *__restrict__ x, const float *__restrict__ gain,
                                                                    float eps, uint16_t *__restrict__ xn) {
     TRACE_KERNEL();
-    __shared__ float sh[32];
     pdl_trigger();
     float g[NS_REG];
     rms_row_load<NS_REG>(gain, H, g);
@@ -796,11 +791,8 @@ static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *_
     const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
     for (int d = 4 * (int)threadIdx.x; d < H; d += 4 * (int)blockDim.x) combine4_at(ed, slot_of_pair, w, sd, sg, K, H, t, d, x);
     __syncthreads();
-    const float *xr = x + (size_t)t * H;
-    float v[NS_REG];
-    rms_row_load<NS_REG>(xr, H, v);
-    const float inv = rms_row_inv<NS_REG>(v, xr, H, eps, sh);
-    rms_row_out<NS_REG>(v, g, xr, gain, H, inv, [&](int i, float o) { xn[(size_t)t * H + i] = f2bf(o); });
+    const cuda_norm_src row = {x + (size_t)t * H, gain, eps, NULL}; /* (the consumers' norm, here of this block's row) */
+    norm_src_row(row, H, g, [&](int i, float o) { xn[(size_t)t * H + i] = f2bf(o); });
 }
 
 extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,

@@ -136,7 +136,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
         cpa_commit();
     }
     float g[NS_REG];
-    if (STAGE == TCV_NORM) norm_src_gains(a.ns, K, g);
+    if (STAGE == TCV_NORM) rms_row_load<NS_REG>(a.ns.gain, K, g);
     pdl_wait();
     if (STAGE == TCV_GNORM) tcv_stage_gnorm(a.gn, K, xs, xsum);
     else if (STAGE == TCV_NORM) tcv_stage_norm(a.ns, K, g, xs, xsum);

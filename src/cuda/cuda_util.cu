@@ -57,12 +57,8 @@ extern "C" int cuda_device_name(char *buf, size_t len) {
 }
 
 extern "C" int cuda_sm_count(void) {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return ST_DEVICE;
-    }
-    return n;
+    cuda_caps c;
+    return device_caps(&c) == cudaSuccess && c.sms > 0 ? c.sms : ST_DEVICE;
 }
 
 /* PDL: both kernels trigger, then wait before touching anything. */

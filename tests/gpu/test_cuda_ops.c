@@ -203,6 +203,21 @@ static int bits_differ(const void *a, const void *b, size_t n4) {
     for (size_t i = 0; i < n4; i++) d += x[i] != y[i];
     return d;
 }
+/* bf16 values that differ between two rows of n (host), and between two device rows */
+static int bf16_differ(const uint16_t *a, const uint16_t *b, size_t n) {
+    int d = 0;
+    for (size_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+static int dev_bf16_differ(const uint16_t *da, const uint16_t *db, size_t n) {
+    uint16_t *a = malloc(n * 2), *b = malloc(n * 2);
+    D2H(a, da, n * 2);
+    D2H(b, db, n * 2);
+    const int d = bf16_differ(a, b, n);
+    free(a);
+    free(b);
+    return d;
+}
 static void test_norm_src(int H, int E, int K, float scale) {
     const int rows[2] = {1000, 64};
     const float eps = 1e-6f;
@@ -233,12 +248,9 @@ static void test_norm_src(int H, int E, int K, float scale) {
             const int d = bits_differ(a, b, (size_t)rows[i]);
             CHECK(d == 0, "tcv_multi_norm H=%d x%.0f matrix %d: %d of %d rows differ from rmsnorm + tcv_multi", H, scale, i, d, rows[i]);
         }
-        uint16_t *n1 = malloc((size_t)H * 2), *n2 = malloc((size_t)H * 2);
-        D2H(n1, dxn, (size_t)H * 2); D2H(n2, dxn2, (size_t)H * 2);
-        int d = 0;
-        for (int i = 0; i < H; i++) d += n1[i] != n2[i];
+        const int d = dev_bf16_differ(dxn, dxn2, (size_t)H);
         CHECK(d == 0, "tcv_multi_norm H=%d: block 0's bf16 row differs from rmsnorm's in %d of %d", H, d, H);
-        free(a); free(b); free(n1); free(n2);
+        free(a); free(b);
     }
     for (int i = 0; i < 2; i++) { cuda_free(ref[i].y); cuda_free(got[i].y); rq_free(&m[i]); }
     /* router + top-k */
@@ -260,12 +272,9 @@ static void test_norm_src(int H, int E, int K, float scale) {
     const int dtop = bits_differ(i0, i1, (size_t)K) + bits_differ(w0, w1, (size_t)K);
     CHECK(dlog == 0 && dtop == 0, "router_topk_norm E=%d H=%d x%.0f: %d logits and %d top-k values differ from rmsnorm + router_topk",
           E, H, scale, dlog, dtop);
-    uint16_t *n1 = malloc((size_t)H * 2), *n2 = malloc((size_t)H * 2);
-    D2H(n1, dxn, (size_t)H * 2); D2H(n2, dxn2, (size_t)H * 2);
-    int d = 0;
-    for (int i = 0; i < H; i++) d += n1[i] != n2[i];
+    const int d = dev_bf16_differ(dxn, dxn2, (size_t)H);
     CHECK(d == 0, "router_topk_norm H=%d: the bf16 row left for the experts differs from rmsnorm's in %d of %d", H, d, H);
-    free(l0); free(l1); free(n1); free(n2);
+    free(l0); free(l1);
     for (int j = 0; j < 2; j++) { cuda_free(dl[j]); cuda_free(dseg[j]); cuda_free(dw[j]); cuda_free(dids[j]); }
     cuda_free(dcnt); rq_free(&router); rq_free(&sg);
     cuda_free(dx); cuda_free(dg); cuda_free(dxn32); cuda_free(dxn); cuda_free(dxn2);
@@ -296,8 +305,7 @@ static void test_combine_norm(int T, int K, int H) {
     H2D(dx, x, nx * 4);
     OK(cuda_moe_combine_norm(&ctx, ded, dslot, dw, dsd, dseg, 1, T, K, H, dx, dg, 1e-6f, dn));
     D2H(xb, dx, nx * 4); D2H(nb, dn, nx * 2);
-    int dxs = bits_differ(xa, xb, nx), dns = 0;
-    for (size_t i = 0; i < nx; i++) dns += na[i] != nb[i];
+    const int dxs = bits_differ(xa, xb, nx), dns = bf16_differ(na, nb, nx);
     CHECK(dxs == 0 && dns == 0, "moe_combine_norm T=%d K=%d H=%d: %d of x and %d of the norm differ from combine + rmsnorm", T, K,
           H, dxs, dns);
     free(ed); free(sd); free(x); free(w); free(seg); free(gain); free(xa); free(xb); free(slot); free(na); free(nb);
