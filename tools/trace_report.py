@@ -67,16 +67,29 @@ def block_stats(op, groups):
 
 
 def phase_stats(op, groups):
-    """groups: the block lists of the launches named op; phases between the marks"""
-    bs = [b for g in groups for b in g if all(b[k] for k in range(7, 11))]
-    print(f"\nphases of {op}: {len(bs)} blocks with every mark (of {sum(len(g) for g in groups)})")
-    if not bs:
+    """groups: the block lists of the launches named op; phases between the block's start,
+    its wait release (where it waits), the kernel's marks 4.. that every such block passed
+    (a kernel may set fewer than four) and its end"""
+    allb = [b for g in groups for b in g]
+    k_last = 6
+    while k_last < 10 and allb and all(b[k_last + 1] for b in allb if b[7]):
+        k_last += 1
+    bs = [b for b in allb if all(b[k] for k in range(7, k_last + 1))]
+    print(f"\nphases of {op}: {len(bs)} blocks with marks 4..{k_last - 3} (of {len(allb)})")
+    if not bs or k_last < 7:
         return
-    cuts = [3, 7, 8, 9, 10, 11]  # start, mark4..7, end
-    labels = ["start>m4", "m4>m5", "m5>m6", "m6>m7", "m7>end"]
+    cuts, labels = [3], []
+    if all(b[5] for b in bs):
+        cuts.append(5)
+        labels.append("start>wait")
+    for k in range(7, k_last + 1):
+        labels.append(f"{'wait' if cuts[-1] == 5 else 'start' if cuts[-1] == 3 else 'm%d' % (cuts[-1] - 3)}>m{k - 3}")
+        cuts.append(k)
+    labels.append(f"m{k_last - 3}>end")
+    cuts.append(11)
     for j, lab in enumerate(labels):
         d = [(b[cuts[j + 1]] - b[cuts[j]]) / 1e3 for b in bs]
-        print(f"  {lab:9} p50 {quantile(d, .5):6.2f}  p90 {quantile(d, .9):6.2f}  mean {sum(d) / len(d):6.2f} µs")
+        print(f"  {lab:10} p50 {quantile(d, .5):6.2f}  p90 {quantile(d, .9):6.2f}  mean {sum(d) / len(d):6.2f} µs")
 
 
 def main():

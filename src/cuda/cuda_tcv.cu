@@ -235,7 +235,12 @@ static __global__ void __launch_bounds__(256, 2) tcv_stream_kernel(cuda_qmat m, 
     cpa_wait<0>(); /* no copy outlives the block (the issues past `mine` are empty groups) */
 }
 
-/* The stream forms' grids (0 with small shared memory: the dense form only). */
+template <int GPW>
+static __global__ void tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup, const int32_t *ids,
+                                         const uint16_t *x, int K, uint16_t *act, int ld_act);
+
+/* The stream forms' grids (0 with small shared memory: the dense form only); the gate/up
+ * pairs' shared-memory limit. */
 extern "C" int cuda_tcv_init(char *err, size_t errlen) {
     int n = 0, optin = 0;
     cudaError_t e = device_sms_optin(&n, &optin);
@@ -244,6 +249,13 @@ extern "C" int cuda_tcv_init(char *err, size_t errlen) {
     if (e == cudaSuccess)
         e = persistent_grid(tcv_stream_kernel<8>, 256, tcv_stream_smem<8>(4096), n, optin, &tcv_stream_grid[1]);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: stream kernel setup: %s", cudaGetErrorString(e));
+    /* the gate/up pairs' tiles: 74 KB a block at 16 groups a warp (K = 4,096 and up) */
+    const int lim = optin - 1024; /* less the static shared memory (the trace build's marks) */
+    const void *tiled[3] = {(const void *)tcv_gateup_kernel<4>, (const void *)tcv_gateup_kernel<8>,
+                            (const void *)tcv_gateup_kernel<16>};
+    for (int i = 0; i < 3 && lim > 0 && e == cudaSuccess; i++)
+        e = cudaFuncSetAttribute(tiled[i], cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: gate/up kernel setup: %s", cudaGetErrorString(e));
     return 0;
 }
 
@@ -372,6 +384,15 @@ __device__ __forceinline__ cuda_qmat qsel(bool first, const cuda_qmat &a, const 
  * shared expert. gate/up: MT/2 m-tiles of gate rows then the same rows of up; act[p][r] =
  * bf16(silu(gate·x) · (up·x)), as the skinny SwiGLU epilogue. ---- */
 
+/* Each warp's 16 rows × GPW groups go to shared memory by cp.async (tcv_tile_async: 16 bytes
+ * a lane over whole rows) rather than into registers by tcv_load's 8-byte fragment loads: a
+ * fragment load asks for one 32-byte sector of each of 8 rows, so after the router's ids
+ * arrive the L1 took ~4 times the requests to issue the same 9 MB (timeline: wait → loads
+ * issued 2.8 µs, then x staged behind them 2.1 µs). Multiplied by tcv_mma_smem: the same values
+ * and steps as tcv_mma. Shared memory: tcv_stream_head(cols), then 8 × TCV_WSM(GPW). */
+template <int GPW>
+static size_t tcv_gateup_smem(int cols) { return tcv_stream_head(cols) + (size_t)8 * TCV_WSM(GPW); }
+
 template <int GPW>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
                                                                 const int32_t *ids, const uint16_t *x, int K, uint16_t *act,
@@ -389,25 +410,34 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
         pdl_wait();
         return;
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    const int warp = threadIdx.x >> 5;
     const int mt = warp % MT, ks = warp / MT;
     const bool is_up = mt >= half;
-    const int r = (blk * half + (is_up ? mt - half : mt)) * 16 + gq; /* row within the expert */
-    tcv_w<GPW> w;
+    const int rb = (blk * half + (is_up ? mt - half : mt)) * 16; /* the warp's first row within the expert */
+    unsigned char *wsm = sm + tcv_stream_head(cols) + (size_t)warp * TCV_WSM(GPW);
     if (shared) {
-        tcv_load<GPW, true>(qsel(is_up, um, gm), (size_t)r, r < gm.rows, r + 8 < gm.rows, ks * GPW, c, w);
+        tcv_tile_async<GPW>(qsel(is_up, um, gm), (size_t)rb, min(16, gm.rows - rb), ks * GPW, wsm);
+        cpa_commit();
         pdl_wait();
         pdl_trigger();
     } else {
         pdl_wait(); /* the routed rows depend on the router's ids */
         pdl_trigger();
         const size_t e0 = (size_t)ids[p] * gm.rows;
-        tcv_load<GPW, false>(qsel(is_up, um, gm), e0 + r, r < gm.rows, r + 8 < gm.rows, ks * GPW, c, w);
+        tcv_tile_async<GPW>(qsel(is_up, um, gm), e0 + rb, min(16, gm.rows - rb), ks * GPW, wsm);
+        cpa_commit();
     }
+    trace_mark(TRACE_MARK4); /* (warp 0's) weight copies issued: the routed ones after its id arrived */
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)cols * 2), *red = xsum + G;
     tcv_stage(x, cols, 1, cols, xs, xsum);
-    tcv_mma_to_red<GPW>(w, xs, xsum, ks * GPW, red);
+    trace_mark(TRACE_MARK5); /* x staged */
+    cpa_wait<0>();
+    __syncwarp(); /* the warp's tile (its own copies and zero rows) visible to all its lanes */
+    float acc0 = 0.0f, acc1 = 0.0f;
+    tcv_mma_smem<GPW>(wsm, xs, xsum, ks * GPW, acc0, acc1);
+    tcv_to_red(acc0, acc1, red);
+    trace_mark(TRACE_MARK6); /* products in shared memory */
     if ((int)threadIdx.x < half * 16) {
         const int mm = threadIdx.x / 16, i = threadIdx.x % 16;
         const float v = tcv_slice_sum(red, KS, MT, mm, i), u = tcv_slice_sum(red, KS, MT, mm + half, i);
@@ -441,19 +471,34 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
     pdl_wait();
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)(K + 1) * cols * 2), *red = xsum + (K + 1) * G;
+    float *epi = red + (K + 1) * KS * 16; /* [16] x rows, [K] routing weights, [1] σ(seg) */
+    /* The epilogue's operands are requested now, beside the staging loads, and parked in
+     * shared memory before the products' barrier: read after the products they were three
+     * more L2 round trips on the chain (m6 → end 2.1 µs in the timeline). Thread i < 16
+     * holds x[row i], 16 + q the weight of pair q, 16 + K the shared expert's gate. */
+    const int ti = threadIdx.x, row0 = blockIdx.x * 16;
+    float pre = 0.0f;
+    if (ti < 16) pre = row0 + ti < H ? x[row0 + ti] : 0.0f;
+    else if (ti < 16 + K) pre = wts[ti - 16];
+    else if (ti == 16 + K) pre = seg[0];
     tcv_stage(act, ld_act, K + 1, cols, xs, xsum);
-    tcv_mma_to_red<GPW>(w, xs + (size_t)p * cols, xsum + p * G, ks * GPW, red);
-    if (threadIdx.x < 16) {
-        const int i = threadIdx.x, row = blockIdx.x * 16 + i;
+    trace_mark(TRACE_MARK5); /* activations staged */
+    float acc0 = 0.0f, acc1 = 0.0f;
+    tcv_mma<GPW>(w, xs + (size_t)p * cols, xsum + p * G, ks * GPW, c, acc0, acc1);
+    if (ti <= 16 + K) epi[ti] = ti == 16 + K ? 1.0f / (1.0f + expf(-pre)) : pre;
+    tcv_to_red(acc0, acc1, red); /* and the barrier */
+    trace_mark(TRACE_MARK6); /* products in shared memory: every warp's weights had landed */
+    if (ti < 16) {
+        const int i = ti, row = row0 + i;
         float vs = 0.0f;
         for (int k = 0; k < KS; k++) vs += red[(K * KS + k) * 16 + i];
-        float acc = 1.0f / (1.0f + expf(-seg[0])) * vs;
+        float acc = epi[16 + K] * vs;
         for (int q = 0; q < K; q++) {
             float v = 0.0f;
             for (int k = 0; k < KS; k++) v += red[(q * KS + k) * 16 + i];
-            acc = fmaf(wts[q], v, acc);
+            acc = fmaf(epi[16 + q], v, acc);
         }
-        if (row < H) x[row] += acc;
+        if (row < H) x[row] = epi[i] + acc;
     }
     if (tail.counter && last_block_done(tail.counter)) tail_rmsnorm(x, H, 1, H, tail);
 }
@@ -477,7 +522,7 @@ static int tcv_gateup_launch(const struct cuda_ctx *c, const struct cuda_qmat *g
     const int cols = gate->cols, MT = 8 / ((cols / QGROUP) / GPW), rows_per_block = MT / 2 * 16;
     const int rows = gate->rows > sg->rows ? gate->rows : sg->rows;
     LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW>, dim3((rows + rows_per_block - 1) / rows_per_block, K + 1), dim3(256),
-                                tcv_smem(1, cols, 8), cstream(c), *gate, *up, *sg, *su, ids, xn, K, act, ld_act),
+                                tcv_gateup_smem<GPW>(cols), cstream(c), *gate, *up, *sg, *su, ids, xn, K, act, ld_act),
                     "tcv_gateup");
 }
 
@@ -497,7 +542,8 @@ static int tcv_down_launch(const struct cuda_ctx *c, const struct cuda_qmat *dow
                            float *x, const cuda_tail_norm &tn) {
     const int cols = down->cols, KS = (cols / QGROUP) / GPW, warps = (K + 1) * KS;
     LAUNCH_CHECK_RC(c, launch_k(tcv_down_kernel<GPW>, dim3((down->rows + 15) / 16), dim3(32 * warps),
-                                tcv_smem(K + 1, cols, warps), cstream(c), *down, *sd, ids, w, seg, act, ld_act, K, x, tn),
+                                tcv_smem(K + 1, cols, warps) + (size_t)(17 + K) * 4, cstream(c), *down, *sd, ids, w, seg, act,
+                                ld_act, K, x, tn),
                     "tcv_down");
 }
 
