@@ -16,7 +16,11 @@
 // cuda_skinny_kslices(K), so each warp owns GPW = G/KS of the G quantisation groups of
 // its rows. Every lane issues all of its weight loads (codes: 8 bytes per row per group,
 // rows g and g + 8; scales and biases: one vector load per row) before it waits for the
-// previous kernel (PDL), so a whole layer's matrix is in flight at once. The B operand holds x in all 8 columns; the
+// previous kernel (PDL), so a whole layer's matrix is in flight at once. The MoE pair
+// kernels copy each warp's tile into shared memory by cp.async instead (whole rows a
+// request: the routed gate/up rows are asked for only after the router's ids, where the
+// fragment loads' 8 rows a request made the L1 the bottleneck); the dense form keeps the
+// fragments in registers (tiles in shared memory measured slower there: session 13). The B operand holds x in all 8 columns; the
 // lanes with c = 0 keep column 0. Per group: acc += fmaf(s, Σ(128+q)x, (b-128s)·Σx) in group order;
 // the k-slices meet in shared memory summed in slice order from 0 — the exact sequence of
 // cuda_skinny.cu for one token, so a token gets the same bits here (batch of one) as in a
@@ -238,6 +242,9 @@ static __global__ void __launch_bounds__(256, 2) tcv_stream_kernel(cuda_qmat m, 
 template <int GPW>
 static __global__ void tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup, const int32_t *ids,
                                          const uint16_t *x, int K, uint16_t *act, int ld_act);
+template <int GPW>
+static __global__ void tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids, const float *wts,
+                                       const float *seg, const uint16_t *act, int ld_act, int K, float *x, cuda_tail_norm tail);
 
 /* The stream forms' grids (0 with small shared memory: the dense form only); the gate/up
  * pairs' shared-memory limit. */
@@ -251,9 +258,10 @@ extern "C" int cuda_tcv_init(char *err, size_t errlen) {
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: stream kernel setup: %s", cudaGetErrorString(e));
     /* the gate/up pairs' tiles: 74 KB a block at 16 groups a warp (K = 4,096 and up) */
     const int lim = optin - 1024; /* less the static shared memory (the trace build's marks) */
-    const void *tiled[3] = {(const void *)tcv_gateup_kernel<4>, (const void *)tcv_gateup_kernel<8>,
-                            (const void *)tcv_gateup_kernel<16>};
-    for (int i = 0; i < 3 && lim > 0 && e == cudaSuccess; i++)
+    const void *tiled[6] = {(const void *)tcv_gateup_kernel<4>, (const void *)tcv_gateup_kernel<8>,
+                            (const void *)tcv_gateup_kernel<16>, (const void *)tcv_down_kernel<4>,
+                            (const void *)tcv_down_kernel<8>, (const void *)tcv_down_kernel<16>};
+    for (int i = 0; i < 6 && lim > 0 && e == cudaSuccess; i++)
         e = cudaFuncSetAttribute(tiled[i], cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: gate/up kernel setup: %s", cudaGetErrorString(e));
     return 0;
@@ -446,10 +454,18 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
     }
 }
 
+/* The down launch's shared memory: tcv_smem of the K + 1 activation rows, the epilogue's
+ * 17 + K operands, then (16-byte aligned) each warp's tile of weights. */
+static __host__ __device__ size_t tcv_down_head(int K, int cols, int warps) {
+    return (tcv_smem(K + 1, cols, warps) + (size_t)(17 + K) * 4 + 15) & ~(size_t)15;
+}
+
 /* down: block = one 16-row tile of the H outputs, (K + 1) × KS warps (pair p = warp / KS,
- * slice warp % KS); each pair's row value is summed over slices in order, then combined as
- * cuda_moe_combine does: acc = σ(seg)·shared, acc = fmaf(w_k, routed_k, acc) for k = 0..K-1,
- * x += acc; the last block then normalises x (tail). */
+ * slice warp % KS), each warp's tile copied to shared memory by cp.async before the wait (as
+ * in tcv_gateup_kernel; with tcv_load's fragments in registers: 64 registers, spills, and
+ * decode at 512 1.3 % slower); each pair's row value is summed over slices in order, then
+ * combined as cuda_moe_combine does: acc = σ(seg)·shared, acc = fmaf(w_k, routed_k, acc) for
+ * k = 0..K-1, x += acc; the last block then normalises x (tail). */
 template <int GPW>
 static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids,
                                                                const float *wts, const float *seg, const uint16_t *act,
@@ -458,16 +474,17 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
     const int cols = down.cols, G = cols / QGROUP, KS = G / GPW, H = down.rows;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
+    const int warp = threadIdx.x >> 5, warps = (K + 1) * KS;
     const int p = warp / KS, ks = warp % KS;
-    const int r = blockIdx.x * 16 + gq;
-    tcv_w<GPW> w;
     /* Every row is requested before the wait, the routed ones too: this grid is scheduled
      * only after every block of the gate/up launch before it passed its own wait, i.e.
      * after the router (two launches back) finished, so its ids are final (read through
      * L2). An exception to PDL rule (a): docs/ARCHITECTURE.md, trap 13. */
     const size_t e0 = p == K ? 0 : (size_t)__ldcg(ids + p) * H;
-    tcv_load<GPW, true>(qsel(p == K, sdown, down), e0 + r, r < H, r + 8 < H, ks * GPW, c, w);
+    const int rb = blockIdx.x * 16;
+    unsigned char *wsm = sm + tcv_down_head(K, cols, warps) + (size_t)warp * TCV_WSM(GPW); /* as tcv_gateup_kernel */
+    tcv_tile_async<GPW>(qsel(p == K, sdown, down), e0 + rb, min(16, H - rb), ks * GPW, wsm);
+    cpa_commit();
     pdl_wait();
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)(K + 1) * cols * 2), *red = xsum + (K + 1) * G;
@@ -483,8 +500,10 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
     else if (ti == 16 + K) pre = seg[0];
     tcv_stage(act, ld_act, K + 1, cols, xs, xsum);
     trace_mark(TRACE_MARK5); /* activations staged */
+    cpa_wait<0>();
+    __syncwarp();
     float acc0 = 0.0f, acc1 = 0.0f;
-    tcv_mma<GPW>(w, xs + (size_t)p * cols, xsum + p * G, ks * GPW, c, acc0, acc1);
+    tcv_mma_smem<GPW>(wsm, xs + (size_t)p * cols, xsum + p * G, ks * GPW, acc0, acc1);
     if (ti <= 16 + K) epi[ti] = ti == 16 + K ? 1.0f / (1.0f + expf(-pre)) : pre;
     tcv_to_red(acc0, acc1, red); /* and the barrier */
     trace_mark(TRACE_MARK6); /* products in shared memory: every warp's weights had landed */
@@ -509,10 +528,15 @@ extern "C" int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct
     const struct cuda_qmat *all[6] = {gate, up, down, sh_gate, sh_up, sh_down};
     for (int i = 0; i < 6; i++)
         if (!cuda_tcv_supported(all[i])) return 0;
-    const int gpw = tcv_gpw(down->cols);
+    const int gpw = tcv_gpw(down->cols), gpw_gu = tcv_gpw(gate->cols), warps = (K + 1) * ((down->cols / QGROUP) / gpw);
+    int n_sm = 0, optin = 0;
+    if (device_sms_optin(&n_sm, &optin) != cudaSuccess) return 0;
+    const size_t gu_smem = tcv_stream_head(gate->cols) + (size_t)8 * TCV_WSM(gpw_gu);
+    const size_t down_smem = tcv_down_head(K, down->cols, warps) + (size_t)warps * TCV_WSM(gpw);
     return gate->cols == sh_gate->cols && down->cols == sh_down->cols && up->rows == gate->rows &&
-           sh_up->rows == sh_gate->rows && gate->rows == down->cols && sh_gate->rows == sh_down->cols &&
-           (K + 1) * ((down->cols / QGROUP) / gpw) <= 32 && (8 / ((gate->cols / QGROUP) / tcv_gpw(gate->cols))) >= 2;
+           sh_up->rows == sh_gate->rows && gate->rows == down->cols && sh_gate->rows == sh_down->cols && warps <= 32 &&
+           (8 / ((gate->cols / QGROUP) / gpw_gu)) >= 2 && gu_smem + 1024 <= (size_t)optin &&
+           down_smem + 1024 <= (size_t)optin; /* the tiles in shared memory (cuda_tcv_init's limit) */
 }
 
 template <int GPW>
@@ -542,8 +566,8 @@ static int tcv_down_launch(const struct cuda_ctx *c, const struct cuda_qmat *dow
                            float *x, const cuda_tail_norm &tn) {
     const int cols = down->cols, KS = (cols / QGROUP) / GPW, warps = (K + 1) * KS;
     LAUNCH_CHECK_RC(c, launch_k(tcv_down_kernel<GPW>, dim3((down->rows + 15) / 16), dim3(32 * warps),
-                                tcv_smem(K + 1, cols, warps) + (size_t)(17 + K) * 4, cstream(c), *down, *sd, ids, w, seg, act,
-                                ld_act, K, x, tn),
+                                tcv_down_head(K, cols, warps) + (size_t)warps * TCV_WSM(GPW), cstream(c), *down, *sd, ids, w,
+                                seg, act, ld_act, K, x, tn),
                     "tcv_down");
 }
 
