@@ -162,6 +162,7 @@ __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int r
         mx = fmaxf(mx, v[i]);
     }
     mx = warp_max(mx);
+    trace_mark(TRACE_MARK4); /* (lane 0's) logits landed */
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++)
@@ -174,6 +175,7 @@ __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int r
     rt_cas(v, e, 0, 4); rt_cas(v, e, 1, 5); rt_cas(v, e, 2, 6); rt_cas(v, e, 3, 7);
     rt_cas(v, e, 2, 4); rt_cas(v, e, 3, 5);
     rt_cas(v, e, 1, 2); rt_cas(v, e, 3, 4); rt_cas(v, e, 5, 6);
+    trace_mark(TRACE_MARK5); /* softmax sum and the lane's sort done */
     float mine = -INFINITY;
     int my_id = 0;
     for (int s = 0; s < K; s++) {
@@ -196,6 +198,7 @@ __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int r
             my_id = bi;
         }
     }
+    trace_mark(TRACE_MARK6); /* the K rounds done */
     const float p = expf(mine - mx) / sum;
     float tot = 0.0f;
     for (int s = 0; s < K; s++) tot += __shfl_sync(0xffffffffu, p, s);
@@ -203,6 +206,7 @@ __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int r
         ids[lane] = my_id;
         w[lane] = renorm ? p / tot : p;
     }
+    trace_mark(TRACE_MARK7); /* weights written */
 }
 
 __device__ __forceinline__ void topk_token(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
