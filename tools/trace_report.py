@@ -78,17 +78,12 @@ def phase_stats(op, groups):
     print(f"\nphases of {op}: {len(bs)} blocks with marks 4..{k_last - 3} (of {len(allb)})")
     if not bs or k_last < 7:
         return
-    cuts, labels = [3], []
-    if all(b[5] for b in bs):
-        cuts.append(5)
-        labels.append("start>wait")
-    for k in range(7, k_last + 1):
-        labels.append(f"{'wait' if cuts[-1] == 5 else 'start' if cuts[-1] == 3 else 'm%d' % (cuts[-1] - 3)}>m{k - 3}")
-        cuts.append(k)
-    labels.append(f"m{k_last - 3}>end")
-    cuts.append(11)
-    for j, lab in enumerate(labels):
-        d = [(b[cuts[j + 1]] - b[cuts[j]]) / 1e3 for b in bs]
+    # record columns: 3 start, 5 wait release, 7.. marks 4.., 11 end
+    cuts = [3] + ([5] if all(b[5] for b in bs) else []) + list(range(7, k_last + 1)) + [11]
+    name = {3: "start", 5: "wait", 11: "end"}
+    for a, z in zip(cuts, cuts[1:]):
+        lab = f"{name.get(a, f'm{a - 3}')}>{name.get(z, f'm{z - 3}')}"
+        d = [(b[z] - b[a]) / 1e3 for b in bs]
         print(f"  {lab:10} p50 {quantile(d, .5):6.2f}  p90 {quantile(d, .9):6.2f}  mean {sum(d) / len(d):6.2f} µs")
 
 

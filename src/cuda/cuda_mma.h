@@ -255,28 +255,25 @@ struct tcv_w {
     uint32_t s0[GPW / 2], s1[GPW / 2], b0[GPW / 2], b1[GPW / 2];
 };
 
-/* 8-byte weight load; PRE: issued before pdl_wait (no .nc: ptxas would sink it below the
- * wait, cuda_internal.h trap). */
-template <bool PRE>
+/* 8-byte weight load, issued before pdl_wait by every caller (no .nc: ptxas would sink it
+ * below the wait, cuda_internal.h trap). */
 __device__ __forceinline__ uint2 tcv_ld2(const void *p) {
     uint2 r;
-    if (PRE) asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-    else asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    asm volatile("ld.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
 
 /* N (4, 8 or 16) bf16 values at p (2N-byte aligned) as N/2 words. */
-template <int N, bool PRE>
+template <int N>
 __device__ __forceinline__ void tcv_ld_bf16(const uint16_t *p, uint32_t *out) {
     if (N == 4) {
-        const uint2 v = tcv_ld2<PRE>(p);
+        const uint2 v = tcv_ld2(p);
         out[0] = v.x;
         out[1] = v.y;
     } else {
 #pragma unroll
         for (int i = 0; i < N / 8; i++) {
-            const uint4 v = PRE ? ld_stream_pre(reinterpret_cast<const uint4 *>(p) + i)
-                                : ld_stream(reinterpret_cast<const uint4 *>(p) + i);
+            const uint4 v = ld_stream_pre(reinterpret_cast<const uint4 *>(p) + i);
             out[4 * i] = v.x;
             out[4 * i + 1] = v.y;
             out[4 * i + 2] = v.z;
@@ -286,25 +283,25 @@ __device__ __forceinline__ void tcv_ld_bf16(const uint16_t *p, uint32_t *out) {
 }
 
 /* Loads rows r0, r0 + 8 (absolute rows of m; ok0/ok1 false: zeros) over groups g0.. */
-template <int GPW, bool PRE>
+template <int GPW>
 __device__ __forceinline__ void tcv_load(const cuda_qmat &m, size_t r0, bool ok0, bool ok1, int g0, int c, tcv_w<GPW> &w) {
     const int G = m.cols / QGROUP;
     const size_t wpr = (size_t)m.cols / 8; /* code words per row */
     const uint32_t *c0 = m.codes + r0 * wpr + 2 * c, *c1 = c0 + 8 * wpr;
 #pragma unroll
     for (int gi = 0; gi < GPW; gi++) {
-        w.q0[gi] = ok0 ? tcv_ld2<PRE>(c0 + (g0 + gi) * 8) : make_uint2(0, 0);
-        w.q1[gi] = ok1 ? tcv_ld2<PRE>(c1 + (g0 + gi) * 8) : make_uint2(0, 0);
+        w.q0[gi] = ok0 ? tcv_ld2(c0 + (g0 + gi) * 8) : make_uint2(0, 0);
+        w.q1[gi] = ok1 ? tcv_ld2(c1 + (g0 + gi) * 8) : make_uint2(0, 0);
     }
 #pragma unroll
     for (int i = 0; i < GPW / 2; i++) w.s0[i] = w.s1[i] = w.b0[i] = w.b1[i] = 0;
     if (ok0) {
-        tcv_ld_bf16<GPW, PRE>(m.scales + r0 * G + g0, w.s0);
-        tcv_ld_bf16<GPW, PRE>(m.biases + r0 * G + g0, w.b0);
+        tcv_ld_bf16<GPW>(m.scales + r0 * G + g0, w.s0);
+        tcv_ld_bf16<GPW>(m.biases + r0 * G + g0, w.b0);
     }
     if (ok1) {
-        tcv_ld_bf16<GPW, PRE>(m.scales + (r0 + 8) * G + g0, w.s1);
-        tcv_ld_bf16<GPW, PRE>(m.biases + (r0 + 8) * G + g0, w.b1);
+        tcv_ld_bf16<GPW>(m.scales + (r0 + 8) * G + g0, w.s1);
+        tcv_ld_bf16<GPW>(m.biases + (r0 + 8) * G + g0, w.b1);
     }
 }
 

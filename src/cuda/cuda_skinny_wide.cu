@@ -79,7 +79,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     const int r0 = blk * ORW + lr0;
     pdl_trigger();
     tcv_w<GPW> w; /* weights before the wait (coherent loads: .nc ones would sink below it) */
-    tcv_load<GPW, true>(is_up ? a.up : m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
+    tcv_load<GPW>(is_up ? a.up : m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
     trace_mark(TRACE_MARK4); /* (thread 0's) weight loads issued */
     pdl_wait();
 

@@ -28,6 +28,9 @@
 #include "cuda/cuda_mma.h"
 
 #define TCV_MAXSEG 4
+/* Shared memory kept back from the device's per-block opt-in for a kernel's static shared
+ * memory (the trace build's marks) when the tiled pair kernels raise their limit. */
+#define TCV_STATIC_SMEM 1024
 
 /* tcv_mma, tcv_mma_to_red, tcv_stage, tcv_mma_smem: cuda_mma.h. */
 
@@ -126,7 +129,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
     const int mt = warp % MT, ks = warp / MT;
     const int r0 = (blk * MT + mt) * 16 + gq;
     tcv_w<GPW> w;
-    tcv_load<GPW, true>(m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
+    tcv_load<GPW>(m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
     /* conv epilogue: the row's saved window and weights, early (see tcv_conv_row) */
     const bool conv = s == 0 && a.conv.w && (int)threadIdx.x < MT * 16;
     const int crow = (blk * MT + (int)threadIdx.x / 16) * 16 + (int)threadIdx.x % 16;
@@ -246,8 +249,8 @@ template <int GPW>
 static __global__ void tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids, const float *wts,
                                        const float *seg, const uint16_t *act, int ld_act, int K, float *x, cuda_tail_norm tail);
 
-/* The stream forms' grids (0 with small shared memory: the dense form only); the gate/up
- * pairs' shared-memory limit. */
+/* The stream forms' grids (0 with small shared memory: the dense form only); the pair
+ * kernels' shared-memory limit. */
 extern "C" int cuda_tcv_init(char *err, size_t errlen) {
     int n = 0, optin = 0;
     cudaError_t e = device_sms_optin(&n, &optin);
@@ -256,14 +259,14 @@ extern "C" int cuda_tcv_init(char *err, size_t errlen) {
     if (e == cudaSuccess)
         e = persistent_grid(tcv_stream_kernel<8>, 256, tcv_stream_smem<8>(4096), n, optin, &tcv_stream_grid[1]);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: stream kernel setup: %s", cudaGetErrorString(e));
-    /* the gate/up pairs' tiles: 74 KB a block at 16 groups a warp (K = 4,096 and up) */
-    const int lim = optin - 1024; /* less the static shared memory (the trace build's marks) */
+    /* the pair kernels' tiles: 74 KB a gate/up block at 16 groups a warp (K = 4,096 and up) */
+    const int lim = optin - TCV_STATIC_SMEM;
     const void *tiled[6] = {(const void *)tcv_gateup_kernel<4>, (const void *)tcv_gateup_kernel<8>,
                             (const void *)tcv_gateup_kernel<16>, (const void *)tcv_down_kernel<4>,
                             (const void *)tcv_down_kernel<8>, (const void *)tcv_down_kernel<16>};
     for (int i = 0; i < 6 && lim > 0 && e == cudaSuccess; i++)
         e = cudaFuncSetAttribute(tiled[i], cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
-    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: gate/up kernel setup: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: pair kernel setup: %s", cudaGetErrorString(e));
     return 0;
 }
 
@@ -398,8 +401,7 @@ __device__ __forceinline__ cuda_qmat qsel(bool first, const cuda_qmat &a, const 
  * arrive the L1 took ~4 times the requests to issue the same 9 MB (timeline: wait → loads
  * issued 2.8 µs, then x staged behind them 2.1 µs). Multiplied by tcv_mma_smem: the same values
  * and steps as tcv_mma. Shared memory: tcv_stream_head(cols), then 8 × TCV_WSM(GPW). */
-template <int GPW>
-static size_t tcv_gateup_smem(int cols) { return tcv_stream_head(cols) + (size_t)8 * TCV_WSM(GPW); }
+static size_t tcv_gateup_smem(int gpw, int cols) { return tcv_stream_head(cols) + (size_t)8 * TCV_WSM(gpw); }
 
 template <int GPW>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
@@ -455,9 +457,15 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
 }
 
 /* The down launch's shared memory: tcv_smem of the K + 1 activation rows, the epilogue's
- * 17 + K operands, then (16-byte aligned) each warp's tile of weights. */
+ * 17 + K operands, then (16-byte aligned: tcv_down_head) each of its (K + 1)·KS warps' tile
+ * of weights (tcv_down_smem). */
 static __host__ __device__ size_t tcv_down_head(int K, int cols, int warps) {
     return (tcv_smem(K + 1, cols, warps) + (size_t)(17 + K) * 4 + 15) & ~(size_t)15;
+}
+static int tcv_down_warps(int gpw, int K, int cols) { return (K + 1) * ((cols / QGROUP) / gpw); }
+static size_t tcv_down_smem(int gpw, int K, int cols) {
+    const int warps = tcv_down_warps(gpw, K, cols);
+    return tcv_down_head(K, cols, warps) + (size_t)warps * TCV_WSM(gpw);
 }
 
 /* down: block = one 16-row tile of the H outputs, (K + 1) × KS warps (pair p = warp / KS,
@@ -481,9 +489,9 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
      * after the router (two launches back) finished, so its ids are final (read through
      * L2). An exception to PDL rule (a): docs/ARCHITECTURE.md, trap 13. */
     const size_t e0 = p == K ? 0 : (size_t)__ldcg(ids + p) * H;
-    const int rb = blockIdx.x * 16;
+    const int row0 = blockIdx.x * 16; /* the block's first output row */
     unsigned char *wsm = sm + tcv_down_head(K, cols, warps) + (size_t)warp * TCV_WSM(GPW); /* as tcv_gateup_kernel */
-    tcv_tile_async<GPW>(qsel(p == K, sdown, down), e0 + rb, min(16, H - rb), ks * GPW, wsm);
+    tcv_tile_async<GPW>(qsel(p == K, sdown, down), e0 + row0, min(16, H - row0), ks * GPW, wsm);
     cpa_commit();
     pdl_wait();
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
@@ -493,7 +501,7 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
      * shared memory before the products' barrier: read after the products they were three
      * more L2 round trips on the chain (m6 → end 2.1 µs in the timeline). Thread i < 16
      * holds x[row i], 16 + q the weight of pair q, 16 + K the shared expert's gate. */
-    const int ti = threadIdx.x, row0 = blockIdx.x * 16;
+    const int ti = threadIdx.x;
     float pre = 0.0f;
     if (ti < 16) pre = row0 + ti < H ? x[row0 + ti] : 0.0f;
     else if (ti < 16 + K) pre = wts[ti - 16];
@@ -528,15 +536,15 @@ extern "C" int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct
     const struct cuda_qmat *all[6] = {gate, up, down, sh_gate, sh_up, sh_down};
     for (int i = 0; i < 6; i++)
         if (!cuda_tcv_supported(all[i])) return 0;
-    const int gpw = tcv_gpw(down->cols), gpw_gu = tcv_gpw(gate->cols), warps = (K + 1) * ((down->cols / QGROUP) / gpw);
+    const int gpw = tcv_gpw(down->cols), gpw_gu = tcv_gpw(gate->cols);
     int n_sm = 0, optin = 0;
     if (device_sms_optin(&n_sm, &optin) != cudaSuccess) return 0;
-    const size_t gu_smem = tcv_stream_head(gate->cols) + (size_t)8 * TCV_WSM(gpw_gu);
-    const size_t down_smem = tcv_down_head(K, down->cols, warps) + (size_t)warps * TCV_WSM(gpw);
+    /* the tiles in shared memory: cuda_tcv_init's limit */
+    const size_t lim = optin > TCV_STATIC_SMEM ? (size_t)(optin - TCV_STATIC_SMEM) : 0;
     return gate->cols == sh_gate->cols && down->cols == sh_down->cols && up->rows == gate->rows &&
-           sh_up->rows == sh_gate->rows && gate->rows == down->cols && sh_gate->rows == sh_down->cols && warps <= 32 &&
-           (8 / ((gate->cols / QGROUP) / gpw_gu)) >= 2 && gu_smem + 1024 <= (size_t)optin &&
-           down_smem + 1024 <= (size_t)optin; /* the tiles in shared memory (cuda_tcv_init's limit) */
+           sh_up->rows == sh_gate->rows && gate->rows == down->cols && sh_gate->rows == sh_down->cols &&
+           tcv_down_warps(gpw, K, down->cols) <= 32 && (8 / ((gate->cols / QGROUP) / gpw_gu)) >= 2 &&
+           tcv_gateup_smem(gpw_gu, gate->cols) <= lim && tcv_down_smem(gpw, K, down->cols) <= lim;
 }
 
 template <int GPW>
@@ -546,7 +554,7 @@ static int tcv_gateup_launch(const struct cuda_ctx *c, const struct cuda_qmat *g
     const int cols = gate->cols, MT = 8 / ((cols / QGROUP) / GPW), rows_per_block = MT / 2 * 16;
     const int rows = gate->rows > sg->rows ? gate->rows : sg->rows;
     LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW>, dim3((rows + rows_per_block - 1) / rows_per_block, K + 1), dim3(256),
-                                tcv_gateup_smem<GPW>(cols), cstream(c), *gate, *up, *sg, *su, ids, xn, K, act, ld_act),
+                                tcv_gateup_smem(GPW, cols), cstream(c), *gate, *up, *sg, *su, ids, xn, K, act, ld_act),
                     "tcv_gateup");
 }
 
@@ -564,10 +572,9 @@ template <int GPW>
 static int tcv_down_launch(const struct cuda_ctx *c, const struct cuda_qmat *down, const struct cuda_qmat *sd,
                            const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act, int K,
                            float *x, const cuda_tail_norm &tn) {
-    const int cols = down->cols, KS = (cols / QGROUP) / GPW, warps = (K + 1) * KS;
-    LAUNCH_CHECK_RC(c, launch_k(tcv_down_kernel<GPW>, dim3((down->rows + 15) / 16), dim3(32 * warps),
-                                tcv_down_head(K, cols, warps) + (size_t)warps * TCV_WSM(GPW), cstream(c), *down, *sd, ids, w,
-                                seg, act, ld_act, K, x, tn),
+    const int cols = down->cols;
+    LAUNCH_CHECK_RC(c, launch_k(tcv_down_kernel<GPW>, dim3((down->rows + 15) / 16), dim3(32 * tcv_down_warps(GPW, K, cols)),
+                                tcv_down_smem(GPW, K, cols), cstream(c), *down, *sd, ids, w, seg, act, ld_act, K, x, tn),
                     "tcv_down");
 }
 
