@@ -1,5 +1,5 @@
 // cuda/cuda_moe.cu — mixture of experts on the GPU, no host round trip:
-// router softmax/top-k (one warp per token), the small-batch path (gate/up GEMV with
+// router softmax/top-k (one warp per token; one token's by a whole block), the small-batch path (gate/up GEMV with
 // SwiGLU over (token, expert) pairs with the shared expert as pair K, and the down
 // GEMV that sums the weighted pairs straight into the residual stream), and the
 // large-batch path's routing (histogram, scan, scatter, tile list for the grouped
@@ -216,6 +216,92 @@ __device__ __forceinline__ void topk_token_cg(const float *l, int E, int K, int 
     topk_token_t<true>(l, E, K, renorm, ids, w, lane);
 }
 
+/* The same top-k (ids and weights, bit for bit) by a whole block of ≥ 256 threads, for one
+ * token of E ≤ 256 logits: the one-warp form above is a serial chain (~3.2 µs of the
+ * router's tail on the H200, session 13), this one ~4 short steps. (1) Warp w's lanes hold
+ * experts 32w + lane; each lane counts the lanes of its warp that come before it (rt_key,
+ * then the lower expert: the warp form's order) and the first K of each warp become the
+ * candidates. Every expert of the global top K is among them (fewer than K experts come
+ * before it at all), and its rank among the candidates is its global rank. (2) Each
+ * candidate counts the candidates before it; rank r < K is the r-th pick. Meanwhile one
+ * warp takes the maximum and the sum of exponentials exactly as topk_token_t does (lane l's
+ * experts l + 32i in order, then the butterfly). (3) Warp 0 forms the weights as there. */
+struct topk_scratch {
+    float v[256];    /* the logits */
+    unsigned ck[256]; /* candidates [warp][K]: key, expert (INT_MAX: none) */
+    int ce[256];
+    int sel[32];     /* the picks in rank order */
+    float mx, sum;
+};
+template <bool CG>
+__device__ __forceinline__ void topk_block(const float *l, int E, int K, int renorm, int32_t *ids, float *w,
+                                           topk_scratch &s) {
+    const int t = threadIdx.x, lane = t & 31, wp = t >> 5, nw = (E + 31) / 32, nc = nw * K;
+    if (wp < nw) {
+        const bool ok = t < E;
+        const float v = ok ? (CG ? __ldcg(l + t) : l[t]) : 0.0f;
+        if (ok) s.v[t] = v;
+        const unsigned k = ok ? rt_key(v) : 0u;
+        int rank = 0;
+#pragma unroll 8
+        for (int m = 0; m < 32; m++) {
+            const unsigned km = __shfl_sync(0xffffffffu, k, m);
+            rank += (wp * 32 + m < E) & ((km > k) | ((km == k) & (m < lane)));
+        }
+        if (lane < K) s.ce[wp * K + lane] = INT_MAX;
+        __syncwarp();
+        if (ok && rank < K) {
+            s.ck[wp * K + rank] = k;
+            s.ce[wp * K + rank] = t;
+        }
+    }
+    __syncthreads();
+    trace_mark(TRACE_MARK4); /* the candidates known */
+    if (t < nc && s.ce[t] != INT_MAX) {
+        const unsigned k = s.ck[t];
+        const int e = s.ce[t];
+        int rank = 0;
+        for (int j = 0; j < nc; j++) {
+            const int ej = s.ce[j];
+            const unsigned kj = s.ck[j];
+            rank += (ej != INT_MAX) & ((kj > k) | ((kj == k) & (ej < e)));
+        }
+        if (rank < K) s.sel[rank] = e;
+    }
+    const int sw = (nc + 31) / 32 < (int)(blockDim.x >> 5) ? (nc + 31) / 32 : 0; /* a warp free of the ranks */
+    if (wp == sw) {
+        float vv[8], mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            vv[i] = lane + 32 * i < E ? s.v[lane + 32 * i] : -INFINITY;
+            mx = fmaxf(mx, vv[i]);
+        }
+        mx = warp_max(mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (lane + 32 * i < E) sum += expf(vv[i] - mx);
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            s.mx = mx;
+            s.sum = sum;
+        }
+    }
+    __syncthreads();
+    trace_mark(TRACE_MARK5); /* the picks and the softmax sum known */
+    if (wp == 0) {
+        const int id = lane < K ? s.sel[lane] : 0;
+        const float p = lane < K ? expf(s.v[id] - s.mx) / s.sum : 0.0f;
+        float tot = 0.0f;
+        for (int q = 0; q < K; q++) tot += __shfl_sync(0xffffffffu, p, q);
+        if (lane < K) {
+            ids[lane] = id;
+            w[lane] = renorm ? p / tot : p;
+        }
+    }
+    trace_mark(TRACE_MARK7); /* weights written */
+}
+
 static __global__ void topk_kernel(const float *logits, int ld, int T, int E, int K, int renorm, int32_t *ids, float *w) {
     TRACE_KERNEL();
     pdl_trigger();
@@ -223,6 +309,24 @@ static __global__ void topk_kernel(const float *logits, int ld, int T, int E, in
     const int t = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= T) return;
     topk_token(logits + (size_t)t * ld, E, K, renorm, ids + (size_t)t * K, w + (size_t)t * K, lane);
+}
+
+/* One token's top-k by one block (the router tail's one-token form), for the GPU test. */
+static __global__ void __launch_bounds__(256) topk_block_kernel(const float *logits, int E, int K, int renorm, int32_t *ids,
+                                                                 float *w) {
+    TRACE_KERNEL();
+    __shared__ topk_scratch tks;
+    pdl_trigger();
+    pdl_wait();
+    topk_block<true>(logits, E, K, renorm, ids, w, tks);
+}
+
+extern "C" int cuda_moe_topk_block(const struct cuda_ctx *c, const float *logits, int E, int K, int renorm, int32_t *ids,
+                                   float *w) {
+    if (E > 256 || K > 32 || K > E || K < 1)
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_topk_block: %d experts, top-%d", E, K);
+    LAUNCH_CHECK_RC(c, launch_k(topk_block_kernel, dim3(1), dim3(256), 0, cstream(c), logits, E, K, renorm, ids, w),
+                    "moe_topk_block");
 }
 
 extern "C" int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int ld, int T, int E, int K, int renorm,
@@ -238,7 +342,13 @@ struct topk_tail {
     int K, renorm;
     int32_t *ids;
     float *w;
+    int block; /* one token's top-k by the whole block (topk_block), not one warp */
 };
+/* The one-token top-k by a block (ORCHID_TOPK_WARP=1: by one warp, the A/B; the same bits). */
+static int topk_block_on(void) {
+    static const bool off = env_flag("ORCHID_TOPK_WARP");
+    return !off;
+}
 
 /* How a router launch reads x: straight from global memory (one token, RT_PLAIN), staged
  * in shared memory by cp.async (batches: rt_smem decides, RT_STAGED), or normalised from the
@@ -321,6 +431,12 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
      * layer on the H200), one warp per token; logits written by other blocks: through L2 */
     if (tk.counter && last_block_done(tk.counter + blockIdx.y, gridDim.x)) {
         const int t1 = min(T, t0 + RT_TOK);
+        if (t1 - t0 == 1 && tk.block) { /* one token: the whole block (the same ids and weights) */
+            __shared__ topk_scratch tks;
+            topk_block<true>(logits + (size_t)t0 * ld, E, tk.K, tk.renorm, tk.ids + (size_t)t0 * tk.K,
+                             tk.w + (size_t)t0 * tk.K, tks);
+            return;
+        }
         for (int t = t0 + (int)(threadIdx.x >> 5); t < t1; t += blockDim.x >> 5) {
             const float *lr = logits + (size_t)t * ld;
             topk_token_cg(lr, E, tk.K, tk.renorm, tk.ids + (size_t)t * tk.K, tk.w + (size_t)t * tk.K, lane);
@@ -366,7 +482,7 @@ extern "C" int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat 
     if (T <= 0) return 0;
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    const topk_tail tk = {NULL, 0, 0, NULL, NULL};
+    const topk_tail tk = {NULL, 0, 0, NULL, NULL, 0};
     return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router");
 }
 
@@ -378,7 +494,7 @@ extern "C" int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_
         return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk: %d tokens, %d experts, top-%d", T, router->rows, K);
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    const topk_tail tk = {counter, K, renorm, ids, w};
+    const topk_tail tk = {counter, K, renorm, ids, w, topk_block_on()};
     return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router_topk");
 }
 
@@ -391,7 +507,7 @@ extern "C" int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct 
                       router->cols, K);
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    const topk_tail tk = {counter, K, renorm, ids, w};
+    const topk_tail tk = {counter, K, renorm, ids, w, topk_block_on()};
     return rt_launch(c, router, sh_gate, NULL, router->cols, 1, logits, router->rows, seg, tk, "moe_router_topk_norm", ns);
 }
 

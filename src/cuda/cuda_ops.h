@@ -197,6 +197,9 @@ int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const float *z, in
 /* softmax over E logits per token, top-k (ties → lowest id), renormalise. */
 int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int ld, int T, int E, int K, int renorm, int32_t *ids,
                   float *w);
+/* The same top-k (ids and weights bit for bit) of one token by one block of 256 threads: the
+ * router tail's one-token form (topk_block), launched alone for the GPU test. */
+int cuda_moe_topk_block(const struct cuda_ctx *c, const float *logits, int E, int K, int renorm, int32_t *ids, float *w);
 /* Router logits [T, ld] and shared-expert gate logit seg[T] from the fp32 normalised input
  * (exact fp32 weights: a near-tie in the top-k must not flip on rounding). */
 int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,

@@ -281,6 +281,27 @@ static void test_norm_src(int H, int E, int K, float scale) {
     free(x); free(gain);
 }
 
+/* ---- one token's top-k by a block (the router tail's one-token form) against the one-warp
+ * kernel, bitwise (ids and weights), on random logits and on logits full of ties (equal
+ * values, -0 and +0: the lower expert first), with and without the renormalisation ---- */
+static void test_topk_block(int E, int K, int ties, int renorm) {
+    float *l = malloc((size_t)E * 4), *dl, *dw[2], w[2][32];
+    int32_t *dids[2], ids[2][32];
+    for (int e = 0; e < E; e++) l[e] = ties ? (float)((e * 7) % (E / 4 + 1)) * 0.25f - 1.0f : 2.0f * rng_normal();
+    if (ties && E > 2) { l[E - 1] = -0.0f; l[E / 2] = 0.0f; }
+    DEV(dl, (size_t)E * 4);
+    H2D(dl, l, (size_t)E * 4);
+    for (int j = 0; j < 2; j++) { DEV(dw[j], 128); DEV(dids[j], 128); }
+    OK(cuda_moe_topk(&ctx, dl, E, 1, E, K, renorm, dids[0], dw[0]));
+    OK(cuda_moe_topk_block(&ctx, dl, E, K, renorm, dids[1], dw[1]));
+    for (int j = 0; j < 2; j++) { D2H(ids[j], dids[j], (size_t)K * 4); D2H(w[j], dw[j], (size_t)K * 4); }
+    const int d = bits_differ(ids[0], ids[1], (size_t)K) + bits_differ(w[0], w[1], (size_t)K);
+    CHECK(d == 0, "topk_block E=%d K=%d%s%s: %d ids/weights differ from the warp top-k", E, K, ties ? " ties" : "",
+          renorm ? " renorm" : "", d);
+    free(l); cuda_free(dl);
+    for (int j = 0; j < 2; j++) { cuda_free(dw[j]); cuda_free(dids[j]); }
+}
+
 /* ---- the MoE combine with the next layer's input norm (the 2..64-token path) against the
  * combine and then the norm kernel, bitwise: x and the bf16 row ---- */
 static void test_combine_norm(int T, int K, int H) {
@@ -1662,6 +1683,11 @@ int main(void) {
     test_combine_norm(5, 8, 2048);
     test_combine_norm(3, 2, 128);   /* fewer columns than lanes */
     test_combine_norm(2, 4, 5000);  /* past NS_REG·256 columns: the rest read again */
+    {
+        const int tkE[] = {256, 256, 200, 64, 16, 33, 256}, tkK[] = {8, 32, 8, 4, 4, 1, 1};
+        for (int i = 0; i < 7; i++)
+            for (int ties = 0; ties < 2; ties++) test_topk_block(tkE[i], tkK[i], ties, (i + ties) & 1);
+    }
     test_norm_src(2048, 256, 8, 1.0f);
     test_norm_src(2048, 256, 8, 30.0f);
     test_norm_src(4096, 64, 4, 3.0f); /* past NS_REG·256 values: the rest read again */
