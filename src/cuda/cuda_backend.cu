@@ -375,6 +375,13 @@ static bool norm_src_on(const struct cuda_backend *cb) {
     static const bool off = env_flag("ORCHID_NO_NORM_SRC");
     return !off && cb->H % 32 == 0;
 }
+/* One token: the GDN in-projection triggers its dependents only after its products and the
+ * scan after it is launched with PDL (cuda_gdn_scan's pdl). ORCHID_SCAN_NOPDL=1: the early
+ * trigger and a plain launch (A/B; the same bits either way). */
+static int scan_pdl(void) {
+    static const bool off = env_flag("ORCHID_SCAN_NOPDL");
+    return !off;
+}
 /* Layer l's input norm is computed by its first projection: layer l - 1's down pairs (tcv)
  * then leave out their tail. */
 static bool in_norm_src(const struct cuda_backend *cb, int l, int T) {
@@ -415,7 +422,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
                                   {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
             if (tcv_conv) { /* one token: the conv step runs in the projection's epilogue */
-                const cuda_tcv_conv cv = {d->conv, m.seqs, d->ord, cf->conv_kernel, cb->C, cb->conv_out};
+                const cuda_tcv_conv cv = {d->conv, m.seqs, d->ord, cf->conv_kernel, cb->C, cb->conv_out, scan_pdl()};
                 P("gdn_in+conv", in_src ? cuda_tcv_multi_norm(c, s, 4, &in_ns, &cv) : cuda_tcv_multi_conv(c, s, 4, cb->xn, &cv));
             } else {
                 P("gdn_in_gemv", cuda_gemv_multi(c, s, 4, cb->xn, T, H));
@@ -434,7 +441,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
                                                 m.n_seqs, d->ord, T, cb->Hk, Hv, cb->Dk, cb->Dv, cb->gdn_qk, cb->gdn_gates, cb->y));
         else
             P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs,
-                                        d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, cb->y));
+                                        d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, tcv_conv && scan_pdl(), cb->y));
         if (tcv) { /* one token: the gated norm is staged by the out projection itself */
             const cuda_tcv_gnorm gn = {cb->y, cb->zb, d->norm, Hv, cb->Dv, cf->rms_eps};
             P("gnorm+gdn_out+norm", cuda_tcv_gnorm_acc_norm(c, &d->out, &gn, cb->x, post));
@@ -534,7 +541,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         P("gdn_in_skinny", cuda_skinny_multi(c, s, 4, cb->xn, T, H));
         P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
         P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
-                                    cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, cb->y));
+                                    cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, 0, cb->y));
         P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
         P("gdn_out_skinny", cuda_skinny_dense(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
     } else {

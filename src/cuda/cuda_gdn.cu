@@ -187,7 +187,11 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
     const int h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks;
     const int kh = h / (Hv / Hk);
     const float A = __expf(A_log[h]), dtb = dt_bias[h]; /* weights: before the wait */
-    pdl_wait();
+    /* The sequence and its state rows are read before the wait too: the previous kernel (the
+     * in-projection, or the conv) writes neither — the state is this layer's, last written by
+     * this kernel a whole step ago, and the sequences are the batch's metadata, uploaded
+     * before the forward — so with the PDL launch (cuda_gdn_scan) the state is in flight while
+     * the in-projection finishes. */
     const cuda_seq s = seqs[blockIdx.y];
     const int C = 2 * Hk * DK + Hv * Dv, key_dim = Hk * DK;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -208,6 +212,7 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
         }
     }
     const float qscale = rsqrtf((float)DK);
+    pdl_wait();
 
     for (int c0 = s.t0; c0 < s.t1; c0 += CH) {
         const int n = min(CH, s.t1 - c0);
@@ -277,7 +282,7 @@ static gdn_scan_fn gdn_scan_pick(int rpt, bool one) {
 
 extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                              const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs,
-                             int layer_ord, int Hk, int Hv, int Dk, int Dv, int one_token, float *y) {
+                             int layer_ord, int Hk, int Hv, int Dk, int Dv, int one_token, int pdl, float *y) {
     if (n_seqs <= 0) return 0;
     if (Hv % Hk) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn: %d value heads over %d key heads", Hv, Hk);
     /* Rows a thread for several sequences: 4 where every sequence brings one token (the
@@ -309,8 +314,12 @@ extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, co
      * start early): scheduled early, its long-lived latency-bound blocks land on whatever
      * SMs the previous kernel's last blocks leave free, unevenly, and run slower there —
      * measured on the H200 (when prefill still used this kernel): prefill at 4,096 tokens
-     * 214 -> 256 ms with it, and batch-1 decode 2.94 ms per token without it, 2.98 with. */
-    LAUNCH_CHECK_RC(c, launch_k_pdl(false, kern, grid, dim3(256), 0, cstream(c), conv_out, a, b, ldab, A_log, dt_bias, seqs, layer_ord,
+     * 214 -> 256 ms with it, and batch-1 decode 2.94 ms per token without it, 2.98 with.
+     * With `pdl` the caller's previous launch triggers only after its products (the one-token
+     * in-projection, cuda_tcv_conv.trigger_late), so this grid is scheduled as that one's
+     * blocks finish, and its sequence and state reads come before its wait: H200, batch-1
+     * decode at 512 536.4 -> 544.9 tok/s (the PDL launch with the early trigger: 531.9). */
+    LAUNCH_CHECK_RC(c, launch_k_pdl(pdl != 0, kern, grid, dim3(256), 0, cstream(c), conv_out, a, b, ldab, A_log, dt_bias, seqs, layer_ord,
                                 Hk, Hv, Dv, y),
                     "gdn_scan");
 }

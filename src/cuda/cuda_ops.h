@@ -177,10 +177,12 @@ int cuda_conv1d(const struct cuda_ctx *c, const float *qkv, const float *w, cons
                 const struct cuda_seq *seqs, int n_seqs, int layer_ord, int T, int C, int K, float *out);
 /* The recurrence of every value head of every sequence, then y [T, Hv*Dv] fp32 (pre-norm).
  * one_token: every sequence brings exactly one token (T == n_seqs: decode), which a leaner
- * instance serves with the same bits when there are several sequences. */
+ * instance serves with the same bits when there are several sequences. pdl: launched with
+ * PDL (its sequence and state reads before its wait): for use after a launch that triggers
+ * late (cuda_tcv_conv.trigger_late); otherwise its early blocks crowd the previous one. */
 int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                   const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
-                  int Hk, int Hv, int Dk, int Dv, int one_token, float *y);
+                  int Hk, int Hv, int Dk, int Dv, int one_token, int pdl, float *y);
 /* The same recurrence for prefill chunks (cuda_gdn_prefill.cu): a parallel preparation
  * launch (l2-normalised q, k into qk [T][Hk][2][Dk], gates into [Hv][T][2]) and the scan
  * with double-buffered chunks; results equal cuda_gdn_scan bit for bit. */
@@ -333,6 +335,8 @@ struct cuda_tcv_conv {
     const struct cuda_seq *seqs; /* device, [1] */
     int layer_ord, K, C;
     float *out;                 /* conv_out [C] */
+    int trigger_late;           /* the launch triggers its PDL dependents after its products, not at
+                                 * its start (the GDN scan after it is then launched with PDL) */
 };
 struct cuda_tcv_gnorm {
     const float *y, *z, *w; /* scan output [Hv·Dv], gate [Hv·Dv], norm weight [Dv] */

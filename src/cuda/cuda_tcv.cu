@@ -53,6 +53,7 @@ struct tcv_args {
     cuda_tcv_conv conv;  /* w != NULL: segment 0's rows go through the decode conv step */
     cuda_tcv_gnorm gn;   /* y != NULL: x is the gated RMSNorm of gn.y, gn.z (not a.x) */
     cuda_norm_src ns;    /* x != NULL: x is the RMSNorm of ns.x, by every block (not a.x) */
+    int trig_late;       /* PDL trigger after the products (else at the start) */
 };
 
 /* Segment 0's epilogue for the GDN in-projection of one token: row r is conv channel r,
@@ -119,7 +120,7 @@ template <int GPW, int STAGE>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kernel(tcv_args a) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
-    pdl_trigger();
+    if (!a.trig_late) pdl_trigger();
     int s = 0, blk = blockIdx.x;
     while (s + 1 < a.nseg && blk >= a.blk0[s + 1]) s++;
     blk -= a.blk0[s];
@@ -149,6 +150,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
     else if (STAGE == TCV_NORM) tcv_stage_norm(a.ns, K, g, xs, xsum);
     else tcv_stage(a.x, K, 1, K, xs, xsum);
     tcv_mma_to_red<GPW>(w, xs, xsum, ks * GPW, red);
+    if (a.trig_late) pdl_trigger();
     if ((int)threadIdx.x < MT * 16) {
         const int mm = threadIdx.x / 16, i = threadIdx.x % 16;
         const float v = tcv_slice_sum(red, KS, MT, mm, i);
@@ -301,6 +303,7 @@ static int tcv_dense_go(const struct cuda_ctx *c, const struct cuda_gemv_seg *se
             return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv: conv of %d taps over %d channels (rows %d)", conv->K, conv->C,
                           segs[0].m.rows);
         a.conv = *conv;
+        a.trig_late = conv->trigger_late;
     }
     if (gn) {
         if (gn->Dv != 128 || gn->Hv * gn->Dv != segs[0].m.cols)

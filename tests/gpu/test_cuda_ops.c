@@ -445,7 +445,7 @@ static void test_tcv_gdn_fusions(int C, int H, int Hv) {
             OK(cuda_tcv_multi(&ctx, &sg, 1, dx));
             OK(cuda_conv1d(&ctx, dproj, dcw, dts, dseq, 1, 0, 1, C, K, dout[0]));
         } else {
-            const struct cuda_tcv_conv cv = {dcw, dseq, 0, K, C, dout[1]};
+            const struct cuda_tcv_conv cv = {dcw, dseq, 0, K, C, dout[1], 1};
             OK(cuda_tcv_multi_conv(&ctx, &sg, 1, dx, &cv));
         }
         D2H(got[v], dout[v], (size_t)C * 4);
@@ -819,15 +819,15 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
         gdn_state_copy(S, seqs, n_seqs, per, &dS3, &dseq3);
         gdn_state_copy(S, seqs, n_seqs, per, &dS4, &dseq4); /* the same inputs through the chunked form */
         DEV(dy3, ny * 4); DEV(dy4, ny * 4);
-        OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq3, n_seqs, 0, Hk, Hv, Dk, Dv, 1, dy3));
-        OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq4, n_seqs, 0, Hk, Hv, Dk, Dv, 0, dy4));
+        OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq3, n_seqs, 0, Hk, Hv, Dk, Dv, 1, 0, dy3));
+        OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq4, n_seqs, 0, Hk, Hv, Dk, Dv, 0, 1, dy4));
         int dy_diff, ds_diff;
         gdn_diff(dy3, dS3, dy4, dS4, ny, ns, &dy_diff, &ds_diff);
         CHECK(!dy_diff && !ds_diff, "gdn_scan one token a sequence Dk=%d Dv=%d seqs=%d: y %s, state %s the chunked form", Dk, Dv,
               n_seqs, dy_diff ? "differs from" : "equals", ds_diff ? "differs from" : "equals");
         cuda_free(dS3); cuda_free(dy3); cuda_free(dseq3); cuda_free(dS4); cuda_free(dy4); cuda_free(dseq4);
     }
-    OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq, n_seqs, 0, Hk, Hv, Dk, Dv, T == n_seqs, dy));
+    OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq, n_seqs, 0, Hk, Hv, Dk, Dv, T == n_seqs, n_seqs == 1, dy));
     if (pre) {
         OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq2, n_seqs, 0, T, Hk, Hv, Dk, Dv, dqk, dgt, dy2));
         int dy_diff, ds_diff;
