@@ -1,7 +1,7 @@
 // cuda/cuda_moe.cu — mixture of experts on the GPU, no host round trip:
-// router softmax/top-k (one warp per token; one token's by a whole block), the small-batch path (gate/up GEMV with
-// SwiGLU over (token, expert) pairs with the shared expert as pair K, and the down
-// GEMV that sums the weighted pairs straight into the residual stream), and the
+// router softmax/top-k (one warp per token; one token's by a whole block), the small-batch
+// path (gate/up GEMV with SwiGLU over (token, expert) pairs with the shared expert as pair
+// K, and the down GEMV that sums the weighted pairs straight into the residual stream), and the
 // large-batch path's routing (histogram, scan, scatter, tile list for the grouped
 // tensor-core GEMM of cuda_gemm.cu) and combine.
 #include <limits.h>
