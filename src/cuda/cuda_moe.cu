@@ -149,25 +149,47 @@ __device__ __forceinline__ void rt_cas(float (&v)[8], int (&e)[8], int a, int b)
  * inside every round: one warp's serial chain, 4.9 µs of the router's tail on the H200 —
  * the same results, bit for bit.) Sum of exponentials: each lane's 8 in order, then the
  * butterfly. */
+/* The maximum and the sum of exponentials of one token's E ≤ 256 logits, lane l holding
+ * v[i] = logit l + 32i (−inf past E): each lane's 8 in order, then the butterfly. Both top-k
+ * forms take them from here, so their weights agree bit for bit. */
+__device__ __forceinline__ void topk_max_sum(const float (&v)[8], int E, int lane, float &mx, float &sum) {
+    mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 8; i++) mx = fmaxf(mx, v[i]);
+    mx = warp_max(mx);
+    sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (lane + 32 * i < E) sum += expf(v[i] - mx);
+    sum = warp_sum(sum);
+}
+
+/* Lane s < K holds the s-th pick (expert id, logit v): ids[s] and its weight p = e^(v − mx) /
+ * sum (renorm: divided by the K weights' sum in rank order), written by lanes < K. */
+__device__ __forceinline__ void topk_write(int id, float v, float mx, float sum, int K, int renorm, int32_t *ids, float *w,
+                                           int lane) {
+    const float p = lane < K ? expf(v - mx) / sum : 0.0f;
+    float tot = 0.0f;
+    for (int q = 0; q < K; q++) tot += __shfl_sync(0xffffffffu, p, q);
+    if (lane < K) {
+        ids[lane] = id;
+        w[lane] = renorm ? p / tot : p;
+    }
+}
+
 template <bool CG>
 __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
     float v[8];
     int e[8];
-    float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const int ex = lane + 32 * i;
         v[i] = ex < E ? (CG ? __ldcg(l + ex) : l[ex]) : -INFINITY;
         e[i] = ex < E ? ex : INT_MAX;
-        mx = fmaxf(mx, v[i]);
     }
-    mx = warp_max(mx);
-    trace_mark(TRACE_MARK4); /* (lane 0's) logits landed */
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (lane + 32 * i < E) sum += expf(v[i] - mx);
-    sum = warp_sum(sum);
+    float mx, sum;
+    topk_max_sum(v, E, lane, mx, sum);
+    trace_mark(TRACE_MARK4); /* (lane 0's) logits landed, their softmax sum formed */
     /* Batcher's odd-even merge sort of the lane's 8 (descending) */
     rt_cas(v, e, 0, 1); rt_cas(v, e, 2, 3); rt_cas(v, e, 4, 5); rt_cas(v, e, 6, 7);
     rt_cas(v, e, 0, 2); rt_cas(v, e, 1, 3); rt_cas(v, e, 4, 6); rt_cas(v, e, 5, 7);
@@ -175,7 +197,7 @@ __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int r
     rt_cas(v, e, 0, 4); rt_cas(v, e, 1, 5); rt_cas(v, e, 2, 6); rt_cas(v, e, 3, 7);
     rt_cas(v, e, 2, 4); rt_cas(v, e, 3, 5);
     rt_cas(v, e, 1, 2); rt_cas(v, e, 3, 4); rt_cas(v, e, 5, 6);
-    trace_mark(TRACE_MARK5); /* softmax sum and the lane's sort done */
+    trace_mark(TRACE_MARK5); /* the lane's sort done */
     float mine = -INFINITY;
     int my_id = 0;
     for (int s = 0; s < K; s++) {
@@ -199,13 +221,7 @@ __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int r
         }
     }
     trace_mark(TRACE_MARK6); /* the K rounds done */
-    const float p = expf(mine - mx) / sum;
-    float tot = 0.0f;
-    for (int s = 0; s < K; s++) tot += __shfl_sync(0xffffffffu, p, s);
-    if (lane < K) {
-        ids[lane] = my_id;
-        w[lane] = renorm ? p / tot : p;
-    }
+    topk_write(my_id, mine, mx, sum, K, renorm, ids, w, lane);
     trace_mark(TRACE_MARK7); /* weights written */
 }
 
@@ -224,8 +240,8 @@ __device__ __forceinline__ void topk_token_cg(const float *l, int E, int K, int 
  * candidates. Every expert of the global top K is among them (fewer than K experts come
  * before it at all), and its rank among the candidates is its global rank. (2) Each
  * candidate counts the candidates before it; rank r < K is the r-th pick. Meanwhile one
- * warp takes the maximum and the sum of exponentials exactly as topk_token_t does (lane l's
- * experts l + 32i in order, then the butterfly). (3) Warp 0 forms the weights as there. */
+ * warp takes the maximum and the sum of exponentials (topk_max_sum, as topk_token_t does).
+ * (3) Warp 0 forms the weights (topk_write, as there). */
 struct topk_scratch {
     float v[256];    /* the logits */
     unsigned ck[256]; /* candidates [warp][K]: key, expert (INT_MAX: none) */
@@ -270,18 +286,10 @@ __device__ __forceinline__ void topk_block(const float *l, int E, int K, int ren
     }
     const int sw = (nc + 31) / 32 < (int)(blockDim.x >> 5) ? (nc + 31) / 32 : 0; /* a warp free of the ranks */
     if (wp == sw) {
-        float vv[8], mx = -INFINITY;
+        float vv[8], mx, sum;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            vv[i] = lane + 32 * i < E ? s.v[lane + 32 * i] : -INFINITY;
-            mx = fmaxf(mx, vv[i]);
-        }
-        mx = warp_max(mx);
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (lane + 32 * i < E) sum += expf(vv[i] - mx);
-        sum = warp_sum(sum);
+        for (int i = 0; i < 8; i++) vv[i] = lane + 32 * i < E ? s.v[lane + 32 * i] : -INFINITY;
+        topk_max_sum(vv, E, lane, mx, sum);
         if (lane == 0) {
             s.mx = mx;
             s.sum = sum;
@@ -291,13 +299,7 @@ __device__ __forceinline__ void topk_block(const float *l, int E, int K, int ren
     trace_mark(TRACE_MARK5); /* the picks and the softmax sum known */
     if (wp == 0) {
         const int id = lane < K ? s.sel[lane] : 0;
-        const float p = lane < K ? expf(s.v[id] - s.mx) / s.sum : 0.0f;
-        float tot = 0.0f;
-        for (int q = 0; q < K; q++) tot += __shfl_sync(0xffffffffu, p, q);
-        if (lane < K) {
-            ids[lane] = id;
-            w[lane] = renorm ? p / tot : p;
-        }
+        topk_write(id, s.v[id], s.mx, s.sum, K, renorm, ids, w, lane);
     }
     trace_mark(TRACE_MARK7); /* weights written */
 }
