@@ -1722,6 +1722,10 @@ int main(void) {
             test_attention(4, 2, 64, 2, p3, n3, 1);
             test_attention(16, 2, 256, 2, p4, n4, 16);
             test_attention(16, 2, 256, 1, p5, n5, 1);
+            /* 37 splits: the combine's batches of 16 splits end part-way, and the shorter
+             * sequence's later splits are empty */
+            const int p7[] = {1500, 200}, n7[] = {1, 1};
+            test_attention(16, 2, 256, 2, p7, n7, 37);
             int p6[40], n6[40]; /* a decode batch of 40 sequences: the launch chooses several splits a block */
             for (int i = 0; i < 40; i++) { p6[i] = 300 + 7 * i; n6[i] = 1; }
             test_attention(16, 2, 256, 40, p6, n6, 16);
