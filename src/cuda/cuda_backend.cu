@@ -356,6 +356,27 @@ static int trace_write(struct cuda_backend *cb, char *err, size_t errlen) {
 
 /* ---- one layer over a batch ---- */
 
+/* A full-attention layer's attention from the q/k/v projections (cb->proj, kb, vb) to
+ * o_proj's bf16 input (cb->ybf): a decode batch (one token a sequence) in one launch where
+ * the fused form serves it (cuda_attention_fused: ORCHID_ATTN_FUSED=1), else the q/k
+ * preparation with the cache write, the split attention and its combine. */
+static int attention(struct cuda_backend *cb, const dlayer *d, const dmeta &m, const cuda_ctx *c) {
+    const struct model_config *cf = cb->cfg;
+    const int T = m.T;
+    int rc;
+    if (T == m.n_seqs && cuda_attention_fused_ok(T, m.n_tiles, m.n_split, cb->nh, cb->kvh, cb->D)) {
+        P("attn_fused", cuda_attention_fused(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.seqs, m.tiles,
+                                             m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh, cb->D, cf->rotary_dim,
+                                             cf->rope_theta, cf->rms_eps, cb->ybf));
+        return 0;
+    }
+    P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
+                                  cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
+    P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
+                                  cb->D, cb->part, cb->ybf));
+    return 0;
+}
+
 /* Small batches (decode) fuse the norms into the launches around them. One token through
  * cuda_tcv.cu: each block of the launch that reads a norm computes it (the first projection
  * the layer's input norm, the router the post-mixer norm: in_norm_src / norm_src_on); the
@@ -462,10 +483,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
         }
-        P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
-                                 cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
-        P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
-                                 cb->D, cb->part, cb->ybf));
+        if ((rc = attention(cb, d, m, c))) return rc;
         if (small)
             P("attn_o_proj+norm", tcv ? cuda_tcv_acc_norm(c, &d->o, cb->ybf, cb->x, post)
                                       : cuda_gemv_acc_norm(c, &d->o, cb->ybf, T, cb->qd, cb->x, H, &post_tail));
@@ -548,10 +566,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         const int qw = 2 * cb->qd;
         cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
         P("attn_qkv_skinny", cuda_skinny_multi(c, s, 3, cb->xn, T, H));
-        P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
-                                      cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
-        P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
-                                      cb->D, cb->part, cb->ybf));
+        if ((rc = attention(cb, d, m, c))) return rc;
         P("attn_o_skinny", cuda_skinny_dense(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
     P("post_rmsnorm", cuda_rmsnorm2(c, cb->x, d->post_norm, T, H, cf->rms_eps, NULL, cb->xn, cb->xn32));

@@ -296,6 +296,45 @@ __device__ __forceinline__ float block_sum(float v, float *sh32) {
     return warp_sum(t);
 }
 
+/* ---- attention's per-head q/k preparation: RMSNorm, then NeoX RoPE on the first rot dims.
+ * attn_prep_kernel (cuda_attn.cu) and the fused decode attention (cuda_flash.cu) both go
+ * through these, so a prepared value is the same bits in either form. ---- */
+/* ss: Σ x² of the head in block_sum's order over D lanes (warp_sumsq_blockorder below). */
+__device__ __forceinline__ float attn_norm_val(float x, float ss, int D, float eps, float gain) {
+    return x * rsqrtf(ss / (float)D + eps) * gain;
+}
+/* The rotary inverse frequency of dim d (0 past the rotated dims). */
+__device__ __forceinline__ float attn_inv_freq(int d, int rot, float theta) {
+    const int half = rot / 2;
+    return d < rot ? powf(theta, -2.0f * (float)(d % half) / (float)rot) : 0.0f;
+}
+/* Normalised value y of dim d at position p after the rotation; partner = the normalised
+ * value of dim d + rot/2 (d < rot/2) or d − rot/2 (unused past rot). The roundings are
+ * spelled out: y·cs rounded, then ∓partner·sn added by one fma — what the H200 code of the
+ * plain `y * cs ∓ partner * sn` in attn_prep_kernel was (SASS; ptxas fused the difference
+ * too), the cache's bits since session 1; inlined elsewhere nvcc may contract otherwise. */
+__device__ __forceinline__ float attn_rope(float y, float partner, int d, int rot, int p, float inv_freq) {
+    if (d >= rot) return y;
+    float sn, cs;
+    sincosf((float)p * inv_freq, &sn, &cs);
+    return __fmaf_rn(d < rot / 2 ? -partner : partner, sn, __fmul_rn(y, cs));
+}
+/* block_sum(x²) of a block of 32·NW threads holding x[32·i + lane] in warp i, computed by
+ * one warp holding those values in xs[i]: each warp's sum by the same xor tree, then lanes
+ * 0..NW−1 summed as block_sum's second warp_sum does — the same bits. */
+template <int NW>
+__device__ __forceinline__ float warp_sumsq_blockorder(const float (&xs)[NW]) {
+    static_assert(NW >= 1 && NW <= 32, "a block of 32..1,024 threads");
+    const int lane = threadIdx.x & 31;
+    float mine = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        const float s = warp_sum(xs[i] * xs[i]);
+        if (lane == i) mine = s;
+    }
+    return warp_sum(mine);
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + __expf(-x)); }
 

@@ -170,6 +170,16 @@ int cuda_flash_init(int head_dim, char *err, size_t errlen);
 int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                          const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
                          int kv_heads, int D, float *part, int *launched);
+/* A decode step's whole attention in one launch (cuda_flash.cu, sm_90 thread-block
+ * clusters): cuda_attn_prep + cuda_attention's bits for T one-token tiles, from the raw q
+ * (qg is not modified), k and v; writes the new K/V rows and out. _ok says whether it
+ * serves the shape (on with ORCHID_ATTN_FUSED=1 or forced by the tests; -1 = not forced). */
+int cuda_attention_fused_ok(int T, int n_tiles, int n_split, int n_heads, int kv_heads, int D);
+int cuda_attention_fused(const struct cuda_ctx *c, const float *qg, const float *k, const float *v, const float *q_norm,
+                         const float *k_norm, const int32_t *pos, const struct cuda_seq *seqs,
+                         const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int T, int n_heads,
+                         int kv_heads, int D, int rot, float theta, float eps, uint16_t *out);
+void cuda_attn_force_fused(int on);
 
 /* ---- Gated DeltaNet (cuda_gdn.cu) ---- */
 /* Causal depthwise conv + SiLU over the batch (reads/updates each session's conv state). */

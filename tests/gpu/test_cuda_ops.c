@@ -650,6 +650,9 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     float *qg = malloc((size_t)T * qw * 4), *k = malloc((size_t)T * kvd * 4), *v = malloc((size_t)T * kvd * 4);
     float *qn = malloc((size_t)D * 4), *kn = malloc((size_t)D * 4);
     rand_f32(qg, (size_t)T * qw, 1.0f); rand_f32(k, (size_t)T * kvd, 1.0f); rand_f32(v, (size_t)T * kvd, 1.0f);
+    float *qraw = malloc((size_t)T * qw * 4), *kraw = malloc((size_t)T * kvd * 4); /* the CPU reference normalises in place */
+    memcpy(qraw, qg, (size_t)T * qw * 4);
+    memcpy(kraw, k, (size_t)T * kvd * 4);
     for (int d = 0; d < D; d++) { qn[d] = 1.0f + 0.1f * rng_normal(); kn[d] = 1.0f + 0.1f * rng_normal(); }
     int32_t *pos = malloc((size_t)T * 4), *tseq = malloc((size_t)T * 4);
     struct cuda_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
@@ -733,6 +736,36 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     /* the cache rows written for the new tokens */
     uint16_t *kvback = malloc((size_t)n_seqs * 2 * kvd * max_seq * 2);
     D2H(kvback, dkv, (size_t)n_seqs * 2 * kvd * max_seq * 2);
+    if (T == n_seqs && !strcmp(attn_mode, "tensor-core")) {
+        /* a decode batch: the fused form (one launch from the raw q, k, v) against the three
+         * launches above, bitwise — the output and the whole cache (the new rows written, the
+         * others untouched) — on fresh copies of the inputs */
+        cuda_attn_force_fused(1);
+        const int ok = cuda_attention_fused_ok(T, nt, n_split, nh, kvh, D);
+        /* on the H200 (16-block clusters) every case here up to 48 splits is served */
+        CHECK(ok || n_split > 48, "fused attention nh=%d kvh=%d D=%d seqs=%d split=%d: not served", nh, kvh, D, n_seqs,
+              n_split);
+        if (ok) {
+            H2D(dqg, qraw, (size_t)T * qw * 4);
+            H2D(dk, kraw, (size_t)T * kvd * 4);
+            H2D(dkv, gcache, (size_t)n_seqs * 2 * kvd * max_seq * 2);
+            uint16_t *ob2 = malloc((size_t)T * nh * D * 2), *kv2 = malloc((size_t)n_seqs * 2 * kvd * max_seq * 2);
+            memset(ob2, 0xff, (size_t)T * nh * D * 2); /* NaNs where the fused form would fail to write */
+            H2D(dout, ob2, (size_t)T * nh * D * 2);
+            OK(cuda_attention_fused(&ctx, dqg, dk, dv, dqn, dkn, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, rot, theta,
+                                    eps, dout));
+            D2H(ob2, dout, (size_t)T * nh * D * 2);
+            D2H(kv2, dkv, (size_t)n_seqs * 2 * kvd * max_seq * 2);
+            int diff = 0, kdiff = 0;
+            for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += ob2[i] != ob[i];
+            for (size_t i = 0; i < (size_t)n_seqs * 2 * kvd * max_seq; i++) kdiff += kv2[i] != kvback[i];
+            CHECK(diff == 0 && kdiff == 0,
+                  "fused attention nh=%d kvh=%d D=%d seqs=%d split=%d: %d of %d outputs and %d cache values differ from the "
+                  "three launches", nh, kvh, D, n_seqs, n_split, diff, T * nh * D, kdiff);
+            free(ob2); free(kv2);
+        }
+        cuda_attn_force_fused(-1);
+    }
     int bad = 0;
     for (int i = 0; i < T; i++)
         for (size_t j = 0; j < kvd; j++) {
@@ -742,7 +775,7 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
             if (fabsf(gk - ck) > 1e-2f * (1.0f + fabsf(ck))) bad++;
         }
     CHECK(bad == 0, "attention K cache: %d of %d values differ", bad, T * (int)kvd);
-    free(kvback); free(ccache); free(gcache); free(qg); free(k); free(v); free(qn); free(kn); free(pos); free(tseq);
+    free(kvback); free(qraw); free(kraw); free(ccache); free(gcache); free(qg); free(k); free(v); free(qn); free(kn); free(pos); free(tseq);
     free(seqs); free(tiles); free(ref); free(got); free(ob); free(acc);
     cuda_free(dkv); cuda_free(dqg); cuda_free(dk); cuda_free(dv); cuda_free(dqn); cuda_free(dkn); cuda_free(dpart);
     cuda_free(dpos); cuda_free(dts); cuda_free(dseq); cuda_free(dtile); cuda_free(dout);
@@ -1726,6 +1759,13 @@ int main(void) {
              * sequence's later splits are empty */
             const int p7[] = {1500, 200}, n7[] = {1, 1};
             test_attention(16, 2, 256, 2, p7, n7, 37);
+            /* decode steps shaped like the contract's (context 512 + 64: 19 splits, 17 live) and
+             * an 8-sequence batch; head dim 64 with 2 q heads a KV head */
+            const int p8[] = {540}, n8[] = {1}, p9[] = {511}, n9[] = {1}, p10[] = {33, 64, 95, 700, 1, 0, 31, 32}, n10[] = {1, 1, 1, 1, 1, 1, 1, 1};
+            test_attention(16, 2, 256, 1, p8, n8, 19);
+            test_attention(16, 2, 256, 1, p9, n9, 16);
+            test_attention(16, 2, 256, 8, p10, n10, 19);
+            test_attention(4, 2, 64, 8, p10, n10, 24);
             int p6[40], n6[40]; /* a decode batch of 40 sequences: the launch chooses several splits a block */
             for (int i = 0; i < 40; i++) { p6[i] = 300 + 7 * i; n6[i] = 1; }
             test_attention(16, 2, 256, 40, p6, n6, 16);
