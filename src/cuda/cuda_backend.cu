@@ -410,6 +410,15 @@ static bool in_norm_src(const struct cuda_backend *cb, int l, int T) {
     return cb->L[l].kind != LAYER_LINEAR || cb->cfg->conv_kernel - 1 <= CUDA_TCV_CONV_MAX;
 }
 
+/* One token: the decode step's final RMSNorm by the last layer's down-pairs launch (its last
+ * block, the tail's order: rmsnorm_kernel's bits) into cb->xo, instead of a one-block launch
+ * of its own between that launch and the lm_head (~9 µs of the step, H200 trace, session
+ * 13). Opt-in (ORCHID_FINAL_TAIL=1) until measured; the callers then skip their final norm. */
+static bool final_tail_on(const struct cuda_backend *cb, int T) {
+    static const bool on = env_flag("ORCHID_FINAL_TAIL");
+    return on && tcv_layer(cb, cb->cfg->n_layers - 1, T);
+}
+
 /* 2..64 tokens: layer l's input norm is computed by layer l - 1's MoE combine
  * (cuda_moe_combine_norm) when both take the skinny path. ORCHID_NO_COMBINE_NORM=1: its own
  * launch (A/B; the same bits either way). */
@@ -495,6 +504,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const int ld_act = d->gate.rows > d->sh_gate.rows ? d->gate.rows : d->sh_gate.rows; /* the pair kernels' layout */
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
+        const cuda_tail_norm fin = {cb->counters + 2, cb->final_norm, cf->rms_eps, cb->xo, NULL}; /* final_tail_on */
         if (post_src)
             P("router+topk", cuda_moe_router_topk_norm(c, &d->router, &d->sh_eg, &post_ns, cb->rlog, cb->seg, K,
                                                        cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
@@ -505,7 +515,9 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
                                                         cb->act, ld_act));
             P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, cb->act, ld_act,
-                                                         K, cb->x, last || in_norm_src(cb, l + 1, T) ? NULL : &next));
+                                                         K, cb->x,
+                                                         last ? (final_tail_on(cb, T) ? &fin : NULL)
+                                                              : in_norm_src(cb, l + 1, T) ? NULL : &next));
             return 0;
         }
         P("moe_gateup_pairs", cuda_moe_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, H, T, K, cb->act));
@@ -720,7 +732,8 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
         if (!b->out_logits[i]) return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
     for (int i0 = 0; i0 < b->n_out; i0 += LOGIT_ROWS) {
         const int n = b->n_out - i0 < LOGIT_ROWS ? b->n_out - i0 : LOGIT_ROWS;
-        if ((rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo))) return rc;
+        if (!final_tail_on(cb, T) && (rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo)))
+            return rc;
         if ((rc = cuda_qmatmul(&c, &cb->lm_head, 0, cb->xo, n, cb->H, cb->logits, cb->V, 0))) return rc;
         prof_mark(cb, "lm_head");
         /* argmax on the device (sampler_argmax's rule): only ids cross PCIe for rows
@@ -764,7 +777,7 @@ static int capture_decode(struct cuda_backend *cb, struct backend_session *s, ch
     cb->prof_n = 0;
     CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), err, errlen, "decode graph");
     int rc = run_layers(cb, m, &c);
-    if (!rc) rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, 1, cb->H, cb->cfg->rms_eps, NULL, cb->xo);
+    if (!rc && !final_tail_on(cb, 1)) rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, 1, cb->H, cb->cfg->rms_eps, NULL, cb->xo);
     if (!rc) rc = cuda_qmatmul(&c, &cb->lm_head, 0, cb->xo, 1, cb->H, cb->logits, cb->V, 0);
     if (!rc) rc = cuda_argmax(&c, cb->logits, 1, cb->V, s->d_dec, cb->amax_scratch);
     if (!rc) rc = cuda_decode_advance(&c, s->d_dec + 1, s->d_dec + 2, s->d_dec, s->d_out_ids);
