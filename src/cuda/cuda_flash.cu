@@ -525,8 +525,12 @@ static int fl_fused_spb(int n_split, int n_heads, int kv_heads, int D) {
     return spb <= slots ? spb : 0;
 }
 
+/* ... and only while its grid is one wave at two blocks an SM: beyond that the plain form's
+ * several splits a block (fl_spb) is what a large batch needs (trap 26), and the fused
+ * form's blocks are as many as its clusters are wide. */
 extern "C" int cuda_attention_fused_ok(int T, int n_tiles, int n_split, int n_heads, int kv_heads, int D) {
-    return T >= 1 && n_tiles == T && fl_fused_spb(n_split, n_heads, kv_heads, D) > 0;
+    const int spb = T >= 1 && n_tiles == T ? fl_fused_spb(n_split, n_heads, kv_heads, D) : 0;
+    return spb > 0 && (long)n_tiles * kv_heads * ((n_split + spb - 1) / spb) <= 2L * fl_sms;
 }
 
 extern "C" int cuda_attention_fused(const struct cuda_ctx *c, const float *qg, const float *k, const float *v,
