@@ -277,6 +277,10 @@ int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const float *u, s
 int cuda_skinny_init(char *err, size_t errlen);
 /* The router's shared-memory opt-in (batches of several tokens stage their rows). */
 int cuda_moe_init(char *err, size_t errlen);
+/* The one-token router's cluster form (ORCHID_ROUTER_CLUSTER=1; tests force it on or off):
+ * its blocks, 0 when off or the device cannot hold it. */
+void cuda_moe_force_router_cluster(int on);
+int cuda_moe_router_cluster(void);
 int cuda_skinny_supported(const struct cuda_qmat *m); /* 4-bit, columns a multiple of 64 */
 /* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T (1..64) */
 int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,

@@ -274,6 +274,26 @@ static void test_norm_src(int H, int E, int K, float scale) {
           E, H, scale, dlog, dtop);
     const int d = dev_bf16_differ(dxn, dxn2, (size_t)H);
     CHECK(d == 0, "router_topk_norm H=%d: the bf16 row left for the experts differs from rmsnorm's in %d of %d", H, d, H);
+    /* the cluster form (one cluster, block 0's top-k after a cluster barrier): the same bits */
+    cuda_moe_force_router_cluster(1);
+    CHECK(cuda_moe_router_cluster() > 0, "router cluster form: the device holds no cluster of its blocks");
+    if (cuda_moe_router_cluster() > 0) {
+        if (cuda_memset0(dxn2, (size_t)H * 2, errbuf, sizeof errbuf) || cuda_memset0(dl[1], (size_t)E * 4, errbuf, sizeof errbuf) ||
+            cuda_memset0(dids[1], (size_t)K * 4, errbuf, sizeof errbuf) || cuda_memset0(dw[1], (size_t)K * 4, errbuf, sizeof errbuf) ||
+            cuda_memset0(dseg[1], 4, errbuf, sizeof errbuf)) {
+            CHECK(0, "memset: %s", errbuf);
+            return;
+        }
+        OK(cuda_moe_router_topk_norm(&ctx, &router.d, &sg.d, &ns, dl[1], dseg[1], K, 1, dids[1], dw[1], dcnt));
+        D2H(l1, dl[1], (size_t)E * 4); D2H(&s1, dseg[1], 4); D2H(w1, dw[1], (size_t)K * 4); D2H(i1, dids[1], (size_t)K * 4);
+        const int clog = bits_differ(l0, l1, (size_t)E) + bits_differ(&s0, &s1, 1);
+        const int ctop = bits_differ(i0, i1, (size_t)K) + bits_differ(w0, w1, (size_t)K);
+        const int cxn = dev_bf16_differ(dxn, dxn2, (size_t)H);
+        CHECK(clog == 0 && ctop == 0 && cxn == 0,
+              "router_topk_norm cluster form (%d blocks) E=%d H=%d x%.0f: %d logits, %d top-k values, %d of the bf16 row differ",
+              cuda_moe_router_cluster(), E, H, scale, clog, ctop, cxn);
+    }
+    cuda_moe_force_router_cluster(0);
     free(l0); free(l1);
     for (int j = 0; j < 2; j++) { cuda_free(dl[j]); cuda_free(dseg[j]); cuda_free(dw[j]); cuda_free(dids[j]); }
     cuda_free(dcnt); rq_free(&router); rq_free(&sg);
