@@ -452,23 +452,8 @@ static cudaError_t fl_set_attrs(int *cluster_max) {
         return cudaSuccess;
     }
     for (int C = 16; C >= 8; C /= 2) {
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = 1;
-        attr.val.clusterDim.y = C;
-        attr.val.clusterDim.z = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1, C);
-        cfg.blockDim = dim3(128);
-        cfg.dynamicSmemBytes = smem;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, flash_kernel<D, true>, &cfg) != cudaSuccess) {
-            cudaGetLastError();
-            n = 0;
-        }
-        if (n > 0) {
+        launch_cfg cl(dim3(1, C), dim3(128), smem, 0, false, 1, C);
+        if (cl.max_active_clusters(flash_kernel<D, true>) > 0) {
             *cluster_max = C;
             break;
         }
@@ -547,21 +532,10 @@ extern "C" int cuda_attention_fused(const struct cuda_ctx *c, const float *qg, c
     const int spb = fl_fused_spb(n_split, n_heads, kv_heads, D), C = (n_split + spb - 1) / spb;
     void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, int, float *,
                  fl_fused) = D == 256 ? flash_kernel<256, true> : D == 128 ? flash_kernel<128, true> : flash_kernel<64, true>;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = C;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(n_tiles * kv_heads, C);
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = flash_fused_smem(D);
-    cfg.stream = cstream(c);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    /* without PDL, as the plain form (launch_attn in cuda_attn.cu) */
+    launch_cfg cl(dim3(n_tiles * kv_heads, C), dim3(128), flash_fused_smem(D), cstream(c), false, 1, C);
     const fl_fused fz = {k, v, q_norm, k_norm, rot, theta, eps, out};
-    LAUNCH_CHECK_RC(c, cudaLaunchKernelEx(&cfg, kern, qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, spb,
-                                          (float *)NULL, fz),
+    LAUNCH_CHECK_RC(c, cl.launch(kern, qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, spb, (float *)NULL, fz),
                     "attention_fused");
 }
 

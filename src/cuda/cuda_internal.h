@@ -238,23 +238,58 @@ inline bool env_flag(const char *name) {
     return e && *e && strcmp(e, "0");
 }
 
+/* A cudaLaunchKernelEx configuration: programmatic stream serialisation when pdl &&
+ * pdl_enabled(); with cx > 0, thread-block clusters of cx × cy × 1 blocks (sm_90). It holds
+ * its attributes (cfg points at them: not copyable). */
+struct launch_cfg {
+    cudaLaunchAttribute attr[2];
+    cudaLaunchConfig_t cfg;
+    launch_cfg(dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, int cx = 0, int cy = 1) {
+        int n = 0;
+        if (cx > 0) {
+            attr[n].id = cudaLaunchAttributeClusterDimension;
+            attr[n].val.clusterDim.x = cx;
+            attr[n].val.clusterDim.y = cy;
+            attr[n++].val.clusterDim.z = 1;
+        }
+        if (pdl && pdl_enabled()) {
+            attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[n++].val.programmaticStreamSerializationAllowed = 1;
+        }
+        cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = st;
+        cfg.attrs = attr;
+        cfg.numAttrs = n;
+    }
+    launch_cfg(const launch_cfg &) = delete;
+    /* clusters of this configuration the device can hold at once (0 also when the query fails) */
+    template <typename... KArgs>
+    int max_active_clusters(void (*kern)(KArgs...)) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return n;
+    }
+    /* Returns the launch's error (check with LAUNCH_TRY / LAUNCH_CHECK_RC). */
+    template <typename... KArgs, typename... Args>
+    cudaError_t launch(void (*kern)(KArgs...), Args &&...args) {
+        return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+    }
+};
+
 /* kern<<<grid, block, smem, st>>>(args...) through cudaLaunchKernelEx, with programmatic
  * stream serialisation when pdl && pdl_enabled(); kern must follow rules (a)-(c) above
  * either way. Returns the launch's error (check with LAUNCH_TRY / LAUNCH_CHECK_RC). */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t launch_k_pdl(bool pdl, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                        cudaStream_t st, Args &&...args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl && pdl_enabled() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+    launch_cfg lc(grid, block, smem, st, pdl);
+    return lc.launch(kern, std::forward<Args>(args)...);
 }
 template <typename... KArgs, typename... Args>
 static inline cudaError_t launch_k(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,

@@ -507,23 +507,9 @@ static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, c
     memset(&none, 0, sizeof none);
     if (ns && rt_cluster && tk.counter && tk.block && router->rows <= 256 &&
         32 * rt_cluster_rows(rt_cluster, router->rows) <= RT_CL_MAX_THREADS) {
-        cudaLaunchAttribute attr[2];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = rt_cluster;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[1].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(rt_cluster);
-        cfg.blockDim = dim3(32 * rt_cluster_rows(rt_cluster, router->rows));
-        cfg.dynamicSmemBytes = (size_t)rt_xstride(router->cols) * 4;
-        cfg.stream = cstream(c);
-        cfg.attrs = attr;
-        cfg.numAttrs = pdl_enabled() ? 2 : 1;
-        LAUNCH_CHECK_RC(c, cudaLaunchKernelEx(&cfg, router_kernel<RT_NORM_CL>, *router, *sh_gate, x, ldx, T, logits, ld, seg,
-                                              tk, *ns),
-                        what);
+        launch_cfg cl(dim3(rt_cluster), dim3(32 * rt_cluster_rows(rt_cluster, router->rows)),
+                      (size_t)rt_xstride(router->cols) * 4, cstream(c), true, rt_cluster);
+        LAUNCH_CHECK_RC(c, cl.launch(router_kernel<RT_NORM_CL>, *router, *sh_gate, x, ldx, T, logits, ld, seg, tk, *ns), what);
     }
     if (ns)
         LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_NORM>, grid, dim3(256), (size_t)rt_xstride(router->cols) * 4, cstream(c),
@@ -542,23 +528,8 @@ static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, c
 /* Whether `C` blocks of the cluster form (rows of E + 1, K = 2,048 columns: the model's) can
  * be resident as one cluster; failures only leave the form off. */
 static bool rt_cluster_fits(int C, int E, int H) {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = C;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(C);
-    cfg.blockDim = dim3(32 * rt_cluster_rows(C, E));
-    cfg.dynamicSmemBytes = (size_t)rt_xstride(H) * 4;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, router_kernel<RT_NORM_CL>, &cfg) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return n > 0;
+    launch_cfg cl(dim3(C), dim3(32 * rt_cluster_rows(C, E)), (size_t)rt_xstride(H) * 4, 0, false, C);
+    return cl.max_active_clusters(router_kernel<RT_NORM_CL>) > 0;
 }
 
 /* The cluster form's blocks on this device (16 of 17 rows for the model's 256 experts + the

@@ -519,25 +519,8 @@ static int cluster_for(int n_rows) {
 template <int C>
 static cudaError_t launch_sample(const struct cuda_ctx *c, float *logits, int n_rows, int V, const row_sampling *rows,
                                  int32_t *ids) {
-    cudaLaunchAttribute attr[2];
-    int n = 0;
-    if (pdl_enabled()) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (C > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = C;
-        attr[n].val.clusterDim.y = 1;
-        attr[n++].val.clusterDim.z = 1;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(C, n_rows);
-    cfg.blockDim = dim3(SMP_THREADS);
-    cfg.stream = cstream(c);
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
-    return cudaLaunchKernelEx(&cfg, sample_kernel<C>, logits, V, rows, ids);
+    launch_cfg lc(dim3(C, n_rows), dim3(SMP_THREADS), 0, cstream(c), true, C > 1 ? C : 0);
+    return lc.launch(sample_kernel<C>, logits, V, rows, ids);
 }
 
 /* rows: device [n_rows] sampling requests (temperature <= 0: leave ids[i], the argmax). A
