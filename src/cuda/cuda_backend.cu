@@ -98,6 +98,8 @@ struct cuda_backend {
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
+    cudaGraphExec_t fg; /* the one-token forward's graph (fwd_graph; NULL: none captured) */
+    int fg_key[4];      /* what it was captured for: n_split, n_out, argmax, sampling */
     int *counters; /* [16] zeroed: last-block counters of the fused decode launches: [0] post-norm
                     * tail, [2] next-layer norm tail, [4..11] the router's top-k (8 tokens each) */
     cuda_moe_route route;
@@ -639,6 +641,102 @@ static int split_for(const struct cuda_backend *cb, int kv_len) {
 
 static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
 
+/* One lm_head pass of a forward: rows [i0, i0 + n) of the outputs (d_or: their token rows)
+ * normalised (unless the last layer's tail did it: final_tail_on), their logits, and with
+ * argmax their ids, with smp (the sampled rows' requests) their drawn tokens over them. */
+static int fwd_outputs(struct cuda_backend *cb, const cuda_ctx *c, int T, int i0, int n, const int32_t *d_or, bool argmax,
+                       const struct row_sampling *smp) {
+    int rc;
+    if (!final_tail_on(cb, T) && (rc = cuda_rmsnorm(c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo)))
+        return rc;
+    if ((rc = cuda_qmatmul(c, &cb->lm_head, 0, cb->xo, n, cb->H, cb->logits, cb->V, 0))) return rc;
+    prof_mark(cb, "lm_head");
+    /* argmax on the device (sampler_argmax's rule): only ids cross PCIe for rows whose
+     * logits are not wanted (out_logits[i] == NULL) */
+    if (argmax && (rc = cuda_argmax(c, cb->logits, n, cb->V, cb->amax_ids + i0, cb->amax_scratch))) return rc;
+    /* rows that sample: the device sampler's token over the argmax (greedy rows keep it) */
+    if (smp && (rc = cuda_sample(c, cb->logits, n, cb->V, smp + i0, cb->amax_ids + i0))) return rc;
+    if (smp) prof_mark(cb, "sample");
+    return 0;
+}
+
+/* ---- one-token forwards as a CUDA graph (opt-in ORCHID_FORWARD_GRAPH=1, not yet measured)
+ * The serving path launches a forward's ~265 kernels one by one: a batch-1 step took 1.94
+ * ms so against 1.84 ms replayed as the session decode graph (H200, session 14:
+ * bench_batch_decode T = 1 argmax against the contract), ~5 % of a single stream's rate. A
+ * T = 1 forward whose outputs fit one lm_head pass is captured once per (n_split, n_out,
+ * argmax, sampling) and replayed: all it reads that changes from step to step — token,
+ * position, the session's buffers, the output row, a sampling request — is the metadata
+ * uploaded before the launch, at the same addresses for that key; the logits downloads
+ * (the step's host pointers) stay outside. n_split is rounded up to a multiple of
+ * FG_SPLIT_ROUND within the cap: the same bits (a tile uses min(n_split, ⌈kv_len / 32⌉)
+ * splits, and the rounded count is still ≥ ⌈kv_len / 32⌉ or the cap), so a growing context
+ * is recaptured every 128 tokens rather than every 32. */
+#define FG_SPLIT_ROUND 4
+static int fg_forced = -1; /* tests: 1 / 0 force it on / off; -1: the environment */
+extern "C" void cuda_backend_force_forward_graph(int on) { fg_forced = on < 0 ? -1 : on ? 1 : 0; }
+static bool fwd_graph_on(void) {
+    static const bool env = env_flag("ORCHID_FORWARD_GRAPH");
+    return fg_forced >= 0 ? fg_forced > 0 : env;
+}
+static int fg_split(const struct cuda_backend *cb, int n_split) {
+    const int cap = split_for(cb, 1 << 30), r = (n_split + FG_SPLIT_ROUND - 1) / FG_SPLIT_ROUND * FG_SPLIT_ROUND;
+    return r < cap ? r : cap > n_split ? cap : n_split;
+}
+
+/* The forward of m (T = 1) with its n_out ≤ 1 outputs from the graph, captured first when
+ * the key differs from the cached one's. A failed capture leaves no graph (and the error). */
+static int fwd_graph(struct cuda_backend *cb, const dmeta &m, int n_out, bool argmax, const struct row_sampling *smp,
+                     const int32_t *d_or, const cuda_ctx *c) {
+    const int key[4] = {m.n_split, n_out, argmax, smp != NULL};
+    if (!cb->fg || memcmp(key, cb->fg_key, sizeof key)) {
+        if (cb->fg) cudaGraphExecDestroy(cb->fg);
+        cb->fg = NULL;
+        CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), c->err, c->errlen, "forward graph");
+        int rc = run_layers(cb, m, c);
+        if (!rc && n_out) rc = fwd_outputs(cb, c, 1, 0, n_out, d_or, argmax, smp);
+        cudaGraph_t g = NULL;
+        cudaError_t e = cudaStreamEndCapture(cb->stream, &g);
+        if (!rc && e == cudaSuccess) e = cudaGraphInstantiate(&cb->fg, g, 0);
+        if (g) cudaGraphDestroy(g);
+        if (rc || e != cudaSuccess) {
+            cudaGetLastError();
+            cb->fg = NULL;
+            return rc ? rc : errorf(c->err, c->errlen, ST_DEVICE, "forward graph: capture failed: %s", cudaGetErrorString(e));
+        }
+        memcpy(cb->fg_key, key, sizeof key);
+    }
+    CUDA_TRY(cudaGraphLaunch(cb->fg, cb->stream), c->err, c->errlen, "forward graph: launch");
+    return 0;
+}
+
+/* The logits of output rows [i0, i0 + n) that the batch wants, from the last lm_head pass. */
+static int fwd_download(struct cuda_backend *cb, const struct fwd_batch *b, int i0, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++)
+        if (b->out_logits[i0 + i])
+            CUDA_TRY(cudaMemcpyAsync(b->out_logits[i0 + i], cb->logits + (size_t)i * cb->V, (size_t)cb->V * 4,
+                                     cudaMemcpyDeviceToHost, cb->stream), err, errlen, "cuda forward: logits download");
+    return 0;
+}
+
+/* A forward's end: the last pass's logits and every row's ids downloaded, the stream
+ * drained, then the profile or the trace collected. */
+static int fwd_finish(struct cuda_backend *cb, const struct fwd_batch *b, char *err, size_t errlen) {
+    int rc;
+    if (b->n_out) {
+        const int i0 = (b->n_out - 1) / LOGIT_ROWS * LOGIT_ROWS;
+        if ((rc = fwd_download(cb, b, i0, b->n_out - i0, err, errlen))) return rc;
+    }
+    if (b->out_argmax && b->n_out)
+        CUDA_TRY(cudaMemcpyAsync(cb->h_amax_ids, cb->amax_ids, (size_t)b->n_out * 4, cudaMemcpyDeviceToHost, cb->stream), err,
+                 errlen, "cuda forward: argmax download");
+    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, "cuda forward");
+    if (b->out_argmax && b->n_out) memcpy(b->out_argmax, cb->h_amax_ids, (size_t)b->n_out * 4);
+    if (cb->prof_on) prof_collect(cb);
+    if (cb->trace_path) return trace_write(cb, err, errlen);
+    return 0;
+}
+
 static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *err, size_t errlen) {
     struct cuda_backend *cb = (struct cuda_backend *)base;
     const int T = b->n_tokens;
@@ -707,6 +805,17 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.tok_seq = (const int32_t *)(cb->d_meta + o_ts);
     m.seqs = (const cuda_seq *)(cb->d_meta + o_seq);
     m.tiles = (const cuda_attn_tile *)(cb->d_meta + o_tile);
+    const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
+    for (int i = 0; i < b->n_out && !b->out_argmax; i++)
+        if (!b->out_logits[i]) return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
+    const struct row_sampling *smp = sampling ? (const struct row_sampling *)(cb->d_meta + o_smp) : NULL;
+    const bool graphed = fwd_graph_on() && T == 1 && b->n_out <= 1 && !cb->prof_on && !cb->trace_path;
+    if (graphed) {
+        m.n_split = fg_split(cb, m.n_split);
+        int rc = fwd_graph(cb, m, b->n_out, b->out_argmax != NULL, smp, d_or, &c);
+        if (rc) return rc;
+        return fwd_finish(cb, b, err, errlen);
+    }
     if (cb->trace_path) {
         int trc = cuda_trace_begin(T > 16 ? 65536 : 16384, err, errlen); /* records a SM: a 64-token forward has ~2.5 M blocks */
         if (!trc) trc = cuda_spin(&c, 30000); /* the host queues the forward meanwhile */
@@ -727,36 +836,12 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
         }
         return rc;
     }
-    const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
-    for (int i = 0; i < b->n_out && !b->out_argmax; i++)
-        if (!b->out_logits[i]) return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
     for (int i0 = 0; i0 < b->n_out; i0 += LOGIT_ROWS) {
         const int n = b->n_out - i0 < LOGIT_ROWS ? b->n_out - i0 : LOGIT_ROWS;
-        if (!final_tail_on(cb, T) && (rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo)))
-            return rc;
-        if ((rc = cuda_qmatmul(&c, &cb->lm_head, 0, cb->xo, n, cb->H, cb->logits, cb->V, 0))) return rc;
-        prof_mark(cb, "lm_head");
-        /* argmax on the device (sampler_argmax's rule): only ids cross PCIe for rows
-         * whose logits are not wanted (out_logits[i] == NULL) */
-        if (b->out_argmax && (rc = cuda_argmax(&c, cb->logits, n, cb->V, cb->amax_ids + i0, cb->amax_scratch))) return rc;
-        /* rows that sample: the device sampler's token over the argmax (greedy rows keep it) */
-        if (sampling && (rc = cuda_sample(&c, cb->logits, n, cb->V,
-                                          (const struct row_sampling *)(cb->d_meta + o_smp) + i0, cb->amax_ids + i0)))
-            return rc;
-        if (sampling) prof_mark(cb, "sample");
-        for (int i = 0; i < n; i++)
-            if (b->out_logits[i0 + i])
-                CUDA_TRY(cudaMemcpyAsync(b->out_logits[i0 + i], cb->logits + (size_t)i * cb->V, (size_t)cb->V * 4,
-                                         cudaMemcpyDeviceToHost, cb->stream), err, errlen, "cuda forward: logits download");
+        if ((rc = fwd_outputs(cb, &c, T, i0, n, d_or, b->out_argmax != NULL, smp))) return rc;
+        if (i0 + n < b->n_out && (rc = fwd_download(cb, b, i0, n, err, errlen))) return rc; /* the next pass reuses logits */
     }
-    if (b->out_argmax && b->n_out)
-        CUDA_TRY(cudaMemcpyAsync(cb->h_amax_ids, cb->amax_ids, (size_t)b->n_out * 4, cudaMemcpyDeviceToHost, cb->stream), err,
-                 errlen, "cuda forward: argmax download");
-    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, "cuda forward");
-    if (b->out_argmax && b->n_out) memcpy(b->out_argmax, cb->h_amax_ids, (size_t)b->n_out * 4);
-    if (cb->prof_on) prof_collect(cb);
-    if (cb->trace_path) return trace_write(cb, err, errlen);
-    return 0;
+    return fwd_finish(cb, b, err, errlen);
 }
 
 /* ---- greedy decode loop ---- */
@@ -993,6 +1078,7 @@ static void cuda_destroy(struct backend *base) {
                     cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters,
                     cb->gdn_qk, cb->gdn_gates};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+    if (cb->fg) cudaGraphExecDestroy(cb->fg);
     if (cb->h_meta) cudaFreeHost(cb->h_meta);
     if (cb->h_amax_ids) cudaFreeHost(cb->h_amax_ids);
     for (int i = 0; i <= PROF_MAX; i++)

@@ -380,6 +380,10 @@ int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, 
                         const int32_t *ids, const float *w, const float *seg, const uint16_t *act, int ld_act, int K,
                         float *x, const struct cuda_tail_norm *tail);
 
+/* Tests: one-token forwards from a CUDA graph (1), launched one by one (0), or as
+ * ORCHID_FORWARD_GRAPH says (-1). cuda_backend.cu. */
+void cuda_backend_force_forward_graph(int on);
+
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
 int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids);

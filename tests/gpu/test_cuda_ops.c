@@ -1374,6 +1374,64 @@ static void test_decode_invariance(const char *shape, int n_seq, int n_steps) {
     tmodel_close(&m);
 }
 
+/* One-token forwards replayed from a CUDA graph (ORCHID_FORWARD_GRAPH) against the same
+ * forwards launched kernel by kernel, bitwise: a 100-token prompt, then n_steps greedy steps
+ * with logits rows (crossing 128 and 256 tokens: the graph's split count moves, a recapture),
+ * then argmax-only steps and a step without outputs (other keys), each way from a fresh
+ * session. */
+static int fg_run(struct backend *gpu, struct backend_session *s, const int32_t *prompt, int n_prompt, int n_steps, int V,
+                  float *logits, int32_t *ids, char *err, size_t errlen) {
+    float *last = malloc((size_t)V * 4);
+    int rc = feed(gpu, s, prompt, n_prompt, 0, n_prompt - 1, last, V, err, errlen);
+    if (!rc) rc = greedy_host(gpu, s, n_prompt, argmax_row(last, V), n_steps, ids, V, logits, err, errlen);
+    int pos = n_prompt + n_steps;
+    int32_t tok = ids[n_steps - 1], row = 0, seq = 0;
+    for (int k = 0; k < 8 && !rc; k++, pos++) { /* argmax only (no logits row), then one step with no outputs */
+        struct backend_session *ss[1] = {s};
+        float *dst[1] = {NULL};
+        struct fwd_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &seq, .sessions = ss, .n_seqs = 1,
+                              .n_out = k < 7, .out_rows = &row, .out_logits = dst, .out_argmax = ids + n_steps + k};
+        rc = gpu->forward(gpu, &b, err, errlen);
+        if (k < 7) tok = ids[n_steps + k];
+    }
+    free(last);
+    return rc;
+}
+static void test_forward_graph(const char *shape, int n_steps) {
+    char err[512];
+    struct tmodel m;
+    if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
+    const int V = m.cfg.vocab, n_prompt = 100;
+    struct backend *gpu = NULL;
+    if (cuda_backend_create(&gpu, &m.cfg, &m.w, err, sizeof err)) { CHECK(0, "%s: backend: %s", shape, err); tmodel_close(&m); return; }
+    int32_t *prompt = malloc((size_t)n_prompt * 4), *ids[2];
+    float *lg[2];
+    prompt_tokens(prompt, n_prompt, V, 4242u);
+    int rc = 0;
+    for (int g = 0; g < 2 && !rc; g++) {
+        struct backend_session *s = NULL;
+        ids[g] = calloc((size_t)n_steps + 8, 4);
+        lg[g] = malloc((size_t)n_steps * V * 4);
+        cuda_backend_force_forward_graph(g);
+        rc = gpu->session_create(gpu, n_prompt + n_steps + 16, &s, err, sizeof err);
+        if (!rc) rc = fg_run(gpu, s, prompt, n_prompt, n_steps, V, lg[g], ids[g], err, sizeof err);
+        if (s) gpu->session_destroy(gpu, s);
+    }
+    cuda_backend_force_forward_graph(-1);
+    CHECK(rc == 0, "%s: forward graph: %s", shape, err);
+    if (!rc) {
+        int steps = 0, idd = 0;
+        for (int k = 0; k < n_steps; k++) steps += memcmp(lg[0] + (size_t)k * V, lg[1] + (size_t)k * V, (size_t)V * 4) != 0;
+        for (int k = 0; k < n_steps + 7; k++) idd += ids[0][k] != ids[1][k];
+        CHECK(steps == 0 && idd == 0, "%s: the graph's one-token forwards differ from the launches in %d of %d logits rows, %d ids",
+              shape, steps, n_steps, idd);
+    }
+    for (int g = 0; g < 2; g++) { free(ids[g]); free(lg[g]); }
+    free(prompt);
+    gpu->destroy(gpu);
+    tmodel_close(&m);
+}
+
 /* Packed prompt chunks (the scheduler's batch-invariant packing, sched_plan_invariant):
  * n_seq prompts of 165..200 tokens fed in two chunks each (100, then the rest: both
  * over 64 tokens, so the prefill kernels), first each sequence alone, then the chunks
@@ -1838,6 +1896,7 @@ int main(void) {
     printf("decode batch invariance:\n");
     test_decode_invariance("synth:mini", 5, 6);  /* the skinny kernels */
     test_decode_invariance("synth:mini", 12, 4); /* more than 8 tokens: the wide kernels */
+    test_forward_graph("synth:mini", 170);
     test_prefill_pack_invariance("synth:mini", 5);
     test_prefill_pack_invariance("synth:mini", 12);
     printf("state transfer:\n");
