@@ -98,6 +98,8 @@ struct cuda_backend {
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
+    float *moe_v;  /* [K + 1][H] the cluster MoE's pair rows (cuda_tcv_moe_cluster) */
+    int *moe_cnt;  /* [64] its slice counters, zeroed */
     cudaGraphExec_t fg; /* the one-token forward's graph (fwd_graph; NULL: none captured) */
     int fg_key[4];      /* what it was captured for: n_split, n_out, argmax, sampling */
     int *counters; /* [16] zeroed: last-block counters of the fused decode launches: [0] post-norm
@@ -513,13 +515,18 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         else
             P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                                   cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
+        const cuda_tail_norm *down_tail = last ? (final_tail_on(cb, T) ? &fin : NULL) : in_norm_src(cb, l + 1, T) ? NULL : &next;
+        if (tcv && !down_tail &&
+            cuda_tcv_moe_cluster_ok(&d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down, K)) {
+            P("moe_cluster", cuda_tcv_moe_cluster(c, &d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down, cb->ids,
+                                                  cb->mw, cb->seg, cb->xn, K, cb->moe_v, cb->moe_cnt, cb->x));
+            return 0;
+        }
         if (tcv) {
             P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
                                                         cb->act, ld_act));
             P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, cb->act, ld_act,
-                                                         K, cb->x,
-                                                         last ? (final_tail_on(cb, T) ? &fin : NULL)
-                                                              : in_norm_src(cb, l + 1, T) ? NULL : &next));
+                                                         K, cb->x, down_tail));
             return 0;
         }
         P("moe_gateup_pairs", cuda_moe_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, H, T, K, cb->act));
@@ -1075,7 +1082,7 @@ static void cuda_destroy(struct backend *base) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     void *bufs[] = {cb->warena, cb->d_meta, cb->x, cb->xn32, cb->xlo, cb->proj, cb->zb, cb->kb, cb->vb, cb->gab, cb->conv_out, cb->y,
                     cb->rlog, cb->seg, cb->mw, cb->ed, cb->sd, cb->part, cb->logits, cb->xn, cb->ybf, cb->act, cb->sact,
-                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters,
+                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters, cb->moe_v, cb->moe_cnt,
                     cb->gdn_qk, cb->gdn_gates};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     if (cb->fg) cudaGraphExecDestroy(cb->fg);
@@ -1226,6 +1233,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     FAIL(cuda_gemm_init(err, errlen));
     FAIL(cuda_skinny_init(err, errlen));
     FAIL(cuda_moe_init(err, errlen));
+    FAIL(cuda_tcv_moe_cluster_init(c->hidden, c->moe_inter, err, errlen));
     FAIL(cuda_gdn_prefill_init(err, errlen));
     const char *pe = getenv("ORCHID_CUDA_PROFILE");
     if (pe && atoi(pe)) FAIL(cuda_backend_set_profile(&cb->base, 1, err, errlen));
@@ -1300,6 +1308,10 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     FAIL(cuda_malloc((void **)&cb->counters, 64, "counters", err, errlen));
     if ((e = cudaMemset(cb->counters, 0, 64)) != cudaSuccess)
         FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: counters: %s", cudaGetErrorString(e)));
+    FAIL(cuda_malloc((void **)&cb->moe_v, (size_t)(K + 1) * H * 4, "moe pair rows", err, errlen));
+    FAIL(cuda_malloc((void **)&cb->moe_cnt, 64 * 4, "moe counters", err, errlen));
+    if ((e = cudaMemset(cb->moe_cnt, 0, 64 * 4)) != cudaSuccess)
+        FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: moe counters: %s", cudaGetErrorString(e)));
     const int max_tiles = (int)((T * K + 63) / 64) + cb->E;
     const size_t rwords = (size_t)(cb->E + 1) * 2 + cb->E + 2 * T * K + (size_t)max_tiles * 3 + 1;
     int32_t *rb;

@@ -391,6 +391,19 @@ __device__ __forceinline__ void tcv_stage(const uint16_t *x, int ldx, int n, int
  * rows' scales and biases, GPW bf16 each. ---- */
 #define TCV_WSM(GPW) ((GPW) * 512 + 16 * (GPW) * 4)
 
+/* a or b, field by field (a ternary on the structs themselves goes through local memory) */
+__device__ __forceinline__ cuda_qmat qsel(bool first, const cuda_qmat &a, const cuda_qmat &b) {
+    cuda_qmat r;
+    r.codes = first ? a.codes : b.codes;
+    r.scales = first ? a.scales : b.scales;
+    r.biases = first ? a.biases : b.biases;
+    r.rows = first ? a.rows : b.rows;
+    r.cols = first ? a.cols : b.cols;
+    r.n_mats = first ? a.n_mats : b.n_mats;
+    r.bits = first ? a.bits : b.bits;
+    return r;
+}
+
 /* Rows base .. base + 15 of m (absolute rows; row base + t exists for t < nvalid), groups
  * g0 .. g0 + GPW - 1. Rows past nvalid are zeros (plain shared stores: visible after the
  * block barrier that follows cpa_wait). The caller commits the group. */

@@ -384,6 +384,21 @@ int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, 
  * ORCHID_FORWARD_GRAPH says (-1). cuda_backend.cu. */
 void cuda_backend_force_forward_graph(int on);
 
+/* The same pairs in one launch of thread-block clusters, one a pair (cuda_tcv_moe_cluster.cu,
+ * sm_90): x += the pairs, the bits of cuda_tcv_gateup_pairs + cuda_tcv_down_pairs without a
+ * tail; v: [K + 1][H] floats of scratch, cnt: [H / 128] zeroed ints (left zeroed). _ok: on
+ * (ORCHID_MOE_CLUSTER=1 or forced by the tests; -1: not forced) and the shapes served
+ * (hidden 2,048, experts of 512, K + 1 ≤ 16); _init once per process (outside captures). */
+int cuda_tcv_moe_cluster_init(int H, int I, char *err, size_t errlen);
+void cuda_tcv_moe_cluster_force(int on);
+int cuda_tcv_moe_cluster_ok(const struct cuda_qmat *gate, const struct cuda_qmat *up, const struct cuda_qmat *down,
+                            const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const struct cuda_qmat *sh_down,
+                            int K);
+int cuda_tcv_moe_cluster(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
+                         const struct cuda_qmat *down, const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up,
+                         const struct cuda_qmat *sh_down, const int32_t *ids, const float *w, const float *seg,
+                         const uint16_t *xn, int K, float *v, int *cnt, float *x);
+
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
 int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids);

@@ -381,19 +381,6 @@ extern "C" int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qma
     return tcv_acc(c, m, x, NULL, y, tail);
 }
 
-/* a or b, field by field (a ternary on the structs themselves goes through local memory) */
-__device__ __forceinline__ cuda_qmat qsel(bool first, const cuda_qmat &a, const cuda_qmat &b) {
-    cuda_qmat r;
-    r.codes = first ? a.codes : b.codes;
-    r.scales = first ? a.scales : b.scales;
-    r.biases = first ? a.biases : b.biases;
-    r.rows = first ? a.rows : b.rows;
-    r.cols = first ? a.cols : b.cols;
-    r.n_mats = first ? a.n_mats : b.n_mats;
-    r.bits = first ? a.bits : b.bits;
-    return r;
-}
-
 /* ---- MoE, one token: block (tile, pair); pair p < K is routed expert ids[p], p = K the
  * shared expert. gate/up: MT/2 m-tiles of gate rows then the same rows of up; act[p][r] =
  * bf16(silu(gate·x) · (up·x)), as the skinny SwiGLU epilogue. ---- */

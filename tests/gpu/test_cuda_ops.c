@@ -1105,6 +1105,32 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
             for (int i = 0; i < H; i++) diff += b1[i] != bT[i];
             CHECK(diff == 0, "tcv moe pairs E=%d K=%d H=%d I=%d: token 0 differs from the %d-token skinny batch in %d of %d",
                   E, K, H, I, T, diff, H);
+            if (H == 2048 && I == 512) {
+                /* the cluster form (one launch of a cluster a pair): the same x, twice on the same
+                 * counters (each slice's last block resets its own) */
+                cuda_tcv_moe_cluster_init(H, I, errbuf, sizeof errbuf);
+                cuda_tcv_moe_cluster_force(1);
+                CHECK(cuda_tcv_moe_cluster_ok(&gate.d, &up.d, &down.d, &sg.d, &su.d, &sd.d, K),
+                      "tcv moe cluster form: not served on this device (K=%d)", K);
+                if (cuda_tcv_moe_cluster_ok(&gate.d, &up.d, &down.d, &sg.d, &su.d, &sd.d, K)) {
+                    float *dx2, *dv, *b2 = malloc((size_t)H * 4);
+                    int *dc;
+                    DEV(dx2, (size_t)H * 4); DEV(dv, (size_t)(K + 1) * H * 4); DEV(dc, 64 * 4);
+                    if (cuda_memset0(dc, 64 * 4, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+                    for (int rep = 0; rep < 2; rep++) {
+                        H2D(dx2, x0, (size_t)H * 4);
+                        OK(cuda_tcv_moe_cluster(&ctx, &gate.d, &up.d, &down.d, &sg.d, &su.d, &sd.d, dids, dw, dseg, dx, K, dv, dc,
+                                                dx2));
+                        D2H(b2, dx2, (size_t)H * 4);
+                        int d2 = 0;
+                        for (int i = 0; i < H; i++) d2 += b2[i] != b1[i];
+                        CHECK(d2 == 0, "tcv moe cluster form E=%d K=%d (run %d): x differs from the pair launches in %d of %d", E, K,
+                              rep, d2, H);
+                    }
+                    cuda_free(dx2); cuda_free(dv); cuda_free(dc); free(b2);
+                }
+                cuda_tcv_moe_cluster_force(-1);
+            }
             /* its tail norm against the CPU rmsnorm of its own x (bf16 out) */
             uint16_t *nb = malloc((size_t)H * 2);
             float *nr = malloc((size_t)H * 4), *ng = malloc((size_t)H * 4);
