@@ -383,6 +383,9 @@ int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, 
 /* Tests: one-token forwards from a CUDA graph (1), launched one by one (0), or as
  * ORCHID_FORWARD_GRAPH says (-1). cuda_backend.cu. */
 void cuda_backend_force_forward_graph(int on);
+/* Tests: checkpoint saves queued beside the stream (1), synchronous (0), or as
+ * ORCHID_ASYNC_SAVE says (-1). cuda_backend.cu, cuda_save.cu. */
+void cuda_backend_force_async_save(int on);
 
 /* The same pairs in one launch of thread-block clusters, one a pair (cuda_tcv_moe_cluster.cu,
  * sm_90): x += the pairs, the bits of cuda_tcv_gateup_pairs + cuda_tcv_down_pairs without a

@@ -1554,8 +1554,9 @@ static double max_rel(const float *a, const float *b, size_t n) {
  * (bitwise expected; <= 1e-6 relative accepted). Then prefix_cache_save/restore
  * through the engine on the CUDA backend: resumed vs fed-from-scratch with the same
  * chunks, a branch off the shared prefix, and a miss. */
-static void test_state_transfer(const char *shape) {
+static void test_state_transfer(const char *shape, int async_save) {
     char err[512];
+    cuda_backend_force_async_save(async_save); /* the saves queued beside the stream, or not: the same restores */
     struct tmodel m;
     if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
     const int V = m.cfg.vocab, cap = 128, n1 = 37, n2 = 9, n_greedy = 8;
@@ -1926,8 +1927,10 @@ int main(void) {
     test_prefill_pack_invariance("synth:mini", 5);
     test_prefill_pack_invariance("synth:mini", 12);
     printf("state transfer:\n");
-    test_state_transfer("synth:tiny");
-    test_state_transfer("synth:small");
+    test_state_transfer("synth:tiny", 0);
+    test_state_transfer("synth:small", 0);
+    test_state_transfer("synth:small", 1);
+    cuda_backend_force_async_save(-1);
     const char *full = getenv("ORCHID_GPU_FULL");
     if (full && atoi(full)) test_full(256);
     return check_summary();
