@@ -778,8 +778,16 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
             D2H(ob2, dout, (size_t)T * nh * D * 2);
             D2H(kv2, dkv, (size_t)n_seqs * 2 * kvd * max_seq * 2);
             int diff = 0, kdiff = 0;
-            for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += ob2[i] != ob[i];
-            for (size_t i = 0; i < (size_t)n_seqs * 2 * kvd * max_seq; i++) kdiff += kv2[i] != kvback[i];
+            long first = -1, kfirst = -1;
+            for (size_t i = 0; i < (size_t)T * nh * D; i++)
+                if (ob2[i] != ob[i] && !diff++) first = (long)i;
+            for (size_t i = 0; i < (size_t)n_seqs * 2 * kvd * max_seq; i++)
+                if (kv2[i] != kvback[i] && !kdiff++) kfirst = (long)i;
+            if (diff) /* where: token, head, dim, and the two bf16 patterns */
+                printf("  fused attention: first output difference at token %ld head %ld dim %ld: %04x vs %04x\n",
+                       first / ((long)nh * D), first / D % nh, first % D, ob2[first], ob[first]);
+            if (kdiff)
+                printf("  fused attention: first cache difference at element %ld: %04x vs %04x\n", kfirst, kv2[kfirst], kvback[kfirst]);
             CHECK(diff == 0 && kdiff == 0,
                   "fused attention nh=%d kvh=%d D=%d seqs=%d split=%d: %d of %d outputs and %d cache values differ from the "
                   "three launches", nh, kvh, D, n_seqs, n_split, diff, T * nh * D, kdiff);
@@ -1122,8 +1130,10 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                         OK(cuda_tcv_moe_cluster(&ctx, &gate.d, &up.d, &down.d, &sg.d, &su.d, &sd.d, dids, dw, dseg, dx, K, dv, dc,
                                                 dx2));
                         D2H(b2, dx2, (size_t)H * 4);
-                        int d2 = 0;
-                        for (int i = 0; i < H; i++) d2 += b2[i] != b1[i];
+                        int d2 = 0, f2 = -1;
+                        for (int i = 0; i < H; i++)
+                            if (b2[i] != b1[i] && !d2++) f2 = i;
+                        if (d2) printf("  tcv moe cluster form: first difference at row %d: %.9g vs %.9g\n", f2, b2[f2], b1[f2]);
                         CHECK(d2 == 0, "tcv moe cluster form E=%d K=%d (run %d): x differs from the pair launches in %d of %d", E, K,
                               rep, d2, H);
                     }
