@@ -175,8 +175,8 @@ fuzz-smoke: setup fuzz-build
 -include $(FUZZ_LIB_OBJ:.o=.d)
 
 # --- GPU tests (cuda helper) ---
-# tests/gpu/*.c: the CUDA backend against the CPU reference (test_cuda_ops) and the
-# benchmark harness (bench_cuda). They link only what they use (no HTTP/text libs), so
+# tests/gpu/*.c: the CUDA backend against the CPU reference (test_cuda_ops: the ops;
+# test_cuda_model: the backend as a whole; test_cuda_sample) and the benchmark harnesses. They link only what they use (no HTTP/text libs), so
 # the binaries run on a GPU machine that has just the CUDA driver and libcjson.
 ifeq ($(CUDA),1)
 GPU_SRC := $(sort $(wildcard tests/gpu/*.c))
