@@ -671,7 +671,7 @@ static int fwd_outputs(struct cuda_backend *cb, const cuda_ctx *c, int T, int i0
 
 /* ---- one-token forwards as a CUDA graph (opt-in ORCHID_FORWARD_GRAPH=1, not yet measured)
  * The serving path launches a forward's ~265 kernels one by one: a batch-1 step took 1.94
- * ms so against 1.84 ms replayed as the session decode graph (H200, session 14:
+ * ms that way against 1.84 ms replayed as the session decode graph (H200, session 14:
  * bench_batch_decode T = 1 argmax against the contract), ~5 % of a single stream's rate. A
  * T = 1 forward whose outputs fit one lm_head pass is captured once per (n_split, n_out,
  * argmax, sampling) and replayed: all it reads that changes from step to step — token,
