@@ -52,6 +52,7 @@ struct mc_args {
     float *v;           /* [K + 1][H] each pair's down rows, for the slice's last block */
     int *cnt;           /* [H / MC_ROWS] zeroed counters, reset by each slice's last block */
     float *x;           /* [H] the residual: x += the combined pairs */
+    int trig_late;      /* PDL trigger after the activations (else after the wait): A/B */
 };
 
 /* Shared memory: x staged [H] bf16 + [H/64] sums | 16 gate/up tiles | partials [16][16] |
@@ -116,7 +117,10 @@ static __global__ void __launch_bounds__(256, 2) moe_cluster_kernel(mc_args a) {
         const size_t e = (size_t)a.ids[p];
         issue(e * I, e * H);
     }
-    pdl_trigger();
+    /* The next layer's first projection requests its weights once every block here has
+     * triggered: after the wait they load beside this launch's 14 MB, after the activations
+     * (ORCHID_MOE_CLUSTER_LATE=1) beside the down products only (trap 34: measure both). */
+    if (!a.trig_late) pdl_trigger();
     /* the combine's operands, requested now (the slice's last block reads them) */
     const float x_old = tid < MC_ROWS && b * MC_ROWS + tid < H ? a.x[b * MC_ROWS + tid] : 0.0f;
 
@@ -140,6 +144,7 @@ static __global__ void __launch_bounds__(256, 2) moe_cluster_kernel(mc_args a) {
         act[tid] = row < I ? f2bf(silu(v) * u) : 0;
     }
     cl.sync(); /* every block's activations are in its shared memory */
+    if (a.trig_late) pdl_trigger();
 
     /* (3) the pair's activation row from the cluster, staged as tcv_stage stages it */
     for (int i = tid; i < I; i += blockDim.x) xd[i] = cl.map_shared_rank(act, i / MC_ACT)[i % MC_ACT];
@@ -238,7 +243,8 @@ extern "C" int cuda_tcv_moe_cluster(const struct cuda_ctx *c, const struct cuda_
     if (!cuda_tcv_moe_cluster_ok(gate, up, down, sh_gate, sh_up, sh_down, K))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_cluster: not for %d × %d experts, top-%d", gate->rows,
                       gate->cols, K);
-    const mc_args a = {*gate, *up, *down, *sh_gate, *sh_up, *sh_down, ids, w, seg, xn, K, v, cnt, x};
+    static const bool late = env_flag("ORCHID_MOE_CLUSTER_LATE");
+    const mc_args a = {*gate, *up, *down, *sh_gate, *sh_up, *sh_down, ids, w, seg, xn, K, v, cnt, x, late};
     launch_cfg lc(dim3(MC_C, K + 1), dim3(256), mc_lay(gate->cols, gate->rows).total, cstream(c), true, MC_C);
     LAUNCH_CHECK_RC(c, lc.launch(moe_cluster_kernel, a), "moe_cluster");
 }
