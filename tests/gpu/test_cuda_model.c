@@ -196,6 +196,23 @@ out:
 }
 
 
+/* The test model `shape` (tmodel_open) and a CUDA backend on it; a failure is a failed
+ * check, and nothing is left open. */
+static int open_gpu(const char *shape, struct tmodel *m, struct backend **gpu) {
+    char err[512];
+    *gpu = NULL;
+    if (tmodel_open(m, shape, err, sizeof err)) {
+        CHECK(0, "%s: %s", shape, err);
+        return -1;
+    }
+    if (cuda_backend_create(gpu, &m->cfg, &m->w, err, sizeof err)) {
+        CHECK(0, "%s: backend: %s", shape, err);
+        tmodel_close(m);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- decode batch invariance (issue 6): each of n_seq sequences prefilled alone, then
  * greedy decode steps alone (one token a forward: cuda_tcv.cu's path, norms in the launch
  * tails) and all n_seq together (one token each: the 2..64-token path — skinny or wide
@@ -204,10 +221,9 @@ out:
 static void test_decode_invariance(const char *shape, int n_seq, int n_steps) {
     char err[512];
     struct tmodel m;
-    if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
+    struct backend *gpu;
+    if (open_gpu(shape, &m, &gpu)) return;
     const int V = m.cfg.vocab, cap = 200;
-    struct backend *gpu = NULL;
-    if (cuda_backend_create(&gpu, &m.cfg, &m.w, err, sizeof err)) { CHECK(0, "%s: backend: %s", shape, err); tmodel_close(&m); return; }
     struct backend_session **ss = calloc((size_t)n_seq, sizeof *ss);
     int *plen = malloc((size_t)n_seq * sizeof(int));
     int32_t *prompts = malloc((size_t)n_seq * 64 * 4), *tok = malloc((size_t)n_seq * 4), *pos = malloc((size_t)n_seq * 4);
@@ -298,10 +314,9 @@ static int fg_run(struct backend *gpu, struct backend_session *s, const int32_t 
 static void test_forward_graph(const char *shape, int n_steps) {
     char err[512];
     struct tmodel m;
-    if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
+    struct backend *gpu;
+    if (open_gpu(shape, &m, &gpu)) return;
     const int V = m.cfg.vocab, n_prompt = 100;
-    struct backend *gpu = NULL;
-    if (cuda_backend_create(&gpu, &m.cfg, &m.w, err, sizeof err)) { CHECK(0, "%s: backend: %s", shape, err); tmodel_close(&m); return; }
     int32_t *prompt = malloc((size_t)n_prompt * 4), *ids[2];
     float *lg[2];
     prompt_tokens(prompt, n_prompt, V, 4242u);
@@ -340,11 +355,10 @@ static void test_forward_graph(const char *shape, int n_steps) {
 static void test_prefill_pack_invariance(const char *shape, int n_seq) {
     char err[512];
     struct tmodel m;
-    if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
+    struct backend *gpu;
+    if (open_gpu(shape, &m, &gpu)) return;
     enum { C1 = 100, PMAX = 200 };
     const int V = m.cfg.vocab;
-    struct backend *gpu = NULL;
-    if (cuda_backend_create(&gpu, &m.cfg, &m.w, err, sizeof err)) { CHECK(0, "%s: backend: %s", shape, err); tmodel_close(&m); return; }
     struct backend_session **ss = calloc((size_t)n_seq, sizeof *ss);
     int *plen = malloc((size_t)n_seq * sizeof(int));
     int32_t *prompts = malloc((size_t)n_seq * PMAX * 4);
@@ -420,10 +434,9 @@ static void test_state_transfer(const char *shape, int async_save) {
     char err[512];
     cuda_backend_force_async_save(async_save); /* the saves queued beside the stream, or not: the same restores */
     struct tmodel m;
-    if (tmodel_open(&m, shape, err, sizeof err)) { CHECK(0, "%s: %s", shape, err); return; }
+    struct backend *gpu;
+    if (open_gpu(shape, &m, &gpu)) return;
     const int V = m.cfg.vocab, cap = 128, n1 = 37, n2 = 9, n_greedy = 8;
-    struct backend *gpu = NULL;
-    if (cuda_backend_create(&gpu, &m.cfg, &m.w, err, sizeof err)) { CHECK(0, "%s: backend: %s", shape, err); tmodel_close(&m); return; }
     CHECK(gpu->state_bytes && gpu->state_save && gpu->state_load && gpu->kv_bytes_per_token && gpu->kv_save && gpu->kv_load,
           "%s: cuda backend lacks state-transfer hooks", shape);
     struct backend_session *sa = NULL, *sb = NULL;
