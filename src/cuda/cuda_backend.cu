@@ -688,9 +688,10 @@ static bool fwd_graph_on(void) {
     static const bool env = env_flag("ORCHID_FORWARD_GRAPH");
     return fg_forced >= 0 ? fg_forced > 0 : env;
 }
+/* n_split (split_for's, so ≤ the cap) rounded up to FG_SPLIT_ROUND, at most the cap */
 static int fg_split(const struct cuda_backend *cb, int n_split) {
     const int cap = split_for(cb, 1 << 30), r = (n_split + FG_SPLIT_ROUND - 1) / FG_SPLIT_ROUND * FG_SPLIT_ROUND;
-    return r < cap ? r : cap > n_split ? cap : n_split;
+    return r < cap ? r : cap;
 }
 
 /* The forward of m (T = 1) with its n_out ≤ 1 outputs from the graph, captured first when

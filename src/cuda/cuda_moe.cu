@@ -143,16 +143,6 @@ __device__ __forceinline__ void rt_cas(float (&v)[8], int (&e)[8], int a, int b)
     }
 }
 
-/* Top-k of one token's E ≤ 256 logits by one warp (CG: read through L2, for data other
- * blocks wrote): ids in descending logit order (ties: lower expert), w = softmax over all
- * E (renorm: divided by the sum of the chosen K, summed in rank order). Lane l holds
- * experts l + 32i sorted once (19-comparator network), so each of the K rounds is one
- * warp arg-max of the lanes' heads (two redux instructions on order-preserving keys) and
- * a shift in the winning lane; the probabilities are computed after the rounds, one per
- * lane. (An earlier form rescanned all 8 values, ran a 5-step shuffle arg-max and divided
- * inside every round: one warp's serial chain, 4.9 µs of the router's tail on the H200 —
- * the same results, bit for bit.) Sum of exponentials: each lane's 8 in order, then the
- * butterfly. */
 /* The maximum and the sum of exponentials of one token's E ≤ 256 logits, lane l holding
  * v[i] = logit l + 32i (−inf past E): each lane's 8 in order, then the butterfly. Both top-k
  * forms take them from here, so their weights agree bit for bit. */
@@ -181,6 +171,15 @@ __device__ __forceinline__ void topk_write(int id, float v, float mx, float sum,
     }
 }
 
+/* Top-k of one token's E ≤ 256 logits by one warp (CG: read through L2, for data other
+ * blocks wrote): ids in descending logit order (ties: lower expert), w = softmax over all
+ * E (renorm: divided by the sum of the chosen K, summed in rank order). Lane l holds
+ * experts l + 32i sorted once (19-comparator network), so each of the K rounds is one
+ * warp arg-max of the lanes' heads (two redux instructions on order-preserving keys) and
+ * a shift in the winning lane; the probabilities are computed after the rounds, one per
+ * lane. (An earlier form rescanned all 8 values, ran a 5-step shuffle arg-max and divided
+ * inside every round: one warp's serial chain, 4.9 µs of the router's tail on the H200 —
+ * the same results, bit for bit.) The softmax statistics: topk_max_sum. */
 template <bool CG>
 __device__ __forceinline__ void topk_token_t(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
     float v[8];
