@@ -25,18 +25,24 @@ static __global__ void attn_prep_kernel(float *qg, const float *k, const float *
     const bool is_q = h < n_heads;
     /* PDL: the norm gain and the rotary frequency need nothing an earlier kernel wrote */
     const float gain = is_q ? q_norm[d] : k_norm[d];
-    const float inv_freq = attn_inv_freq(d, rot, theta);
+    const int half = rot / 2;
+    const float inv_freq = d < rot ? powf(theta, -2.0f * (float)(d % half) / (float)rot) : 0.0f;
     pdl_wait();
     float *src = is_q ? qg + (size_t)t * 2 * n_heads * D + (size_t)h * 2 * D
                       : const_cast<float *>(k) + (size_t)t * kvh * D + (size_t)(h - n_heads) * D;
     const float x = src[d];
     const float ss = block_sum(x * x, sh);
-    const float y = attn_norm_val(x, ss, D, eps, gain);
+    const float y = x * rsqrtf(ss / (float)D + eps) * gain;
     vals[d] = y;
     __syncthreads();
-    const int p = pos[t], half = rot / 2;
-    const float partner = d < rot ? vals[d < half ? d + half : d - half] : 0.0f;
-    const float o = attn_rope(y, partner, d, rot, p, inv_freq);
+    float o = y;
+    const int p = pos[t];
+    if (d < rot) {
+        const float ang = (float)p * inv_freq;
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        o = d < half ? y * cs - vals[d + half] * sn : y * cs + vals[d - half] * sn;
+    }
     if (is_q) {
         src[d] = o;
     } else {

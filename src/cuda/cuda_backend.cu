@@ -98,10 +98,6 @@ struct cuda_backend {
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
-    struct cuda_saver *saver; /* checkpoint saves beside the decode stream (async_save_on; NULL: none yet) */
-    bool saver_failed;        /* its staging could not be had: saves stay synchronous */
-    float *moe_v;  /* [K + 1][H] the cluster MoE's pair rows (cuda_tcv_moe_cluster) */
-    int *moe_cnt;  /* [64] its slice counters, zeroed */
     cudaGraphExec_t fg; /* the one-token forward's graph (fwd_graph; NULL: none captured) */
     int fg_key[4];      /* what it was captured for: n_split, n_out, argmax, sampling */
     int *counters; /* [16] zeroed: last-block counters of the fused decode launches: [0] post-norm
@@ -363,19 +359,12 @@ static int trace_write(struct cuda_backend *cb, char *err, size_t errlen) {
 /* ---- one layer over a batch ---- */
 
 /* A full-attention layer's attention from the q/k/v projections (cb->proj, kb, vb) to
- * o_proj's bf16 input (cb->ybf): a decode batch (one token a sequence) in one launch where
- * the fused form serves it (cuda_attention_fused: ORCHID_ATTN_FUSED=1), else the q/k
- * preparation with the cache write, the split attention and its combine. */
+ * o_proj's bf16 input (cb->ybf): the q/k preparation with the cache write, the split
+ * attention and its combine. */
 static int attention(struct cuda_backend *cb, const dlayer *d, const dmeta &m, const cuda_ctx *c) {
     const struct model_config *cf = cb->cfg;
     const int T = m.T;
     int rc;
-    if (T == m.n_seqs && cuda_attention_fused_ok(T, m.n_tiles, m.n_split, cb->nh, cb->kvh, cb->D)) {
-        P("attn_fused", cuda_attention_fused(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.seqs, m.tiles,
-                                             m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh, cb->D, cf->rotary_dim,
-                                             cf->rope_theta, cf->rms_eps, cb->ybf));
-        return 0;
-    }
     P("attn_prep", cuda_attn_prep(c, cb->proj, cb->kb, cb->vb, d->q_norm, d->k_norm, m.pos, m.tok_seq, m.seqs, d->ord, T,
                                   cb->nh, cb->kvh, cb->D, cf->rotary_dim, cf->rope_theta, cf->rms_eps));
     P("attention", cuda_attention(c, cb->proj, m.pos, m.seqs, m.tiles, m.n_tiles, m.n_split, d->ord, T, cb->nh, cb->kvh,
@@ -414,15 +403,6 @@ static int scan_pdl(void) {
 static bool in_norm_src(const struct cuda_backend *cb, int l, int T) {
     if (l <= 0 || l >= cb->cfg->n_layers || !norm_src_on(cb) || !tcv_layer(cb, l - 1, T) || !tcv_layer(cb, l, T)) return false;
     return cb->L[l].kind != LAYER_LINEAR || cb->cfg->conv_kernel - 1 <= CUDA_TCV_CONV_MAX;
-}
-
-/* One token: the decode step's final RMSNorm by the last layer's down-pairs launch (its last
- * block, the tail's order: rmsnorm_kernel's bits) into cb->xo, instead of a one-block launch
- * of its own between that launch and the lm_head (~9 µs of the step, H200 trace, session
- * 13). Opt-in (ORCHID_FINAL_TAIL=1) until measured; the callers then skip their final norm. */
-static bool final_tail_on(const struct cuda_backend *cb, int T) {
-    static const bool on = env_flag("ORCHID_FINAL_TAIL");
-    return on && tcv_layer(cb, cb->cfg->n_layers - 1, T);
 }
 
 /* 2..64 tokens: layer l's input norm is computed by layer l - 1's MoE combine
@@ -510,25 +490,17 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const int ld_act = d->gate.rows > d->sh_gate.rows ? d->gate.rows : d->sh_gate.rows; /* the pair kernels' layout */
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
-        const cuda_tail_norm fin = {cb->counters + 2, cb->final_norm, cf->rms_eps, cb->xo, NULL}; /* final_tail_on */
         if (post_src)
             P("router+topk", cuda_moe_router_topk_norm(c, &d->router, &d->sh_eg, &post_ns, cb->rlog, cb->seg, K,
                                                        cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
         else
             P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                                   cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
-        const cuda_tail_norm *down_tail = last ? (final_tail_on(cb, T) ? &fin : NULL) : in_norm_src(cb, l + 1, T) ? NULL : &next;
-        if (tcv && !down_tail &&
-            cuda_tcv_moe_cluster_ok(&d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down, K)) {
-            P("moe_cluster", cuda_tcv_moe_cluster(c, &d->gate, &d->up, &d->down, &d->sh_gate, &d->sh_up, &d->sh_down, cb->ids,
-                                                  cb->mw, cb->seg, cb->xn, K, cb->moe_v, cb->moe_cnt, cb->x));
-            return 0;
-        }
         if (tcv) {
             P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
                                                         cb->act, ld_act));
             P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, cb->act, ld_act,
-                                                         K, cb->x, down_tail));
+                                                         K, cb->x, last || in_norm_src(cb, l + 1, T) ? NULL : &next));
             return 0;
         }
         P("moe_gateup_pairs", cuda_moe_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, H, T, K, cb->act));
@@ -651,13 +623,12 @@ static int split_for(const struct cuda_backend *cb, int kv_len) {
 static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 /* One lm_head pass of a forward: rows [i0, i0 + n) of the outputs (d_or: their token rows)
- * normalised (unless the last layer's tail did it: final_tail_on), their logits, and with
+ * normalised, their logits, and with
  * argmax their ids, with smp (the sampled rows' requests) their drawn tokens over them. */
 static int fwd_outputs(struct cuda_backend *cb, const cuda_ctx *c, int T, int i0, int n, const int32_t *d_or, bool argmax,
                        const struct row_sampling *smp) {
     int rc;
-    if (!final_tail_on(cb, T) && (rc = cuda_rmsnorm(c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo)))
-        return rc;
+    if ((rc = cuda_rmsnorm(c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo))) return rc;
     if ((rc = cuda_qmatmul(c, &cb->lm_head, 0, cb->xo, n, cb->H, cb->logits, cb->V, 0))) return rc;
     prof_mark(cb, "lm_head");
     /* argmax on the device (sampler_argmax's rule): only ids cross PCIe for rows whose
@@ -669,10 +640,11 @@ static int fwd_outputs(struct cuda_backend *cb, const cuda_ctx *c, int T, int i0
     return 0;
 }
 
-/* ---- one-token forwards as a CUDA graph (opt-in ORCHID_FORWARD_GRAPH=1, not yet measured)
+/* ---- one-token forwards as a CUDA graph (ORCHID_NO_FORWARD_GRAPH=1: launched one by one)
  * The serving path launches a forward's ~265 kernels one by one: a batch-1 step took 1.94
  * ms that way against 1.84 ms replayed as the session decode graph (H200, session 14:
- * bench_batch_decode T = 1 argmax against the contract), ~5 % of a single stream's rate. A
+ * bench_batch_decode T = 1 argmax against the contract), ~5 % of a single stream's rate
+ * (session 16, serve_load 1 stream 512 × 256 greedy: 505 → 540 tok/s with the graph). A
  * T = 1 forward whose outputs fit one lm_head pass is captured once per (n_split, n_out,
  * argmax, sampling) and replayed: all it reads that changes from step to step — token,
  * position, the session's buffers, the output row, a sampling request — is the metadata
@@ -685,8 +657,8 @@ static int fwd_outputs(struct cuda_backend *cb, const cuda_ctx *c, int T, int i0
 static int fg_forced = -1; /* tests: 1 / 0 force it on / off; -1: the environment */
 extern "C" void cuda_backend_force_forward_graph(int on) { fg_forced = on < 0 ? -1 : on ? 1 : 0; }
 static bool fwd_graph_on(void) {
-    static const bool env = env_flag("ORCHID_FORWARD_GRAPH");
-    return fg_forced >= 0 ? fg_forced > 0 : env;
+    static const bool off = env_flag("ORCHID_NO_FORWARD_GRAPH");
+    return fg_forced >= 0 ? fg_forced > 0 : !off;
 }
 /* n_split (split_for's, so ≤ the cap) rounded up to FG_SPLIT_ROUND, at most the cap */
 static int fg_split(const struct cuda_backend *cb, int n_split) {
@@ -701,7 +673,6 @@ static int fwd_graph(struct cuda_backend *cb, const dmeta &m, int n_out, bool ar
     const int key[4] = {m.n_split, n_out, argmax, smp != NULL};
     if (!cb->fg || memcmp(key, cb->fg_key, sizeof key)) {
         if (cb->fg) cudaGraphExecDestroy(cb->fg);
-    cuda_saver_destroy(cb->saver);
         cb->fg = NULL;
         CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), c->err, c->errlen, "forward graph");
         int rc = run_layers(cb, m, c);
@@ -873,7 +844,7 @@ static int capture_decode(struct cuda_backend *cb, struct backend_session *s, ch
     cb->prof_n = 0;
     CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), err, errlen, "decode graph");
     int rc = run_layers(cb, m, &c);
-    if (!rc && !final_tail_on(cb, 1)) rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, 1, cb->H, cb->cfg->rms_eps, NULL, cb->xo);
+    if (!rc) rc = cuda_rmsnorm(&c, cb->x, cb->final_norm, 1, cb->H, cb->cfg->rms_eps, NULL, cb->xo);
     if (!rc) rc = cuda_qmatmul(&c, &cb->lm_head, 0, cb->xo, 1, cb->H, cb->logits, cb->V, 0);
     if (!rc) rc = cuda_argmax(&c, cb->logits, 1, cb->V, s->d_dec, cb->amax_scratch);
     if (!rc) rc = cuda_decode_advance(&c, s->d_dec + 1, s->d_dec + 2, s->d_dec, s->d_out_ids);
@@ -1024,57 +995,9 @@ static size_t cuda_state_bytes(struct backend *base) {
     return conv_bytes(cb) + gdn_bytes(cb);
 }
 
-/* ---- checkpoint saves beside the decode stream (cuda_save.cu; opt-in ORCHID_ASYNC_SAVE=1,
- * not yet measured): a save snapshots on the stream and copies to host on another; every
- * load and every free of pinned memory first waits for the queued copies. The staging ring
- * is made at the first save (the sessions exist by then): a sixteenth of the free device
- * memory, at most 4 GB, at least two states (73 MB each for the real model). ---- */
-static int async_forced = -1; /* tests: 1 / 0; -1: the environment */
-extern "C" void cuda_backend_force_async_save(int on) { async_forced = on < 0 ? -1 : on ? 1 : 0; }
-static bool async_save_on(void) {
-    static const bool env = env_flag("ORCHID_ASYNC_SAVE");
-    return async_forced >= 0 ? async_forced > 0 : env;
-}
-static struct cuda_saver *saver_get(struct cuda_backend *cb) {
-    if (!async_save_on() || cb->saver_failed) return NULL;
-    if (!cb->saver) {
-        size_t free_b = 0, total = 0;
-        if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) cudaGetLastError();
-        const size_t two = 2 * (conv_bytes(cb) + gdn_bytes(cb)) + (1u << 20);
-        size_t want = free_b / 16 < ((size_t)4 << 30) ? free_b / 16 : (size_t)4 << 30;
-        if (want < two) want = two;
-        char e[256];
-        if (want > free_b / 2 || cuda_saver_create(&cb->saver, want, e, sizeof e)) {
-            cb->saver_failed = true;
-            fprintf(stderr, "orchid: cuda: checkpoint saves stay synchronous (no %zu MB of staging)\n", want >> 20);
-            return NULL;
-        }
-    }
-    return cb->saver;
-}
-/* A save of height rows of width bytes (pitch apart) at dev to host: queued beside the
- * stream (1) or not (0: the caller copies synchronously), or an error (< 0). */
-static int save_async(struct cuda_backend *cb, void *host, const void *dev, size_t width, size_t height, size_t pitch,
-                      char *err, size_t errlen) {
-    struct cuda_saver *sv = saver_get(cb);
-    if (!sv) return 0;
-    const int rc = cuda_saver_copy(sv, (cuda_stream_t)cb->stream, host, dev, width, height, pitch, err, errlen);
-    return rc < 0 ? rc : rc == 0 ? 1 : 0;
-}
-
 static int state_copy(struct cuda_backend *cb, struct backend_session *s, char *host, bool save, char *err, size_t errlen) {
     const size_t cv = conv_bytes(cb), st = gdn_bytes(cb);
     const char *what = save ? "cuda state save" : "cuda state load";
-    int rc;
-    if (save && async_save_on()) {
-        const int a = save_async(cb, host, s->conv, cv, 1, cv, err, errlen);
-        const int b = a < 0 ? a : save_async(cb, host + cv, s->state, st, 1, st, err, errlen);
-        if (a < 0 || b < 0) return a < 0 ? a : b;
-        if (a && b) return 0;
-        /* one part did not fit the staging: both synchronously, after the queued one landed */
-        if ((a || b) && (rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
-    }
-    if (!save && (rc = cuda_saver_drain(cb->saver, err, errlen))) return rc; /* a queued save may be what is loaded */
     if (save) {
         CUDA_TRY(cudaMemcpyAsync(host, s->conv, cv, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
         CUDA_TRY(cudaMemcpyAsync(host + cv, s->state, st, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
@@ -1109,12 +1032,6 @@ static int kv_copy(struct cuda_backend *cb, struct backend_session *s, int pos0,
     const size_t height = (size_t)cb->n_attn * 2 * cb->kvh;
     char *dev = (char *)s->kv + (size_t)pos0 * row;
     const char *what = save ? "cuda kv save" : "cuda kv load";
-    int rc;
-    if (save && async_save_on()) {
-        if ((rc = save_async(cb, host, dev, width, height, pitch, err, errlen)) < 0) return rc;
-        if (rc) return 0;
-    }
-    if (!save && (rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
     if (save)
         CUDA_TRY(cudaMemcpy2DAsync(host, width, dev, pitch, width, height, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
     else
@@ -1140,7 +1057,7 @@ static void cuda_destroy(struct backend *base) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     void *bufs[] = {cb->warena, cb->d_meta, cb->x, cb->xn32, cb->xlo, cb->proj, cb->zb, cb->kb, cb->vb, cb->gab, cb->conv_out, cb->y,
                     cb->rlog, cb->seg, cb->mw, cb->ed, cb->sd, cb->part, cb->logits, cb->xn, cb->ybf, cb->act, cb->sact,
-                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters, cb->moe_v, cb->moe_cnt,
+                    cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters,
                     cb->gdn_qk, cb->gdn_gates};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     if (cb->fg) cudaGraphExecDestroy(cb->fg);
@@ -1182,9 +1099,7 @@ static void *cuda_host_alloc(struct backend *base, size_t bytes) {
 }
 
 static void cuda_host_free(struct backend *base, void *p) {
-    struct cuda_backend *cb = (struct cuda_backend *)base;
-    char err[64];
-    cuda_saver_drain(cb->saver, err, sizeof err); /* a queued save may still be writing into p */
+    (void)base;
     cudaFreeHost(p);
 }
 
@@ -1293,7 +1208,6 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     FAIL(cuda_gemm_init(err, errlen));
     FAIL(cuda_skinny_init(err, errlen));
     FAIL(cuda_moe_init(err, errlen));
-    FAIL(cuda_tcv_moe_cluster_init(c->hidden, c->moe_inter, err, errlen));
     FAIL(cuda_gdn_prefill_init(err, errlen));
     const char *pe = getenv("ORCHID_CUDA_PROFILE");
     if (pe && atoi(pe)) FAIL(cuda_backend_set_profile(&cb->base, 1, err, errlen));
@@ -1368,10 +1282,6 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     FAIL(cuda_malloc((void **)&cb->counters, 64, "counters", err, errlen));
     if ((e = cudaMemset(cb->counters, 0, 64)) != cudaSuccess)
         FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: counters: %s", cudaGetErrorString(e)));
-    FAIL(cuda_malloc((void **)&cb->moe_v, (size_t)(K + 1) * H * 4, "moe pair rows", err, errlen));
-    FAIL(cuda_malloc((void **)&cb->moe_cnt, 64 * 4, "moe counters", err, errlen));
-    if ((e = cudaMemset(cb->moe_cnt, 0, 64 * 4)) != cudaSuccess)
-        FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: moe counters: %s", cudaGetErrorString(e)));
     const int max_tiles = (int)((T * K + 63) / 64) + cb->E;
     const size_t rwords = (size_t)(cb->E + 1) * 2 + cb->E + 2 * T * K + (size_t)max_tiles * 3 + 1;
     int32_t *rb;

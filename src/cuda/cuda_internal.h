@@ -231,17 +231,6 @@ static inline cudaError_t persistent_grid(void (*kern)(KArgs...), int threads, s
     return e;
 }
 
-/* Checkpoint saves beside the decode stream (cuda_save.cu): a device staging ring of `bytes`
- * and a copy stream. cuda_saver_copy snapshots height rows of width bytes (pitch apart) on
- * `stream` and copies them to host (packed) on the copy stream: 0 queued, 1 too large (copy
- * synchronously instead), < 0 error. cuda_saver_drain: every queued copy has landed. */
-struct cuda_saver;
-extern "C" int cuda_saver_create(struct cuda_saver **out, size_t bytes, char *err, size_t errlen);
-extern "C" void cuda_saver_destroy(struct cuda_saver *s);
-extern "C" int cuda_saver_copy(struct cuda_saver *s, cuda_stream_t stream, void *host, const void *dev, size_t width,
-                               size_t height, size_t pitch, char *err, size_t errlen);
-extern "C" int cuda_saver_drain(struct cuda_saver *s, char *err, size_t errlen);
-
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
  * ORCHID_NO_TCV, ORCHID_NO_WIDE, ORCHID_SW_NOSPLIT, ORCHID_SK_NOPDL). */
 inline bool env_flag(const char *name) {
@@ -276,16 +265,6 @@ struct launch_cfg {
         cfg.numAttrs = n;
     }
     launch_cfg(const launch_cfg &) = delete;
-    /* clusters of this configuration the device can hold at once (0 also when the query fails) */
-    template <typename... KArgs>
-    int max_active_clusters(void (*kern)(KArgs...)) {
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
-            cudaGetLastError();
-            return 0;
-        }
-        return n;
-    }
     /* Returns the launch's error (check with LAUNCH_TRY / LAUNCH_CHECK_RC). */
     template <typename... KArgs, typename... Args>
     cudaError_t launch(void (*kern)(KArgs...), Args &&...args) {
@@ -340,45 +319,6 @@ __device__ __forceinline__ float block_sum(float v, float *sh32) {
     __syncthreads();
     float t = l < nw ? sh32[l] : 0.0f;
     return warp_sum(t);
-}
-
-/* ---- attention's per-head q/k preparation: RMSNorm, then NeoX RoPE on the first rot dims.
- * attn_prep_kernel (cuda_attn.cu) and the fused decode attention (cuda_flash.cu) both go
- * through these, so a prepared value is the same bits in either form. ---- */
-/* ss: Σ x² of the head in block_sum's order over D lanes (warp_sumsq_blockorder below). */
-__device__ __forceinline__ float attn_norm_val(float x, float ss, int D, float eps, float gain) {
-    return x * rsqrtf(ss / (float)D + eps) * gain;
-}
-/* The rotary inverse frequency of dim d (0 past the rotated dims). */
-__device__ __forceinline__ float attn_inv_freq(int d, int rot, float theta) {
-    const int half = rot / 2;
-    return d < rot ? powf(theta, -2.0f * (float)(d % half) / (float)rot) : 0.0f;
-}
-/* Normalised value y of dim d at position p after the rotation; partner = the normalised
- * value of dim d + rot/2 (d < rot/2) or d − rot/2 (unused past rot). The roundings are
- * spelled out: y·cs rounded, then ∓partner·sn added by one fma — what the H200 code of the
- * plain `y * cs ∓ partner * sn` in attn_prep_kernel was (SASS; ptxas fused the difference
- * too), the cache's bits since session 1; inlined elsewhere nvcc may contract otherwise. */
-__device__ __forceinline__ float attn_rope(float y, float partner, int d, int rot, int p, float inv_freq) {
-    if (d >= rot) return y;
-    float sn, cs;
-    sincosf((float)p * inv_freq, &sn, &cs);
-    return __fmaf_rn(d < rot / 2 ? -partner : partner, sn, __fmul_rn(y, cs));
-}
-/* block_sum(x²) of a block of 32·NW threads holding x[32·i + lane] in warp i, computed by
- * one warp holding those values in xs[i]: each warp's sum by the same xor tree, then lanes
- * 0..NW−1 summed as block_sum's second warp_sum does — the same bits. */
-template <int NW>
-__device__ __forceinline__ float warp_sumsq_blockorder(const float (&xs)[NW]) {
-    static_assert(NW >= 1 && NW <= 32, "a block of 32..1,024 threads");
-    const int lane = threadIdx.x & 31;
-    float mine = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NW; i++) {
-        const float s = warp_sum(xs[i] * xs[i]);
-        if (lane == i) mine = s;
-    }
-    return warp_sum(mine);
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }

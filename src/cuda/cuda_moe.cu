@@ -7,11 +7,7 @@
 #include <limits.h>
 #include <math.h>
 
-#include <cooperative_groups.h>
-
 #include "cuda/cuda_internal.h"
-
-namespace cg = cooperative_groups;
 
 /* PDL (every kernel here triggers at its start, except the router: after its rows): the
  * router and the shared expert's gate/up rows issue their first weight loads before
@@ -360,21 +356,13 @@ static int topk_block_on(void) {
  * residual by every block into shared memory (one token, RT_NORM: cuda_norm_src, no tail
  * before it). The one-token launches keep their own instances: a kernel carrying both
  * forms measured −1 % on batch-1 decode. */
-/* RT_NORM_CL: the norm form as one thread-block cluster (opt-in ORCHID_ROUTER_CLUSTER=1,
- * not yet measured): blocks of blockDim/32 rows, each warp's logit also stored into block
- * 0's shared memory, then one cluster barrier and block 0's top-k over those — no counter
- * atomic, fence and L2 reads of the logits by a last block. The same rows by the same warp
- * code and the same top-k: the same bits. */
-enum { RT_PLAIN = 0, RT_STAGED = 1, RT_NORM = 2, RT_NORM_CL = 3 };
-#define RT_CL_MAX_THREADS 768 /* 24 rows a block at most (11 blocks) */
+enum { RT_PLAIN = 0, RT_STAGED = 1, RT_NORM = 2 };
 template <int MODE>
-static __global__ void __launch_bounds__(MODE == RT_NORM_CL ? RT_CL_MAX_THREADS : 256)
-    router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T, float *logits, int ld, float *seg,
-                  topk_tail tk, cuda_norm_src ns) {
+static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T,
+                                                            float *logits, int ld, float *seg, topk_tail tk, cuda_norm_src ns) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) float rt_xs[];
-    const int rows_a_block = MODE == RT_NORM_CL ? (int)(blockDim.x >> 5) : 8;
-    const int row = blockIdx.x * rows_a_block + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const int E = router.rows;
     const int t0 = blockIdx.y * RT_TOK, nt = min(RT_TOK, T - t0);
     if (MODE == RT_STAGED) { /* every thread: wait, then copy the row of blocks' tokens */
@@ -402,7 +390,7 @@ static __global__ void __launch_bounds__(MODE == RT_NORM_CL ? RT_CL_MAX_THREADS 
     float acc[RT_TOK];
 #pragma unroll
     for (int t = 0; t < RT_TOK; t++) acc[t] = 0.0f;
-    if (MODE == RT_NORM || MODE == RT_NORM_CL) { /* weights first, then every thread stages the normalised row */
+    if (MODE == RT_NORM) { /* weights first, then every thread stages the normalised row */
         rt_regs rr;
         if (row <= E) {
             if (m.bits == 4) rt_round<4>(m, r, lane, true, rr);
@@ -423,30 +411,6 @@ static __global__ void __launch_bounds__(MODE == RT_NORM_CL ? RT_CL_MAX_THREADS 
         else router_row<8>(m, r, x, ldx, t0, nt, acc, lane, xs);
     } else if (MODE == RT_PLAIN) {
         pdl_wait();
-    }
-    if constexpr (MODE == RT_NORM_CL) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        __shared__ float rt_lg[256]; /* block 0's: every expert's logit, stored by its warp */
-        __shared__ topk_scratch rt_tks;
-        cg::cluster_group cl = cg::this_cluster();
-        if (row <= E) {
-            const float v = warp_sum(acc[0]);
-            if (lane == 0) {
-                if (row < E) {
-                    logits[row] = v;
-                    *cl.map_shared_rank(rt_lg + row, 0) = v;
-                } else {
-                    seg[0] = v;
-                }
-            }
-        }
-        pdl_trigger(); /* as below: the pairs launch is scheduled during the top-k */
-        cl.sync();     /* block 0 holds every logit */
-        if (cl.block_rank() == 0) topk_block<false>(rt_lg, E, tk.K, tk.renorm, tk.ids, tk.w, rt_tks);
-#else
-        __trap(); /* never launched: rt_cluster is 0 before sm_90 */
-#endif
-        return;
     }
     if (row <= E) {
 #pragma unroll
@@ -487,16 +451,6 @@ static size_t rt_smem(const struct cuda_qmat *router, const struct cuda_qmat *sh
     return (size_t)RT_TOK * rt_xstride(router->cols) * 4;
 }
 
-/* The cluster form's blocks (0: off — not asked for, before sm_90, or no cluster of that
- * many 1-block-an-SM blocks fits): set by cuda_moe_init. */
-static int rt_cluster = 0;
-/* rows (warps) a block: E + 1 over C blocks, at least 8 (the norm sums on 256 lanes: fewer
- * would give other bits) */
-static int rt_cluster_rows(int C, int E) {
-    const int r = (E + 1 + C - 1) / C;
-    return r > 8 ? r : 8;
-}
-
 /* One router launch: staged when rt_smem gives it bytes; ns: the norm form (T = 1). */
 static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, const float *x,
                      int ldx, int T, float *logits, int ld, float *seg, const topk_tail &tk, const char *what,
@@ -504,12 +458,6 @@ static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, c
     const dim3 grid((router->rows + 1 + 7) / 8, (T + RT_TOK - 1) / RT_TOK);
     cuda_norm_src none;
     memset(&none, 0, sizeof none);
-    if (ns && rt_cluster && tk.counter && tk.block && router->rows <= 256 &&
-        32 * rt_cluster_rows(rt_cluster, router->rows) <= RT_CL_MAX_THREADS) {
-        launch_cfg cl(dim3(rt_cluster), dim3(32 * rt_cluster_rows(rt_cluster, router->rows)),
-                      (size_t)rt_xstride(router->cols) * 4, cstream(c), true, rt_cluster);
-        LAUNCH_CHECK_RC(c, cl.launch(router_kernel<RT_NORM_CL>, *router, *sh_gate, x, ldx, T, logits, ld, seg, tk, *ns), what);
-    }
     if (ns)
         LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_NORM>, grid, dim3(256), (size_t)rt_xstride(router->cols) * 4, cstream(c),
                                     *router, *sh_gate, x, ldx, T, logits, ld, seg, tk, *ns),
@@ -524,37 +472,11 @@ static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, c
                     what);
 }
 
-/* Whether `C` blocks of the cluster form (rows of E + 1, K = 2,048 columns: the model's) can
- * be resident as one cluster; failures only leave the form off. */
-static bool rt_cluster_fits(int C, int E, int H) {
-    launch_cfg cl(dim3(C), dim3(32 * rt_cluster_rows(C, E)), (size_t)rt_xstride(H) * 4, 0, false, C);
-    return cl.max_active_clusters(router_kernel<RT_NORM_CL>) > 0;
-}
-
-/* The cluster form's blocks on this device (16 of 17 rows for the model's 256 experts + the
- * shared gate, else 11 of 24; 0 before sm_90 or when neither fits). */
-static int rt_cluster_setup(void) {
-    cuda_caps caps;
-    if (device_caps(&caps) != cudaSuccess || caps.major < 9) return 0;
-    if (cudaFuncSetAttribute(router_kernel<RT_NORM_CL>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    for (int C : {16, 11})
-        if (rt_cluster_fits(C, 256, 2048)) return C;
-    return 0;
-}
-
 extern "C" int cuda_moe_init(char *err, size_t errlen) {
     const cudaError_t e = cudaFuncSetAttribute(router_kernel<RT_STAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "moe: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
-    rt_cluster = env_flag("ORCHID_ROUTER_CLUSTER") ? rt_cluster_setup() : 0;
     return 0;
 }
-
-/* Tests: the cluster form on (where the device fits it) or off. */
-extern "C" void cuda_moe_force_router_cluster(int on) { rt_cluster = on ? rt_cluster_setup() : 0; }
-extern "C" int cuda_moe_router_cluster(void) { return rt_cluster; }
 
 extern "C" int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                                const float *x, int ldx, int T, float *logits, int ld, float *seg) {

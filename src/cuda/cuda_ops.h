@@ -170,16 +170,6 @@ int cuda_flash_init(int head_dim, char *err, size_t errlen);
 int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                          const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
                          int kv_heads, int D, float *part, int *launched);
-/* A decode step's whole attention in one launch (cuda_flash.cu, sm_90 thread-block
- * clusters): cuda_attn_prep + cuda_attention's bits for T one-token tiles, from the raw q
- * (qg is not modified), k and v; writes the new K/V rows and out. _ok says whether it
- * serves the shape (on with ORCHID_ATTN_FUSED=1 or forced by the tests; -1 = not forced). */
-int cuda_attention_fused_ok(int T, int n_tiles, int n_split, int n_heads, int kv_heads, int D);
-int cuda_attention_fused(const struct cuda_ctx *c, const float *qg, const float *k, const float *v, const float *q_norm,
-                         const float *k_norm, const int32_t *pos, const struct cuda_seq *seqs,
-                         const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int T, int n_heads,
-                         int kv_heads, int D, int rot, float theta, float eps, uint16_t *out);
-void cuda_attn_force_fused(int on);
 
 /* ---- Gated DeltaNet (cuda_gdn.cu) ---- */
 /* Causal depthwise conv + SiLU over the batch (reads/updates each session's conv state). */
@@ -277,10 +267,6 @@ int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const float *u, s
 int cuda_skinny_init(char *err, size_t errlen);
 /* The router's shared-memory opt-in (batches of several tokens stage their rows). */
 int cuda_moe_init(char *err, size_t errlen);
-/* The one-token router's cluster form (ORCHID_ROUTER_CLUSTER=1; tests force it on or off):
- * its blocks, 0 when off or the device cannot hold it. */
-void cuda_moe_force_router_cluster(int on);
-int cuda_moe_router_cluster(void);
 int cuda_skinny_supported(const struct cuda_qmat *m); /* 4-bit, columns a multiple of 64 */
 /* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T (1..64) */
 int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
@@ -381,26 +367,8 @@ int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, 
                         float *x, const struct cuda_tail_norm *tail);
 
 /* Tests: one-token forwards from a CUDA graph (1), launched one by one (0), or as
- * ORCHID_FORWARD_GRAPH says (-1). cuda_backend.cu. */
+ * ORCHID_NO_FORWARD_GRAPH says (-1: on unless set). cuda_backend.cu. */
 void cuda_backend_force_forward_graph(int on);
-/* Tests: checkpoint saves queued beside the stream (1), synchronous (0), or as
- * ORCHID_ASYNC_SAVE says (-1). cuda_backend.cu, cuda_save.cu. */
-void cuda_backend_force_async_save(int on);
-
-/* The same pairs in one launch of thread-block clusters, one a pair (cuda_tcv_moe_cluster.cu,
- * sm_90): x += the pairs, the bits of cuda_tcv_gateup_pairs + cuda_tcv_down_pairs without a
- * tail; v: [K + 1][H] floats of scratch, cnt: [H / 128] zeroed ints (left zeroed). _ok: on
- * (ORCHID_MOE_CLUSTER=1 or forced by the tests; -1: not forced) and the shapes served
- * (hidden 2,048, experts of 512, K + 1 ≤ 16); _init once per process (outside captures). */
-int cuda_tcv_moe_cluster_init(int H, int I, char *err, size_t errlen);
-void cuda_tcv_moe_cluster_force(int on);
-int cuda_tcv_moe_cluster_ok(const struct cuda_qmat *gate, const struct cuda_qmat *up, const struct cuda_qmat *down,
-                            const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const struct cuda_qmat *sh_down,
-                            int K);
-int cuda_tcv_moe_cluster(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
-                         const struct cuda_qmat *down, const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up,
-                         const struct cuda_qmat *sh_down, const int32_t *ids, const float *w, const float *seg,
-                         const uint16_t *xn, int K, float *v, int *cnt, float *x);
 
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
