@@ -119,6 +119,26 @@ def request(url, method, path, body, timeout=600):
         c.close()
 
 
+def cache_metrics(url):
+    """The server's orchid_prefix_cache_* lines of /metrics after the sweep (what the prefix
+    cache did under that load: saves, evictions, host blocks pinned and the time they took)."""
+    try:
+        status, body = request(url, "GET", "/metrics", None, timeout=30)
+    except OSError as e:
+        return {"error": str(e)}
+    if status != 200:
+        return {"error": "status %d" % status}
+    got = {}
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("orchid_prefix_cache"):
+            name, _, value = line.rpartition(" ")
+            got[name] = float(value)
+    if got:
+        print("  prefix cache after the sweep: " + ", ".join("%s %g" % (k[len("orchid_prefix_cache_"):], v)
+                                                           for k, v in got.items()))
+    return got
+
+
 # Sampling parameters of every request (--temperature / --top-p / --top-k; greedy by default).
 SAMPLING = {"temperature": 0}
 
@@ -329,6 +349,7 @@ def main():
         try:
             if "sweep" not in skip:
                 out["batched"] = sweep(args, s.url, levels, "batched", False)
+                out["batched_cache_metrics"] = cache_metrics(s.url)
                 save()
             if "replay" not in skip:
                 out["replay_cache_on"] = multiturn(args, s.url, "replay, cache on")

@@ -30,7 +30,7 @@ static void usage(FILE *f) {
             "                  (default 4; --max-running N is the same flag)\n"
             "  --max-queue N   requests waiting beyond those; more get 429 (default 256)\n"
             "  --prefix-cache-mb N  host memory for prefix checkpoints (default 2048; 0 = off;\n"
-            "                       on CUDA three quarters of it pinned at start)\n"
+            "                       on CUDA pinned at start: state blocks and KV chunks)\n"
             "  --cache-mem GiB      the same budget in GiB (e.g. 0.5)\n"
             "  --cache-interval N   also checkpoint long prompts every N tokens (default 4096; 0 = never)\n"
             "  --api-key KEY   require `Authorization: Bearer KEY` (also $ORCHID_API_KEY)\n"
@@ -59,6 +59,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("ORCHID_API_KEY"), *backend = NULL;
     long port = 8000, max_seq = 8192, max_queue = 256, parallel = 4, threads = 0, max_body = 8L << 20;
     long cache_mb = 2048, cache_interval = 4096;
+    double cache_gib = -1; /* --cache-mem, when given (the last of the two flags wins) */
     int thinking = -1;
     bool invariant = true;
     bool mock = false, quiet = false;
@@ -86,7 +87,10 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--parallel") || !strcmp(a, "--max-running")) bad = parse_int(a, v, 1, 256, &parallel);
         else if (!strcmp(a, "--threads")) bad = parse_int(a, v, 0, 4096, &threads);
         else if (!strcmp(a, "--max-body")) bad = parse_int(a, v, 1024, 1L << 30, &max_body);
-        else if (!strcmp(a, "--prefix-cache-mb")) bad = parse_int(a, v, 0, 1L << 24, &cache_mb);
+        else if (!strcmp(a, "--prefix-cache-mb")) {
+            bad = parse_int(a, v, 0, 1L << 24, &cache_mb);
+            cache_gib = -1;
+        }
         else if (!strcmp(a, "--cache-interval")) bad = parse_int(a, v, 0, 1L << 24, &cache_interval);
         else if (!strcmp(a, "--cache-mem")) { /* the same budget in GiB (fractions allowed) */
             char *end;
@@ -95,7 +99,7 @@ int cmd_serve(int argc, char **argv) {
                 fprintf(stderr, "orchid serve: --cache-mem must be a number of GiB in 0..16384, got \"%s\"\n", v);
                 return 2;
             }
-            cache_mb = (long)(gib * 1024.0);
+            cache_gib = gib; /* bytes, not whole MiB: 0.0006 is 629 KiB, not 0 (off) */
         }
         else if (!strcmp(a, "--batch-invariant")) {
             if (!strcmp(v, "on")) invariant = true;
@@ -142,7 +146,7 @@ int cmd_serve(int argc, char **argv) {
     so.port.model_dir = model;
     so.port.backend = backend;
     so.port.threads = (int)threads;
-    so.port.cache_bytes = (size_t)cache_mb << 20;
+    so.port.cache_bytes = cache_gib >= 0 ? (size_t)(cache_gib * (double)(1u << 30)) : (size_t)cache_mb << 20;
     struct sched *sched;
     if (sched_start(&sched, &so, err, sizeof err)) {
         fprintf(stderr, "orchid serve: %s\n", err);

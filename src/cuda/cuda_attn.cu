@@ -280,7 +280,9 @@ static int launch_attn(const struct cuda_ctx *c, const float *qg, const int32_t 
     const int threads = 32 * (group < 4 ? 4 : group);
     /* not PDL-launched (nor the flash kernel and the combine): both kernels keep their
      * pdl_wait, but scheduled early they measured slower on the H200 (batch-1 decode
-     * 2.92 -> 2.89 ms per token at context 512, 3.03 -> 2.99 at 4,096 without it) */
+     * 2.92 -> 2.89 ms per token at context 512, 3.03 -> 2.99 at 4,096 without it; again in
+     * session 16: flash and combine both under PDL 548 -> 539 tok/s at 512, 494 -> 461 at
+     * 4,096, either alone within the spread) */
     LAUNCH_CHECK_RC(c, launch_k_pdl(false, attn_kernel<D>, dim3(n_tiles * kvh, n_split), dim3(threads), smem, cstream(c),
                                     qg, pos, seqs, tiles, layer_ord, n_heads, kvh, n_split, part),
                     "attention");

@@ -63,16 +63,6 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     const int nrows = tl.n * group;
     const float qscale = rsqrtf((float)D) * 1.4426950408889634f; /* fold log2(e): softmax in exp2 */
 
-    for (int i = tid; i < FQ * (D / 2); i += 128) {
-        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
-        float a = 0.0f, b = 0.0f;
-        if (r < nrows) {
-            const float *q = qg + (size_t)(tl.t0 + r / group) * 2 * nh * D + (size_t)(g * group + r % group) * 2 * D + d;
-            a = q[0] * qscale;
-            b = q[1] * qscale;
-        }
-        *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = pack_bf2(a, b);
-    }
     const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
     const int p0 = r0 < nrows ? pos[tl.t0 + r0 / group] : -1;
     const int p1 = r1 < nrows ? pos[tl.t0 + r1 / group] : -1;
@@ -92,7 +82,38 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     };
 
     int buf = 0;          /* the buffer of the next tile to compute */
-    bool pending = false; /* that tile (the first of this split) was prefetched by the previous split */
+    bool pending = false; /* that tile (the first of this split) is already requested */
+    {
+        /* the first split's first tile goes out before the Q tile is staged: its copies and
+         * the q loads below are in flight together (they waited on one another before) */
+        int lo, hi;
+        attn_split_keys(kv_len, n_split, split0, &lo, &hi);
+        if (lo < hi) {
+            load_tile(lo, hi, 0);
+            pending = true;
+        }
+    }
+    /* The Q tile: the nrows real rows (bf16 of q·qscale), 8 pairs a thread requested before
+     * any is stored (a guarded load a pair made each wait for the last), then zero rows. */
+    const int nq = nrows * (D / 2);
+    for (int i0 = 0; i0 < nq; i0 += 8 * 128) {
+        float2 qv[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int i = min(i0 + j * 128 + tid, nq - 1), r = i / (D / 2), d = (i % (D / 2)) * 2;
+            qv[j] = *reinterpret_cast<const float2 *>(qg + (size_t)(tl.t0 + r / group) * 2 * nh * D +
+                                                      (size_t)(g * group + r % group) * 2 * D + d);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int i = i0 + j * 128 + tid, r = i / (D / 2), d = (i % (D / 2)) * 2;
+            if (i < nq) *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = pack_bf2(qv[j].x * qscale, qv[j].y * qscale);
+        }
+    }
+    for (int i = nq + tid; i < FQ * (D / 2); i += 128) {
+        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+        *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = 0u; /* pack_bf2(0, 0) */
+    }
     for (int split = split0; split < split_end; split++) {
         int k_lo, k_hi;
         attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
@@ -102,7 +123,7 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
         float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
         if (k_lo < k_hi && !pending) load_tile(k_lo, k_hi, buf);
-        pending = false;
+        pending = false; /* (the Q tile's stores are ordered before the products by the tile's barrier) */
         for (int kb = k_lo; kb < k_hi; kb += FK) {
             /* the next tile: this split's, else the next split's first (splits of one
              * length are non-empty up to a count, then empty: only split + 1 can follow) */

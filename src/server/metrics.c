@@ -1,7 +1,8 @@
 /* server/metrics.c — the /metrics state (see metrics.h): request counts by
  * endpoint and status, token totals (argmax-only ones too), cancellations,
- * queue/running gauges and latency histograms (time to first token,
- * inter-token latency, end to end). */
+ * queue/running gauges, the prefix cache's state and costs (when there is
+ * one) and latency histograms (time to first token, inter-token latency,
+ * end to end). */
 #include "server/metrics.h"
 
 #include <pthread.h>
@@ -37,6 +38,11 @@ static struct {
     long fwd_calls, fwd_tokens;
     int queued, running;
     long kv_used, kv_capacity;
+    struct { /* the prefix cache (metrics_prefix_cache); `on` once reported */
+        int on;
+        long entries, bytes, max_bytes, pooled, saves, evictions, allocs, frees;
+        double save_s, restore_s, alloc_s;
+    } pc;
     struct hist ttft, itl, e2e;
 } M = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -102,6 +108,24 @@ void metrics_kv(long used, long capacity) {
     pthread_mutex_lock(&M.mu);
     M.kv_used = used;
     M.kv_capacity = capacity;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_prefix_cache(long entries, long bytes, long max_bytes, long pooled, long saves, long evictions,
+                          long host_allocs, long host_frees, double save_s, double restore_s, double host_alloc_s) {
+    pthread_mutex_lock(&M.mu);
+    M.pc.on = 1;
+    M.pc.entries = entries;
+    M.pc.bytes = bytes;
+    M.pc.max_bytes = max_bytes;
+    M.pc.pooled = pooled;
+    M.pc.saves = saves;
+    M.pc.evictions = evictions;
+    M.pc.allocs = host_allocs;
+    M.pc.frees = host_frees;
+    M.pc.save_s = save_s;
+    M.pc.restore_s = restore_s;
+    M.pc.alloc_s = host_alloc_s;
     pthread_mutex_unlock(&M.mu);
 }
 
@@ -221,6 +245,37 @@ int metrics_render(char **out, size_t *len) {
              "# TYPE orchid_session_tokens gauge\norchid_session_tokens %ld\n", M.kv_used);
     outf(&o, "# HELP orchid_session_capacity_tokens Token capacity of all sessions.\n"
              "# TYPE orchid_session_capacity_tokens gauge\norchid_session_capacity_tokens %ld\n", M.kv_capacity);
+    if (M.pc.on) {
+        outf(&o, "# HELP orchid_prefix_cache_entries Prefix cache checkpoints held.\n"
+                 "# TYPE orchid_prefix_cache_entries gauge\norchid_prefix_cache_entries %ld\n", M.pc.entries);
+        outf(&o, "# HELP orchid_prefix_cache_bytes Host bytes the prefix cache's checkpoints hold.\n"
+                 "# TYPE orchid_prefix_cache_bytes gauge\norchid_prefix_cache_bytes %ld\n", M.pc.bytes);
+        outf(&o, "# HELP orchid_prefix_cache_max_bytes The prefix cache's budget (checkpoints + pooled blocks).\n"
+                 "# TYPE orchid_prefix_cache_max_bytes gauge\norchid_prefix_cache_max_bytes %ld\n", M.pc.max_bytes);
+        outf(&o, "# HELP orchid_prefix_cache_pooled_bytes Free host blocks the prefix cache keeps for reuse.\n"
+                 "# TYPE orchid_prefix_cache_pooled_bytes gauge\norchid_prefix_cache_pooled_bytes %ld\n", M.pc.pooled);
+        outf(&o, "# HELP orchid_prefix_cache_saves_total Checkpoints saved.\n"
+                 "# TYPE orchid_prefix_cache_saves_total counter\norchid_prefix_cache_saves_total %ld\n", M.pc.saves);
+        outf(&o, "# HELP orchid_prefix_cache_evictions_total Checkpoints evicted to make room.\n"
+                 "# TYPE orchid_prefix_cache_evictions_total counter\norchid_prefix_cache_evictions_total %ld\n",
+             M.pc.evictions);
+        outf(&o, "# HELP orchid_prefix_cache_host_allocs_total Host blocks the prefix cache allocated (pinned under "
+                 "CUDA), not taken from its pool.\n"
+                 "# TYPE orchid_prefix_cache_host_allocs_total counter\norchid_prefix_cache_host_allocs_total %ld\n",
+             M.pc.allocs);
+        outf(&o, "# HELP orchid_prefix_cache_host_frees_total Host blocks the prefix cache freed.\n"
+                 "# TYPE orchid_prefix_cache_host_frees_total counter\norchid_prefix_cache_host_frees_total %ld\n",
+             M.pc.frees);
+        outf(&o, "# HELP orchid_prefix_cache_save_seconds_total Wall time in checkpoint saves (scheduler thread).\n"
+                 "# TYPE orchid_prefix_cache_save_seconds_total counter\norchid_prefix_cache_save_seconds_total %.6f\n",
+             M.pc.save_s);
+        outf(&o, "# HELP orchid_prefix_cache_restore_seconds_total Wall time in checkpoint restores (scheduler "
+                 "thread).\n# TYPE orchid_prefix_cache_restore_seconds_total counter\n"
+                 "orchid_prefix_cache_restore_seconds_total %.6f\n", M.pc.restore_s);
+        outf(&o, "# HELP orchid_prefix_cache_host_alloc_seconds_total Wall time the prefix cache spent allocating and "
+                 "freeing host blocks (prewarm included).\n# TYPE orchid_prefix_cache_host_alloc_seconds_total counter\n"
+                 "orchid_prefix_cache_host_alloc_seconds_total %.6f\n", M.pc.alloc_s);
+    }
     hist_out(&o, "orchid_time_to_first_token_seconds", "Time from request arrival to the first generated token.",
              &M.ttft);
     hist_out(&o, "orchid_inter_token_latency_seconds", "Time between consecutive generated tokens.", &M.itl);

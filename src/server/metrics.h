@@ -30,6 +30,12 @@ void metrics_forward(long calls, long tokens);
 void metrics_queue(int queued, int running);
 /* Tokens held by all sessions (running and kept for prefix reuse) and their capacity. */
 void metrics_kv(long used, long capacity);
+/* The prefix cache's numbers (model/prefix_cache.h's stats, as plain numbers): entries,
+ * their bytes, the budget, pooled bytes; saves, evictions, host blocks allocated and
+ * freed; seconds inside saves, restores and the host allocator. Rendered only once
+ * called (a server without a cache shows none). */
+void metrics_prefix_cache(long entries, long bytes, long max_bytes, long pooled, long saves, long evictions,
+                          long host_allocs, long host_frees, double save_s, double restore_s, double host_alloc_s);
 void metrics_ttft(double seconds);
 void metrics_itl(double seconds);
 void metrics_e2e(double seconds);

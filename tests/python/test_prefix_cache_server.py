@@ -103,6 +103,10 @@ def test_outputs_identical_without_cache_and_under_eviction(cached_srv):
         without = run(s.client(timeout=120))
     with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--cache-mem", "0.0006"]) as s:
         evicting = run(s.client(timeout=120))
+        # the budget is 629 KiB, not 0 MiB (off): checkpoints were saved and evicted
+        assert s.metric("orchid_prefix_cache_max_bytes") == int(0.0006 * (1 << 30))
+        assert s.metric("orchid_prefix_cache_saves_total") > 0
+        assert s.metric("orchid_prefix_cache_evictions_total") > 0
     assert [t for t, _ in with_cache] == [t for t, _ in without] == [t for t, _ in evicting]
     assert all(c == 0 for _, c in without)
     assert sum(c > 0 for _, c in with_cache) >= 6  # turns 2 and 3 of every conversation
