@@ -98,6 +98,8 @@ struct cuda_backend {
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
+    struct cuda_saver *saver; /* checkpoint saves beside the decode stream (async_save_on; NULL: none yet) */
+    bool saver_failed;        /* its staging could not be had: saves stay synchronous */
     cudaGraphExec_t fg; /* the one-token forward's graph (fwd_graph; NULL: none captured) */
     int fg_key[4];      /* what it was captured for: n_split, n_out, argmax, sampling */
     int *counters; /* [16] zeroed: last-block counters of the fused decode launches: [0] post-norm
@@ -995,9 +997,57 @@ static size_t cuda_state_bytes(struct backend *base) {
     return conv_bytes(cb) + gdn_bytes(cb);
 }
 
+/* ---- checkpoint saves beside the decode stream (cuda_save.cu; ORCHID_NO_ASYNC_SAVE=1: each
+ * a synchronous copy): a save snapshots on the stream and copies to host on another; every
+ * load and every free of pinned memory first waits for the queued copies. The staging ring
+ * is made at the first save (the sessions exist by then): a sixteenth of the free device
+ * memory, at most 4 GB, at least two states (73 MB each for the real model). ---- */
+static int async_forced = -1; /* tests: 1 / 0; -1: the environment */
+extern "C" void cuda_backend_force_async_save(int on) { async_forced = on < 0 ? -1 : on ? 1 : 0; }
+static bool async_save_on(void) {
+    static const bool off = env_flag("ORCHID_NO_ASYNC_SAVE");
+    return async_forced >= 0 ? async_forced > 0 : !off;
+}
+static struct cuda_saver *saver_get(struct cuda_backend *cb) {
+    if (!async_save_on() || cb->saver_failed) return NULL;
+    if (!cb->saver) {
+        size_t free_b = 0, total = 0;
+        if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) cudaGetLastError();
+        const size_t two = 2 * (conv_bytes(cb) + gdn_bytes(cb)) + (1u << 20);
+        size_t want = free_b / 16 < ((size_t)4 << 30) ? free_b / 16 : (size_t)4 << 30;
+        if (want < two) want = two;
+        char e[256];
+        if (want > free_b / 2 || cuda_saver_create(&cb->saver, want, e, sizeof e)) {
+            cb->saver_failed = true;
+            fprintf(stderr, "orchid: cuda: checkpoint saves stay synchronous (no %zu MB of staging)\n", want >> 20);
+            return NULL;
+        }
+    }
+    return cb->saver;
+}
+/* A save of height rows of width bytes (pitch apart) at dev to host: queued beside the
+ * stream (0) or not (1: the caller copies synchronously), or an error (< 0) — as
+ * cuda_saver_copy. */
+static int save_async(struct cuda_backend *cb, void *host, const void *dev, size_t width, size_t height, size_t pitch,
+                      char *err, size_t errlen) {
+    struct cuda_saver *sv = saver_get(cb);
+    return sv ? cuda_saver_copy(sv, (cuda_stream_t)cb->stream, host, dev, width, height, pitch, err, errlen) : 1;
+}
+
 static int state_copy(struct cuda_backend *cb, struct backend_session *s, char *host, bool save, char *err, size_t errlen) {
     const size_t cv = conv_bytes(cb), st = gdn_bytes(cb);
     const char *what = save ? "cuda state save" : "cuda state load";
+    int rc;
+    if (save && async_save_on()) {
+        const int a = save_async(cb, host, s->conv, cv, 1, cv, err, errlen);
+        const int b = a < 0 ? a : save_async(cb, host + cv, s->state, st, 1, st, err, errlen);
+        if (a < 0 || b < 0) return a < 0 ? a : b;
+        if (!a && !b) return 0; /* both queued */
+        /* one part did not fit the staging: both synchronously, after the queued copies landed
+         * (host may be a pooled block an earlier queued copy still writes into) */
+        if ((rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
+    }
+    if (!save && (rc = cuda_saver_drain(cb->saver, err, errlen))) return rc; /* a queued save may be what is loaded */
     if (save) {
         CUDA_TRY(cudaMemcpyAsync(host, s->conv, cv, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
         CUDA_TRY(cudaMemcpyAsync(host + cv, s->state, st, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
@@ -1032,6 +1082,14 @@ static int kv_copy(struct cuda_backend *cb, struct backend_session *s, int pos0,
     const size_t height = (size_t)cb->n_attn * 2 * cb->kvh;
     char *dev = (char *)s->kv + (size_t)pos0 * row;
     const char *what = save ? "cuda kv save" : "cuda kv load";
+    int rc;
+    if (save && async_save_on()) {
+        if ((rc = save_async(cb, host, dev, width, height, pitch, err, errlen)) <= 0) return rc; /* queued, or an error */
+        /* not queued (larger than the staging): synchronously, after the queued copies — host
+         * may be a pooled block an earlier queued copy still writes into */
+        if ((rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
+    }
+    if (!save && (rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
     if (save)
         CUDA_TRY(cudaMemcpy2DAsync(host, width, dev, pitch, width, height, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
     else
@@ -1061,6 +1119,7 @@ static void cuda_destroy(struct backend *base) {
                     cb->gdn_qk, cb->gdn_gates};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     if (cb->fg) cudaGraphExecDestroy(cb->fg);
+    cuda_saver_destroy(cb->saver); /* its ring and copy stream (it drains what is left) */
     if (cb->h_meta) cudaFreeHost(cb->h_meta);
     if (cb->h_amax_ids) cudaFreeHost(cb->h_amax_ids);
     for (int i = 0; i <= PROF_MAX; i++)
@@ -1099,7 +1158,9 @@ static void *cuda_host_alloc(struct backend *base, size_t bytes) {
 }
 
 static void cuda_host_free(struct backend *base, void *p) {
-    (void)base;
+    struct cuda_backend *cb = (struct cuda_backend *)base;
+    char err[64];
+    cuda_saver_drain(cb->saver, err, sizeof err); /* a queued save may still be writing into p */
     cudaFreeHost(p);
 }
 

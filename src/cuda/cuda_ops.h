@@ -370,6 +370,10 @@ int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, 
  * ORCHID_NO_FORWARD_GRAPH says (-1: on unless set). cuda_backend.cu. */
 void cuda_backend_force_forward_graph(int on);
 
+/* Tests: checkpoint saves queued beside the stream (1), synchronous (0), or as
+ * ORCHID_NO_ASYNC_SAVE says (-1: queued unless set). cuda_backend.cu, cuda_save.cu. */
+void cuda_backend_force_async_save(int on);
+
 /* ---- decode-loop helpers ---- */
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
 int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids);

@@ -430,8 +430,9 @@ static void test_prefill_pack_invariance(const char *shape, int n_seq) {
  * (bitwise expected; <= 1e-6 relative accepted). Then prefix_cache_save/restore
  * through the engine on the CUDA backend: resumed vs fed-from-scratch with the same
  * chunks, a branch off the shared prefix, and a miss. */
-static void test_state_transfer(const char *shape) {
+static void test_state_transfer(const char *shape, int async_save) {
     char err[512];
+    cuda_backend_force_async_save(async_save); /* the saves queued beside the stream, or not: the same restores */
     struct tmodel m;
     struct backend *gpu;
     if (open_gpu(shape, &m, &gpu)) return;
@@ -667,8 +668,10 @@ int main(void) {
     test_prefill_pack_invariance("synth:mini", 5);
     test_prefill_pack_invariance("synth:mini", 12);
     printf("state transfer:\n");
-    test_state_transfer("synth:tiny");
-    test_state_transfer("synth:small");
+    test_state_transfer("synth:tiny", 0);
+    test_state_transfer("synth:small", 0);
+    test_state_transfer("synth:small", 1);
+    cuda_backend_force_async_save(-1);
     const char *full = getenv("ORCHID_GPU_FULL");
     if (full && atoi(full)) test_full(256);
     return check_summary();
