@@ -1149,19 +1149,14 @@ static size_t cuda_mem_used(struct backend *base) {
  * asynchronously (pageable destinations are staged by the driver). */
 static void *cuda_host_alloc(struct backend *base, size_t bytes) {
     (void)base;
-    void *p = NULL;
-    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    return p;
+    return cuda_pinned_alloc(bytes);
 }
 
 static void cuda_host_free(struct backend *base, void *p) {
     struct cuda_backend *cb = (struct cuda_backend *)base;
     char err[64];
     cuda_saver_drain(cb->saver, err, sizeof err); /* a queued save may still be writing into p */
-    cudaFreeHost(p);
+    cuda_pinned_free(p);
 }
 
 static const char *cuda_device_desc(struct backend *base) { return ((struct cuda_backend *)base)->device; }

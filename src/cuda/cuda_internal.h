@@ -231,17 +231,6 @@ static inline cudaError_t persistent_grid(void (*kern)(KArgs...), int threads, s
     return e;
 }
 
-/* Checkpoint saves beside the decode stream (cuda_save.cu): a device staging ring of `bytes`
- * and a copy stream. cuda_saver_copy snapshots height rows of width bytes (pitch apart) on
- * `stream` and copies them to host (packed) on the copy stream: 0 queued, 1 too large (copy
- * synchronously instead), < 0 error. cuda_saver_drain: every queued copy has landed. */
-struct cuda_saver;
-extern "C" int cuda_saver_create(struct cuda_saver **out, size_t bytes, char *err, size_t errlen);
-extern "C" void cuda_saver_destroy(struct cuda_saver *s);
-extern "C" int cuda_saver_copy(struct cuda_saver *s, cuda_stream_t stream, void *host, const void *dev, size_t width,
-                               size_t height, size_t pitch, char *err, size_t errlen);
-extern "C" int cuda_saver_drain(struct cuda_saver *s, char *err, size_t errlen);
-
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
  * ORCHID_NO_TCV, ORCHID_NO_WIDE, ORCHID_SW_NOSPLIT, ORCHID_SK_NOPDL). */
 inline bool env_flag(const char *name) {

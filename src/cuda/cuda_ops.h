@@ -84,6 +84,9 @@ void cuda_free(void *p);
 int cuda_h2d(void *dst, const void *src, size_t bytes, char *err, size_t errlen);
 int cuda_d2h(void *dst, const void *src, size_t bytes, char *err, size_t errlen);
 int cuda_memset0(void *dst, size_t bytes, char *err, size_t errlen);
+/* Page-locked host memory (cudaMallocHost): NULL when it cannot be had. */
+void *cuda_pinned_alloc(size_t bytes);
+void cuda_pinned_free(void *p);
 int cuda_sync(char *err, size_t errlen);
 int cuda_device_name(char *buf, size_t len);
 int cuda_sm_count(void); /* multiprocessors of the current device, or ST_DEVICE */
@@ -370,6 +373,17 @@ int cuda_tcv_down_pairs(const struct cuda_ctx *c, const struct cuda_qmat *down, 
  * ORCHID_NO_FORWARD_GRAPH says (-1: on unless set). cuda_backend.cu. */
 void cuda_backend_force_forward_graph(int on);
 
+/* Checkpoint saves beside the decode stream (cuda_save.cu): a device staging ring of `bytes`
+ * and a copy stream. cuda_saver_copy snapshots height rows of width bytes (pitch apart) on
+ * `stream` and copies them to host (packed) on the copy stream: 0 queued, 1 too large (copy
+ * synchronously instead), < 0 error; host must be pinned for the copy to run beside the
+ * stream. cuda_saver_drain: every queued copy has landed. */
+struct cuda_saver;
+int cuda_saver_create(struct cuda_saver **out, size_t bytes, char *err, size_t errlen);
+void cuda_saver_destroy(struct cuda_saver *s);
+int cuda_saver_copy(struct cuda_saver *s, cuda_stream_t stream, void *host, const void *dev, size_t width, size_t height,
+                    size_t pitch, char *err, size_t errlen);
+int cuda_saver_drain(struct cuda_saver *s, char *err, size_t errlen);
 /* Tests: checkpoint saves queued beside the stream (1), synchronous (0), or as
  * ORCHID_NO_ASYNC_SAVE says (-1: queued unless set). cuda_backend.cu, cuda_save.cu. */
 void cuda_backend_force_async_save(int on);

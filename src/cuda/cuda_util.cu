@@ -33,6 +33,19 @@ extern "C" int cuda_d2h(void *dst, const void *src, size_t bytes, char *err, siz
     return 0;
 }
 
+extern "C" void *cuda_pinned_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 16) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void cuda_pinned_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
 extern "C" int cuda_memset0(void *dst, size_t bytes, char *err, size_t errlen) {
     CUDA_TRY(cudaMemset(dst, 0, bytes), err, errlen, "device memset");
     return 0;

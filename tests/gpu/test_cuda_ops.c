@@ -1067,6 +1067,75 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     rq_free(&router); rq_free(&gate); rq_free(&up); rq_free(&down); rq_free(&sg); rq_free(&su); rq_free(&sd); rq_free(&seg);
 }
 
+/* ---- checkpoint saves beside the stream (cuda_save.cu): the staging ring ----
+ * Copies of distinct byte patterns through a 1 MiB ring, sized so that after a wrap the
+ * oldest pending copy sits past head while a newer one fills [0, head) and the next
+ * allocation wraps over that newer one (units of 4 KiB: A 218 at 0, B 38 at 218, C 51
+ * wrapping to 0, D 210 wrapping to 0 again: it meets C, not the oldest, B). The compute
+ * stream is held (cuda_spin) before A and before C so that their device-to-host copies are
+ * still pending when the next snapshots are queued: a ring that reused C's region without
+ * waiting would let D's snapshot overwrite it while C's copy reads it. Then a run of mixed
+ * sizes, one larger than the ring (1: the caller copies), and every host buffer checked. */
+static void test_saver_ring(void) {
+    const size_t U = 4096, cap = 256 * U;
+    const size_t units[] = {218, 38, 51, 210, 100, 7, 180, 64, 256, 1, 300, 90};
+    const int n = (int)(sizeof units / sizeof units[0]);
+    struct cuda_saver *sv = NULL;
+    if (cuda_saver_create(&sv, cap, errbuf, sizeof errbuf)) {
+        CHECK(0, "saver: %s", errbuf);
+        return;
+    }
+    unsigned char *src[16], *host[16], *want = malloc(300 * U);
+    int bad = 0, queued = 0, too_big = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t len = units[i] * U;
+        DEV(src[i], len);
+        for (size_t b = 0; b < len; b++) want[b] = (unsigned char)(i * 37 + b * 7 + (b >> 12));
+        H2D(src[i], want, len);
+        host[i] = cuda_pinned_alloc(len);
+        CHECK(host[i] != NULL, "pinned alloc of %zu bytes", len);
+        if (!host[i]) return;
+        memset(host[i], 0, len);
+    }
+    for (int i = 0; i < n; i++) {
+        const size_t len = units[i] * U;
+        /* hold the stream (no OK(): it would synchronise): A's and C's copies stay pending */
+        if ((i == 0 || i == 2) && cuda_spin(&ctx, 3000.0)) {
+            CHECK(0, "spin: %s", errbuf);
+            return;
+        }
+        /* as a 2-D copy (the KV rows' form) every other time: rows of len / 4 bytes */
+        const int rc = i % 2 ? cuda_saver_copy(sv, ctx.stream, host[i], src[i], len / 4, 4, len / 4, errbuf, sizeof errbuf)
+                             : cuda_saver_copy(sv, ctx.stream, host[i], src[i], len, 1, len, errbuf, sizeof errbuf);
+        CHECK(rc >= 0, "saver copy %d: %s", i, errbuf);
+        if (rc == 0) queued++;
+        if (rc == 1) { /* larger than the ring: the caller's synchronous copy, after the queued ones */
+            too_big++;
+            OK(cuda_saver_drain(sv, errbuf, sizeof errbuf));
+            D2H(host[i], src[i], len);
+        }
+    }
+    OK(cuda_saver_drain(sv, errbuf, sizeof errbuf));
+    for (int i = 0; i < n; i++) {
+        const size_t len = units[i] * U;
+        for (size_t b = 0; b < len; b++) want[b] = (unsigned char)(i * 37 + b * 7 + (b >> 12));
+        if (memcmp(host[i], want, len)) {
+            size_t first = 0;
+            while (host[i][first] == want[first]) first++;
+            printf("  saver ring: copy %d (%zu units) differs first at byte %zu\n", i, units[i], first);
+            bad++;
+        }
+    }
+    CHECK(bad == 0 && queued == n - 1 && too_big == 1, "saver ring: %d of %d copies wrong (%d queued, %d too large)", bad, n,
+          queued, too_big);
+    for (int i = 0; i < n; i++) {
+        cuda_free(src[i]);
+        cuda_pinned_free(host[i]);
+    }
+    free(want);
+    cuda_saver_destroy(sv);
+}
+
 int main(void) {
     if (gpu_test_start(&ctx, errbuf, sizeof errbuf)) {
         CHECK(0, "no CUDA device");
@@ -1151,6 +1220,7 @@ int main(void) {
     test_gemm_forms_swiglu(200, 2048, 65);
     test_embed_rmsnorm(1000, 2048, 5);
     test_embed_rmsnorm(100, 128, 33);
+    test_saver_ring();
     test_argmax(1, 248320);
     test_argmax(5, 1000);
     {
