@@ -625,9 +625,9 @@ static int split_for(const struct cuda_backend *cb, int kv_len) {
 static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 /* One lm_head pass of a forward: rows [i0, i0 + n) of the outputs (d_or: their token rows)
- * normalised, their logits, and with
- * argmax their ids, with smp (the sampled rows' requests) their drawn tokens over them. */
-static int fwd_outputs(struct cuda_backend *cb, const cuda_ctx *c, int T, int i0, int n, const int32_t *d_or, bool argmax,
+ * normalised, their logits, and with argmax their ids, with smp (the sampled rows'
+ * requests) their drawn tokens over them. */
+static int fwd_outputs(struct cuda_backend *cb, const cuda_ctx *c, int i0, int n, const int32_t *d_or, bool argmax,
                        const struct row_sampling *smp) {
     int rc;
     if ((rc = cuda_rmsnorm(c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo))) return rc;
@@ -678,7 +678,7 @@ static int fwd_graph(struct cuda_backend *cb, const dmeta &m, int n_out, bool ar
         cb->fg = NULL;
         CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), c->err, c->errlen, "forward graph");
         int rc = run_layers(cb, m, c);
-        if (!rc && n_out) rc = fwd_outputs(cb, c, 1, 0, n_out, d_or, argmax, smp);
+        if (!rc && n_out) rc = fwd_outputs(cb, c, 0, n_out, d_or, argmax, smp);
         cudaGraph_t g = NULL;
         cudaError_t e = cudaStreamEndCapture(cb->stream, &g);
         if (!rc && e == cudaSuccess) e = cudaGraphInstantiate(&cb->fg, g, 0);
@@ -822,7 +822,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     }
     for (int i0 = 0; i0 < b->n_out; i0 += LOGIT_ROWS) {
         const int n = b->n_out - i0 < LOGIT_ROWS ? b->n_out - i0 : LOGIT_ROWS;
-        if ((rc = fwd_outputs(cb, &c, T, i0, n, d_or, b->out_argmax != NULL, smp))) return rc;
+        if ((rc = fwd_outputs(cb, &c, i0, n, d_or, b->out_argmax != NULL, smp))) return rc;
         if (i0 + n < b->n_out && (rc = fwd_download(cb, b, i0, n, err, errlen))) return rc; /* the next pass reuses logits */
     }
     return fwd_finish(cb, b, err, errlen);
@@ -1034,29 +1034,28 @@ static int save_async(struct cuda_backend *cb, void *host, const void *dev, size
     return sv ? cuda_saver_copy(sv, (cuda_stream_t)cb->stream, host, dev, width, height, pitch, err, errlen) : 1;
 }
 
+/* height rows of width bytes (pitch apart at dev, packed at host) between a session and a
+ * host block: a save queued beside the stream where the saver takes it; otherwise — and
+ * every load — synchronously, after the queued copies have landed (host may be a pooled
+ * block a queued copy still writes into, or the checkpoint being loaded). */
+static int host_copy(struct cuda_backend *cb, char *host, char *dev, size_t width, size_t height, size_t pitch, bool save,
+                     const char *what, char *err, size_t errlen) {
+    int rc;
+    if (save && (rc = save_async(cb, host, dev, width, height, pitch, err, errlen)) <= 0) return rc; /* queued, or an error */
+    if ((rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
+    if (save)
+        CUDA_TRY(cudaMemcpy2DAsync(host, width, dev, pitch, width, height, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
+    else
+        CUDA_TRY(cudaMemcpy2DAsync(dev, pitch, host, width, width, height, cudaMemcpyHostToDevice, cb->stream), err, errlen, what);
+    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, what);
+    return 0;
+}
+
 static int state_copy(struct cuda_backend *cb, struct backend_session *s, char *host, bool save, char *err, size_t errlen) {
     const size_t cv = conv_bytes(cb), st = gdn_bytes(cb);
     const char *what = save ? "cuda state save" : "cuda state load";
-    int rc;
-    if (save && async_save_on()) {
-        const int a = save_async(cb, host, s->conv, cv, 1, cv, err, errlen);
-        const int b = a < 0 ? a : save_async(cb, host + cv, s->state, st, 1, st, err, errlen);
-        if (a < 0 || b < 0) return a < 0 ? a : b;
-        if (!a && !b) return 0; /* both queued */
-        /* one part did not fit the staging: both synchronously, after the queued copies landed
-         * (host may be a pooled block an earlier queued copy still writes into) */
-        if ((rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
-    }
-    if (!save && (rc = cuda_saver_drain(cb->saver, err, errlen))) return rc; /* a queued save may be what is loaded */
-    if (save) {
-        CUDA_TRY(cudaMemcpyAsync(host, s->conv, cv, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
-        CUDA_TRY(cudaMemcpyAsync(host + cv, s->state, st, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
-    } else {
-        CUDA_TRY(cudaMemcpyAsync(s->conv, host, cv, cudaMemcpyHostToDevice, cb->stream), err, errlen, what);
-        CUDA_TRY(cudaMemcpyAsync(s->state, host + cv, st, cudaMemcpyHostToDevice, cb->stream), err, errlen, what);
-    }
-    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, what);
-    return 0;
+    const int rc = host_copy(cb, host, (char *)s->conv, cv, 1, cv, save, what, err, errlen);
+    return rc ? rc : host_copy(cb, host + cv, (char *)s->state, st, 1, st, save, what, err, errlen);
 }
 
 static int cuda_state_save(struct backend *base, struct backend_session *s, void *dst, char *err, size_t errlen) {
@@ -1081,21 +1080,7 @@ static int kv_copy(struct cuda_backend *cb, struct backend_session *s, int pos0,
     const size_t row = (size_t)cb->D * 2, width = (size_t)n * row, pitch = (size_t)s->max_seq * row;
     const size_t height = (size_t)cb->n_attn * 2 * cb->kvh;
     char *dev = (char *)s->kv + (size_t)pos0 * row;
-    const char *what = save ? "cuda kv save" : "cuda kv load";
-    int rc;
-    if (save && async_save_on()) {
-        if ((rc = save_async(cb, host, dev, width, height, pitch, err, errlen)) <= 0) return rc; /* queued, or an error */
-        /* not queued (larger than the staging): synchronously, after the queued copies — host
-         * may be a pooled block an earlier queued copy still writes into */
-        if ((rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
-    }
-    if (!save && (rc = cuda_saver_drain(cb->saver, err, errlen))) return rc;
-    if (save)
-        CUDA_TRY(cudaMemcpy2DAsync(host, width, dev, pitch, width, height, cudaMemcpyDeviceToHost, cb->stream), err, errlen, what);
-    else
-        CUDA_TRY(cudaMemcpy2DAsync(dev, pitch, host, width, width, height, cudaMemcpyHostToDevice, cb->stream), err, errlen, what);
-    CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, what);
-    return 0;
+    return host_copy(cb, host, dev, width, height, pitch, save, save ? "cuda kv save" : "cuda kv load", err, errlen);
 }
 
 static int cuda_kv_save(struct backend *base, struct backend_session *s, int pos0, int n, void *dst, char *err, size_t errlen) {

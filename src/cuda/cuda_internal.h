@@ -239,17 +239,17 @@ inline bool env_flag(const char *name) {
 }
 
 /* A cudaLaunchKernelEx configuration: programmatic stream serialisation when pdl &&
- * pdl_enabled(); with cx > 0, thread-block clusters of cx × cy × 1 blocks (sm_90). It holds
+ * pdl_enabled(); with cx > 0, thread-block clusters of cx blocks along x (sm_90). It holds
  * its attributes (cfg points at them: not copyable). */
 struct launch_cfg {
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg;
-    launch_cfg(dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, int cx = 0, int cy = 1) {
+    launch_cfg(dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, int cx = 0) {
         int n = 0;
         if (cx > 0) {
             attr[n].id = cudaLaunchAttributeClusterDimension;
             attr[n].val.clusterDim.x = cx;
-            attr[n].val.clusterDim.y = cy;
+            attr[n].val.clusterDim.y = 1;
             attr[n++].val.clusterDim.z = 1;
         }
         if (pdl && pdl_enabled()) {

@@ -12,10 +12,10 @@
  * Token equality alone decides a hit. Memory is bounded (max_bytes); when a save
  * would exceed it, least-recently-used leaves are evicted (a checkpoint with children
  * is kept while they live). The host buffers are the engine's (pinned under CUDA):
- * one state block a checkpoint and its KV rows in fixed-size chunks (2 MiB each,
- * less in a small budget), so that every buffer is one of two sizes and an evicted checkpoint's buffers
- * are reused by later saves of any length, inside the same max_bytes. Only the
- * scheduler thread may use a cache.
+ * one state block a checkpoint and its KV rows in fixed-size chunks (2 MiB each, less
+ * in a small budget), so that every buffer is one of two sizes and an evicted
+ * checkpoint's buffers are reused by later saves of any length, inside the same
+ * max_bytes. Only the scheduler thread may use a cache.
  */
 #ifndef ORCHID_PREFIX_CACHE_H
 #define ORCHID_PREFIX_CACHE_H
@@ -62,9 +62,9 @@ int prefix_cache_prewarm(prefix_cache *pc, int n);
 void prefix_cache_get_stats(const prefix_cache *pc, struct prefix_cache_stats *st);
 
 /* Test hook: KV chunks of `rows` rows instead of the default (max(16, min(2 MiB,
- * max_bytes / 64) / the engine's KV bytes per token)), so unit tests can cross chunk boundaries with short
- * sequences. Only before the cache's first host block (first save or prewarm); ignored
- * then, and for rows < 1. */
+ * max_bytes / 64) / the engine's KV bytes per token)), so unit tests can cross chunk
+ * boundaries with short sequences. Only before the cache's first host block (first save
+ * or prewarm); ignored then, and for rows < 1. */
 void prefix_cache_set_chunk_rows(prefix_cache *pc, int rows);
 
 #endif
