@@ -111,21 +111,20 @@ void metrics_kv(long used, long capacity) {
     pthread_mutex_unlock(&M.mu);
 }
 
-void metrics_prefix_cache(long entries, long bytes, long max_bytes, long pooled, long saves, long evictions,
-                          long host_allocs, long host_frees, double save_s, double restore_s, double host_alloc_s) {
+void metrics_prefix_cache(const struct metrics_cache_stats *st) {
     pthread_mutex_lock(&M.mu);
     M.pc.on = 1;
-    M.pc.entries = entries;
-    M.pc.bytes = bytes;
-    M.pc.max_bytes = max_bytes;
-    M.pc.pooled = pooled;
-    M.pc.saves = saves;
-    M.pc.evictions = evictions;
-    M.pc.allocs = host_allocs;
-    M.pc.frees = host_frees;
-    M.pc.save_s = save_s;
-    M.pc.restore_s = restore_s;
-    M.pc.alloc_s = host_alloc_s;
+    M.pc.entries = st->entries;
+    M.pc.bytes = st->bytes;
+    M.pc.max_bytes = st->max_bytes;
+    M.pc.pooled = st->pooled;
+    M.pc.saves = st->saves;
+    M.pc.evictions = st->evictions;
+    M.pc.allocs = st->host_allocs;
+    M.pc.frees = st->host_frees;
+    M.pc.save_s = st->save_s;
+    M.pc.restore_s = st->restore_s;
+    M.pc.alloc_s = st->host_alloc_s;
     pthread_mutex_unlock(&M.mu);
 }
 

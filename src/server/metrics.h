@@ -30,12 +30,24 @@ void metrics_forward(long calls, long tokens);
 void metrics_queue(int queued, int running);
 /* Tokens held by all sessions (running and kept for prefix reuse) and their capacity. */
 void metrics_kv(long used, long capacity);
-/* The prefix cache's numbers (model/prefix_cache.h's stats, as plain numbers): entries,
- * their bytes, the budget, pooled bytes; saves, evictions, host blocks allocated and
- * freed; seconds inside saves, restores and the host allocator. Rendered only once
+/* The prefix cache's numbers (model/prefix_cache.h's stats, as plain numbers), for
+ * metrics_prefix_cache. Counts are since the cache was created; sizes are now. */
+struct metrics_cache_stats {
+    long entries;        /* checkpoints held (count) */
+    long bytes;          /* host bytes those checkpoints hold (bytes) */
+    long max_bytes;      /* the cache's budget: checkpoints + pooled blocks (bytes) */
+    long pooled;         /* free host blocks kept for reuse (bytes) */
+    long saves;          /* checkpoints saved (count) */
+    long evictions;      /* checkpoints evicted to make room (count) */
+    long host_allocs;    /* host blocks allocated, not taken from the pool, prewarm's too (count) */
+    long host_frees;     /* host blocks freed (count) */
+    double save_s;       /* wall time inside checkpoint saves (seconds) */
+    double restore_s;    /* wall time inside checkpoint restores (seconds) */
+    double host_alloc_s; /* wall time in the host allocator, prewarm included (seconds) */
+};
+/* Records *st (copied) as the prefix cache's current numbers. Rendered only once
  * called (a server without a cache shows none). */
-void metrics_prefix_cache(long entries, long bytes, long max_bytes, long pooled, long saves, long evictions,
-                          long host_allocs, long host_frees, double save_s, double restore_s, double host_alloc_s);
+void metrics_prefix_cache(const struct metrics_cache_stats *st);
 void metrics_ttft(double seconds);
 void metrics_itl(double seconds);
 void metrics_e2e(double seconds);

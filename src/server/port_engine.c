@@ -68,9 +68,20 @@ static int ep_forward(void *ctx, struct batch_seq *seqs, int n, char *err, size_
 static void publish_cache_stats(const prefix_cache *pc) {
     struct prefix_cache_stats st;
     prefix_cache_get_stats(pc, &st);
-    metrics_prefix_cache((long)st.entries, (long)st.bytes, (long)st.max_bytes, (long)st.pooled, (long)st.saves,
-                         (long)st.evictions, (long)st.host_allocs, (long)st.host_frees, st.save_s, st.restore_s,
-                         st.host_alloc_s);
+    const struct metrics_cache_stats ms = {
+        .entries = (long)st.entries,
+        .bytes = (long)st.bytes,
+        .max_bytes = (long)st.max_bytes,
+        .pooled = (long)st.pooled,
+        .saves = (long)st.saves,
+        .evictions = (long)st.evictions,
+        .host_allocs = (long)st.host_allocs,
+        .host_frees = (long)st.host_frees,
+        .save_s = st.save_s,
+        .restore_s = st.restore_s,
+        .host_alloc_s = st.host_alloc_s,
+    };
+    metrics_prefix_cache(&ms);
 }
 
 static int ep_cache_restore(void *ctx, session *s, const int32_t *tokens, int n, int *matched, char *err,
