@@ -1,22 +1,19 @@
 // cuda/cuda_skinny_pipe.cu — the grouped MoE products of a batch of 2..64 tokens (routed
 // gate/up with SwiGLU, and down) as a persistent, warp-specialized kernel on sm_90: one
 // block an SM streams its share of (expert, row block, pass) units through a ring of
-// shared-memory stages; producer warps copy a unit's tile while the consumer warps compute
-// on the ones before. OPT-IN (ORCHID_SK_PIPE=1): on the H200 it does not yet beat
-// cuda_skinny.cu's grouped kernel, which gives each unit a block of its own (copy the tile,
-// wait, compute, exit) and idles its SM through the copies' round trips (64 sequences:
-// ~160 µs a layer for gate/up's ~260 MB, ~1.6 TB/s). Measured forms (docs/PERFORMANCE.md,
-// session 8; gate/up / down µs a layer at 64 sequences, against 163 / 102):
-//   * one role, stages by cp.async.bulk from warp 0: 288 / 277 — a bulk copy a 1 KB codes
-//     row (~38 a unit) held warp 0, and with it the block's barrier, ~5 µs a unit;
-//   * one role, cp.async by every thread: 245 / 175; + 4 producer warps: 203 / 124; +
-//     conflict-light scale and Σx loads: 192 / 122 (products 2.0 -> 1.5 µs a unit);
-//   * Σx and reductions on their own warps (this form, 8 + 2 + 2 + 4 warps): 190 / 132;
-//     with 6 producer warps and one aux role: 175 / 163; with one producer warp issuing
-//     cp.async.bulk: 179 / 207 (the copy engine spends ~50–90 ns a copy, any size). The consumers wait on the copies
-//     (~4.5 GB/s of cp.async a producer warp) or on the reducers, and their products take
-//     ~1.5 µs a unit — the next step is tensor-map TMA copies (few instructions, deep in
-//     flight, a swizzled layout for conflict-free fragments) so producers cost nothing.
+// shared-memory stages; one producer warp fills a stage with tensor-map TMA copies (a few
+// instructions a unit) while the consumer warps compute on the ones before. cuda_skinny.cu's
+// grouped kernel gives each unit a block of its own (copy the tile, wait, compute, exit)
+// and so idles its SM through every copy. H200, 64 sequences (docs/PERFORMANCE.md, session
+// 17): gate/up 140.6 -> 110.0 µs a layer here, the default; the down launch (54 units of
+// 16 KB an SM) was slower here (93–128 µs against 78) and stays there unless
+// ORCHID_SK_PIPE=1 or =down (=0: neither here; cuda_skinny_pipe_init).
+//
+// History (docs/PERFORMANCE.md, session 8; trap 24): the first forms fed the stages with
+// cp.async from producer warps (~4.5 GB/s a warp) or a cp.async.bulk a 1 KB codes row
+// (~50–90 ns of the copy engine a copy): 175–288 µs for gate/up. A tensor-map box moves a
+// whole half-tile (32 rows × 2 KB of codes) in one copy: 6 copies and the unit's x rows
+// a gate/up unit instead of ~72.
 //
 // The sums are cuda_skinny.cu's, bit for bit: a unit is one of its RB-row tiles (the same
 // RB for the same K, so the same k-slices a warp, in the same order) against one n-tile of
@@ -25,27 +22,41 @@
 // kernel and in cuda_tcv.cu's one-token kernels (the GPU tests compare the two grouped
 // kernels bitwise).
 //
+// Shared layout of the codes: a half-tile (orows rows: SwiGLU's gate rows, then its up
+// rows; down: all RB rows) is one TMA box of the 3-D view (32 words, rows, K/256 segments)
+// of the [E·rows][K/8] codes, swizzled 128B: [segment][row][128 bytes], the 16-byte chunk
+// c of row r stored at chunk c ^ (r % 8). A lane (g, c) reads words 2c, 2c+1 of a group
+// (chunk 2·(group % 4) + c/2) for fragment rows g and g + 8; with fragment row g mapped to
+// tile row sp_prow(g) (0, 2, 4, 6, 1, 3, 5, 7) the 16 lanes of a half-warp meet 8 distinct
+// chunks of 4 rows: conflict-free. (Fragment rows are the mma's rows: which tile row a lane
+// carries does not change any element's sum.) Scales and biases stay [rows][G].
+//
 // Work: expert e with c_e slots has P_e = ⌈c_e / 8⌉ passes (8 slots a pass, one n-tile)
-// and UPT = rows / orows row blocks; its units are (row block, pass), passes innermost (the
-// passes of one row block read the same weights one after another: the second read hits
-// L2). Units of all experts in expert order; block b takes the contiguous range
+// and UPT = rows / orows row blocks; its units are (row block, pass), passes innermost.
+// Units of all experts in expert order; block b takes the contiguous range
 // [b·U/grid, (b+1)·U/grid) — every unit moves the same weight bytes, so a static split
-// balances. Stage = the unit's weight tile (codes rows, scales, biases: the sk layout), its
-// slots' x rows and their Σx.
+// balances. Stage = the unit's weight tile, its slots' x rows (a cp.async.bulk each) and
+// their Σx.
+#include <cudaTypedefs.h>
+
 #include "cuda/cuda_mma.h"
 
 #define SP_MAX_STAGES 8
-#define SP_SLOTS 8     /* slots of a pass: one n-tile of the mma */
-#define SP_MAX_E 1024  /* experts the block-wide scan of the prologue takes */
+#define SP_SLOTS 8       /* slots of a pass: one n-tile of the mma */
+#define SP_MAX_E 1024    /* experts the block-wide scan of the prologue takes */
 #define SP_CONSUMERS 256 /* 8 warps: the products (cuda_skinny.cu's k-slices × m-tiles of a tile) */
-#define SP_SUMS 64       /* 2 warps: Σx of each stage's tokens */
+#define SP_SUMS 64       /* 2 warps: Σx of each stage's tokens (and the tokens rearranged for the B fragments) */
 #define SP_REDUCERS 64   /* 2 warps: the reductions and stores */
-#define SP_AUX (SP_SUMS + SP_REDUCERS)
-#define SP_PRODUCERS 128 /* 4 warps: the stages' copies */
-#define SP_THREADS (SP_CONSUMERS + SP_AUX + SP_PRODUCERS)
+#define SP_PRODUCER 32   /* 1 warp: lane 0 the tensor copies, lane j < n slot j's x row */
+#define SP_THREADS (SP_CONSUMERS + SP_REDUCERS + SP_SUMS + SP_PRODUCER)
+#define SP_SEG 32        /* words of a 128-byte codes segment (4 groups) */
 
+/* Kernel arguments; the tensor maps live in the parameter space (__grid_constant__) where
+ * the TMA reads them. [h]: half h of a tile (gate, up; down: [0] only). */
 struct sp_args {
-    cuda_qmat w0, w1;               /* gate (or down) and up: [E·rows, K] stacks */
+    CUtensorMap codes[2];
+    const uint16_t *scales[2], *biases[2]; /* a half's rows are one contiguous run of each */
+    int rows, K;                    /* rows of one expert's matrix, its columns */
     const uint16_t *x;              /* bf16 rows: xn by token (gate/up) or act by slot (down) */
     int ldx;
     const int32_t *x_rows;          /* x row of each slot (route.row_of_slot), NULL: the slot */
@@ -58,63 +69,50 @@ struct sp_args {
     int ld_act;
 };
 
-/* Shared memory: S stages of [codes RB × stride words | scales RB × G | biases RB × G |
- * x 8 × (K + 8) bf16 | Σx 8 × (G + 4) fp32], then the k-slices' partials, two buffers of
- * [8 warps][4][32] fp32,
- * the route's per-expert units prefix [E + 1], counts, offsets [E] and the slots' x rows
- * [n_slots]. Codes and x rows keep cuda_skinny.cu's padding (conflict-free fragment loads). */
+/* Shared memory, from a 1,024-byte aligned base: S stages of [codes RB·K/2 bytes (halves
+ * of orows rows, swizzled) | scales RB × G | biases RB × G | x 8 × (K + 8) bf16 | Σx 8 × (G
+ * + 4) fp32], each a multiple of 1,024 bytes (the 128B swizzle's alignment), then the
+ * k-slices' partials, two buffers of [8 warps][4][32] fp32, and the route's per-expert units
+ * prefix [E + 1], counts and offsets [E]. x rows keep cuda_skinny.cu's padding (conflict-free
+ * 16-byte fragment loads). */
 struct sp_layout {
     size_t scales, x, xsum, stage, red, pfx, total;
 };
-__host__ __device__ __forceinline__ sp_layout sp_lay(int RB, int K, int S, int E, int n_slots) {
+__host__ __device__ __forceinline__ sp_layout sp_lay(int RB, int K, int S, int E) {
     const int G = K / QGROUP;
     sp_layout l;
-    l.scales = (size_t)RB * (K / 8 + 8) * 4;
+    l.scales = (size_t)RB * K / 2;
     l.x = l.scales + (size_t)4 * RB * G;
     l.xsum = l.x + (size_t)SP_SLOTS * (K + 8) * 2;
-    l.stage = (l.xsum + (size_t)SP_SLOTS * (G + 4) * 4 + 127) & ~(size_t)127;
+    l.stage = (l.xsum + (size_t)SP_SLOTS * (G + 4) * 4 + 1023) & ~(size_t)1023;
     l.red = l.stage * S;
     l.pfx = l.red + (size_t)2 * 8 * 4 * 32 * 4;
-    l.total = l.pfx + (size_t)4 * ((E + 1) + 2 * E + n_slots);
+    l.total = l.pfx + (size_t)4 * ((E + 1) + 2 * E) + 1024; /* + the base's alignment */
     return l;
 }
 
-/* Producer thread tid of SP_PRODUCERS: its share of the copies of unit (expert e, rows
- * [rbase, rbase + orows), slots [m0, m0 + n)) into a stage, 16-byte cp.async each, then
- * one asynchronous arrival on the stage's mbarrier (count = the producers) that fires when
- * its copies have landed. Tile rows: per half (gate, up) orows codes rows; then per half a scales and a
- * biases run (a row block's scales are contiguous there and here); then the n x rows.
- * cp.async.bulk for the same bytes (one instruction a 1 KB row, issued by one warp)
- * held the issuing warp ~5 µs a unit at 64 sequences (see the header). cs: K/32 (16-byte
- * chunks a codes row), a divisor of SP_PRODUCERS (sp_launch), so a thread keeps one chunk
- * column. */
-template <bool SWIGLU>
-__device__ __forceinline__ void sp_issue(const sp_args &a, int RB, int e, int rbase, int m0, int n, const int *rows_of,
-                                         unsigned char *stage, const sp_layout &L, unsigned bar, int tid) {
-    const int K = a.w0.cols, G = K / QGROUP, stride = K / 8 + 8, xstride = K + 8;
-    const int halves = SWIGLU ? 2 : 1, orows = RB / halves, cs = K / 32;
-    const size_t erow = (size_t)e * a.w0.rows + rbase;
-    uint32_t *codes = reinterpret_cast<uint32_t *>(stage);
-    uint16_t *scs = reinterpret_cast<uint16_t *>(stage + L.scales), *bis = scs + RB * G;
-    uint16_t *xs = reinterpret_cast<uint16_t *>(stage + L.x);
-    const int ch = tid % cs;
-    for (int i = tid / cs; i < RB; i += SP_PRODUCERS / cs) {
-        const bool up = SWIGLU && i >= orows;
-        const cuda_qmat &m = up ? a.w1 : a.w0;
-        cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + (up ? i - orows : i)) * (size_t)(K / 8) + ch * 4);
-    }
-    const int rc = orows * G / 8; /* 16-byte chunks of one scales or biases run */
-    for (int idx = tid; idx < 2 * halves * rc; idx += SP_PRODUCERS) {
-        const int run = idx / rc, k = idx % rc, h = run >> 1;
-        const cuda_qmat &m = h ? a.w1 : a.w0;
-        const bool bias = run & 1;
-        cpa16((bias ? bis : scs) + (size_t)h * orows * G + k * 8, (bias ? m.biases : m.scales) + erow * G + k * 8);
-    }
-    for (int j = 0; j < n; j++) {
-        const uint16_t *src = a.x + (size_t)(rows_of ? rows_of[m0 + j] : m0 + j) * a.ldx;
-        for (int c8 = tid; c8 < K / 8; c8 += SP_PRODUCERS) cpa16(xs + (size_t)j * xstride + c8 * 8, src + c8 * 8);
-    }
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+/* The tile row that fragment row g (0..7) of an m-tile carries (+ 8 for g + 8): even rows
+ * for the first half-warp, odd for the second, so that the swizzle spreads their chunks. */
+__host__ __device__ __forceinline__ int sp_prow(int g) { return ((g & 3) << 1) | (g >> 2); }
+
+__device__ __forceinline__ void sp_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void sp_tma3(void *dst, const CUtensorMap *m, int c0, int c1, int c2, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2),
+                 "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void sp_tma2(void *dst, const CUtensorMap *m, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void sp_bulk(void *dst, const void *src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
 }
 
 /* Unit u of the block's work → expert, row block and pass. pfx[e]: units before expert e;
@@ -172,35 +170,91 @@ struct sp_clock {
 #endif
 };
 
+/* Two groups' k16 steps with their mma chains interleaved (A0 B0 A1 B1 ...: mma.sync is
+ * volatile asm, kept in program order, and one group's four steps are a dependent chain),
+ * each chain the same operations in the same order as sk_group_mma<true> (x rearranged by
+ * sk_bperm): the same sums. */
+__device__ __forceinline__ void sp_mma2(const uint32_t (&fa)[4][4], const uint32_t (&fb)[4][4], const uint16_t *xa,
+                                        const uint16_t *xb, float (&ca)[4], float (&cb)[4]) {
+    const uint4 a0 = reinterpret_cast<const uint4 *>(xa)[0], a1 = reinterpret_cast<const uint4 *>(xa)[1];
+    const uint4 b0 = reinterpret_cast<const uint4 *>(xb)[0], b1 = reinterpret_cast<const uint4 *>(xb)[1];
+    const uint32_t ea[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const uint32_t eb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+    for (int st = 0; st < 4; st++) {
+        mma16816(ca, fa[st], ea[2 * st], ea[2 * st + 1]);
+        mma16816(cb, fb[st], eb[2 * st], eb[2 * st + 1]);
+    }
+}
+
+/* A consumer lane's products over groups [g0, g0 + gper) of its two tile rows: cuda_mma.h's
+ * sk_products<1, true> (the bitwise contract: sk_frags, the k16 steps of sk_group_mma, the
+ * groups' sk_group_scale in group order, two groups' scales a 4-byte load) with the codes
+ * read from the swizzled half-tile and two groups' chains interleaved. cw0 / cw1: the rows'
+ * words at group 0 chunk 0 plus the lane's word in the chunk; X = tile row % 8 (both rows),
+ * h2 = c / 2; seg: words a segment of the half. gper is even (sp_launch). */
+__device__ __forceinline__ void sp_products(const uint32_t *cw0, const uint32_t *cw1, int X, int h2, int seg,
+                                            const uint16_t *s0p, const uint16_t *b0p, const uint16_t *s1p,
+                                            const uint16_t *b1p, const uint16_t *x16, const float *sxa, const float *sxb,
+                                            int g0, int gper, float (&acc)[4]) {
+    auto frags = [&](int grp, sk_w &w, uint32_t (&af)[4][4]) {
+        const int o = (grp >> 2) * seg + (((((grp & 3) << 1) | h2) ^ X) << 2);
+        w.q0 = *reinterpret_cast<const uint2 *>(cw0 + o);
+        w.q1 = *reinterpret_cast<const uint2 *>(cw1 + o);
+        sk_frags(w, af);
+    };
+    for (int gi = 0; gi < gper; gi += 2) {
+        const int grp = g0 + gi;
+        const uint32_t s0 = *reinterpret_cast<const uint32_t *>(s0p + grp), b0 = *reinterpret_cast<const uint32_t *>(b0p + grp);
+        const uint32_t s1 = *reinterpret_cast<const uint32_t *>(s1p + grp), b1 = *reinterpret_cast<const uint32_t *>(b1p + grp);
+        sk_w wa, wb;
+        uint32_t fa[4][4], fb[4][4];
+        frags(grp, wa, fa);
+        frags(grp + 1, wb, fb);
+        wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
+        wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
+        float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        sp_mma2(fa, fb, x16 + grp * QGROUP, x16 + (grp + 1) * QGROUP, ca, cb);
+        sk_group_scale(wa, ca, sxa[grp], sxb[grp], acc);
+        sk_group_scale(wb, cb, sxa[grp + 1], sxb[grp + 1], acc);
+    }
+}
+
 /* Block = four warp roles, unit i in stage i % S, its partials in red buffer i % 2:
- *   producers (4 warps): wait empty[st] (the unit S before is consumed), copy the unit,
- *     full[st] completes when the copies land (128 asynchronous arrivals);
- *   sums (2 warps): wait full[st], Σx of the unit's tokens into the stage, arrive ready[st]
- *     (64 arrivals);
+ *   producer (1 warp): wait empty[st] (the unit S before is consumed); lane 0 posts the
+ *     unit's bytes on full[st] and issues its weight boxes, lane j < n slot j's x row;
+ *     full[st] completes when they have landed;
+ *   sums (2 warps): wait full[st], Σx of the unit's tokens into the stage and the tokens
+ *     rearranged for the B fragments (sk_bperm), arrive ready[st] (64 arrivals);
  *   reducers (2 warps): wait redfull, sum the k-slices in slice order, store, arrive
  *     redfree (2);
  *   consumers (8 warps, cuda_skinny.cu's split: m-tile warp % MT, k-slice warp / MT): wait
  *     ready[st], products, arrive empty[st]; wait redfree, write the partials, arrive
  *     redfull (8 each).
- * The consumers never wait on a block barrier: Σx, the reductions and the copies run
- * beside their products (a form with one role doing everything spent ~0.4 µs a unit on Σx,
- * ~0.55 on the reduction and the copies it issued, 1.5–2 on products). */
+ * The consumers never wait on each other: Σx, the reductions and the copies run beside
+ * their products. Measured instead (H200, session 17, µs a gate/up launch at 64 sequences):
+ * the eight consumers reducing after a named barrier a unit, 128 (each waits for the
+ * slowest); a lead warp an output m-tile summing its group's partials, 184 (the leads
+ * waited ~3.5 µs a unit for the others). The down launch (54 units an SM of 16 KB) waits
+ * on its reducers ~1 µs a unit and stays on cuda_skinny.cu's kernel (sp_on_down). */
 template <bool SWIGLU>
-static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_args a) {
+static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const __grid_constant__ sp_args a) {
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(128) unsigned char sm[];
+    extern __shared__ __align__(1024) unsigned char sm_raw[];
     __shared__ __align__(8) unsigned long long full[SP_MAX_STAGES], ready[SP_MAX_STAGES], empty[SP_MAX_STAGES];
     __shared__ __align__(8) unsigned long long redfull[2], redfree[2];
     __shared__ int wtot[8];
+    /* the swizzled boxes need 1,024-byte aligned destinations (sp_lay leaves the room) */
+    unsigned char *sm = sm_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(sm_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
-    const int RB = a.RB, S = a.stages, K = a.w0.cols, G = K / QGROUP, stride = K / 8 + 8, xstride = K + 8;
-    const int E = a.E, orows = SWIGLU ? RB / 2 : RB, upt = a.w0.rows / orows;
-    const sp_layout L = sp_lay(RB, K, S, E, a.n_slots);
-    int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E, *rows_of = off + E;
+    const int RB = a.RB, S = a.stages, K = a.K, G = K / QGROUP, xstride = K + 8;
+    const int E = a.E, orows = SWIGLU ? RB / 2 : RB, upt = a.rows / orows;
+    const sp_layout L = sp_lay(RB, K, S, E);
+    int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E;
     pdl_trigger();
     if (tid < S) {
-        mbar_init(&full[tid], SP_PRODUCERS);
+        mbar_init(&full[tid], 1);
         mbar_init(&ready[tid], SP_SUMS);
         mbar_init(&empty[tid], SP_CONSUMERS / 32);
     }
@@ -222,8 +276,6 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
         off[e] = a.offsets[e];
         mine += (cnt[e] + SP_SLOTS - 1) / SP_SLOTS * upt;
     }
-    if (a.x_rows)
-        for (int i = tid; i < a.n_slots; i += blockDim.x) rows_of[i] = a.x_rows[i];
     int incl = mine;
     for (int o = 1; o < 32; o <<= 1) {
         const int y = __shfl_up_sync(0xffffffffu, incl, o);
@@ -244,31 +296,54 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
     const int U = pfx[E];
     const int u0 = (int)((long long)U * blockIdx.x / gridDim.x), u1 = (int)((long long)U * (blockIdx.x + 1) / gridDim.x);
     const int n_mine = u1 - u0;
-    const int *rows = a.x_rows ? rows_of : NULL;
     const int MT = RB / 16, KS = 8 / MT;
+    const int halves = SWIGLU ? 2 : 1;
     int ec = -1; /* this thread's cursor over the experts */
 
-    if (tid >= SP_CONSUMERS + SP_AUX) { /* producers */
+    if (tid >= SP_CONSUMERS + SP_REDUCERS + SP_SUMS) { /* the producer warp */
+        const unsigned wbytes = (unsigned)(halves * orows * (K / 2 + 4 * G));
+        /* unit i + 1's slots' x row ids are requested while unit i is issued (an L2 round
+         * trip a unit otherwise on the producer's path) */
+        sp_unit nx = n_mine > 0 ? sp_locate(u0, pfx, cnt, off, E, orows, ec) : sp_unit{0, 0, 0, 0};
+        int nx_row = lane < nx.n ? (a.x_rows ? a.x_rows[nx.m0 + lane] : nx.m0 + lane) : 0;
         for (int i = 0; i < n_mine; i++) {
             const int st = i % S;
+            const sp_unit w = nx;
+            const int xr = nx_row;
+            if (i + 1 < n_mine) {
+                nx = sp_locate(u0 + i + 1, pfx, cnt, off, E, orows, ec);
+                nx_row = lane < nx.n ? (a.x_rows ? a.x_rows[nx.m0 + lane] : nx.m0 + lane) : 0;
+            }
             if (i >= S) mbar_wait(&empty[st], (unsigned)(i / S - 1) & 1u);
-            const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, orows, ec);
-            sp_issue<SWIGLU>(a, RB, w.e, w.rbase, w.m0, w.n, rows, sm + (size_t)st * L.stage, L,
-                             (unsigned)__cvta_generic_to_shared(&full[st]), tid - SP_CONSUMERS - SP_AUX);
+            unsigned char *stage = sm + (size_t)st * L.stage;
+            const unsigned bar = (unsigned)__cvta_generic_to_shared(&full[st]);
+            if (lane == 0) {
+                sp_expect_tx(bar, wbytes + (unsigned)(w.n * K * 2));
+                const int row = w.e * a.rows + w.rbase;
+                uint16_t *scs = reinterpret_cast<uint16_t *>(stage + L.scales), *bis = scs + RB * G;
+                const unsigned sb = (unsigned)(orows * G * 2); /* a half's scales (biases): one run */
+                for (int h = 0; h < halves; h++) {
+                    sp_tma3(stage + (size_t)h * orows * K / 2, &a.codes[h], 0, row, 0, bar);
+                    sp_bulk(scs + h * orows * G, a.scales[h] + (size_t)row * G, sb, bar);
+                    sp_bulk(bis + h * orows * G, a.biases[h] + (size_t)row * G, sb, bar);
+                }
+            }
+            __syncwarp();
+            if (lane < w.n)
+                sp_bulk(stage + L.x + (size_t)lane * xstride * 2, a.x + (size_t)xr * a.ldx, (unsigned)(K * 2), bar);
         }
-        asm volatile("cp.async.wait_all;" ::: "memory"); /* its copies' arrivals land before it exits */
-        return;
+        return; /* the consumers wait for every stage: the copies land before the block ends */
     }
 
-    if (tid >= SP_CONSUMERS + SP_REDUCERS) { /* Σx of each unit's tokens into its stage */
+    if (tid >= SP_CONSUMERS + SP_REDUCERS) { /* Σx of each unit's tokens into its stage, the tokens rearranged (PX) */
         const int at = tid - SP_CONSUMERS - SP_REDUCERS;
         for (int i = 0; i < n_mine; i++) {
             const int st = i % S;
             const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, orows, ec);
             unsigned char *stage = sm + (size_t)st * L.stage;
             mbar_wait(&full[st], (unsigned)(i / S) & 1u);
-            sk_group_sums_by(reinterpret_cast<const uint16_t *>(stage + L.x), w.n, xstride, G,
-                             reinterpret_cast<float *>(stage + L.xsum), at, SP_SUMS, G + 4);
+            sk_group_sums_by<true>(reinterpret_cast<const uint16_t *>(stage + L.x), w.n, xstride, G,
+                                   reinterpret_cast<float *>(stage + L.xsum), at, SP_SUMS, G + 4);
             mbar_arrive(&ready[st]);
         }
         return;
@@ -284,14 +359,16 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
             for (int q = at; q < (SWIGLU ? MT / 2 : MT) * 128; q += SP_REDUCERS) {
                 const int m = q >> 7, l = q & 31, k4 = (q >> 5) & 3;
                 const int jj = 2 * (l & 3) + (k4 & 1);
-                const int r = w.rbase + m * 16 + (l >> 2) + (k4 >= 2 ? 8 : 0);
+                if (jj >= w.n) continue;
+                const int r = w.rbase + m * 16 + sp_prow(l >> 2) + (k4 >= 2 ? 8 : 0);
                 float v = 0.0f, u = 0.0f;
                 for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + m) * 4 + k4) * 32 + l];
-                if (SWIGLU)
+                if (SWIGLU) {
                     for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * 4 + k4) * 32 + l];
-                if (jj >= w.n) continue;
-                if (SWIGLU) a.act[(size_t)(w.m0 + jj) * a.ld_act + r] = f2bf(silu(v) * u);
-                else a.y[(size_t)(w.m0 + jj) * a.ldy + r] = v;
+                    a.act[(size_t)(w.m0 + jj) * a.ld_act + r] = f2bf(silu(v) * u);
+                } else {
+                    a.y[(size_t)(w.m0 + jj) * a.ldy + r] = v;
+                }
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(&redfree[rb]);
@@ -299,9 +376,11 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
         return;
     }
 
-    /* consumers */
+    /* consumers: tile rows lr0 = mt·16 + sp_prow(g) and lr0 + 8, in half h at row rr */
     const int mt = warp % MT, ks = warp / MT, gper = G / KS, g0 = ks * gper;
-    const int lr0 = mt * 16 + gq, lr1 = lr0 + 8;
+    const int lr0 = mt * 16 + sp_prow(gq), lr1 = lr0 + 8, h = lr0 / orows, rr = lr0 % orows;
+    const int seg = orows * SP_SEG; /* words of one segment of a half */
+    const size_t cw = (size_t)h * orows * (K / 8) + (size_t)rr * SP_SEG + (c & 1) * 2;
     clk.lap(0);
     for (int i = 0; i < n_mine; i++) {
         const int st = i % S, rb = i & 1;
@@ -312,18 +391,17 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
         const float *xsum = reinterpret_cast<const float *>(stage + L.xsum);
         mbar_wait(&ready[st], (unsigned)(i / S) & 1u);
         clk.lap(1);
-        float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-        const sk_lane_rows rw = {codes + (size_t)lr0 * stride + 2 * c, codes + (size_t)lr1 * stride + 2 * c, true, true,
-                                 scs + lr0 * G, bis + lr0 * G, scs + lr1 * G, bis + lr1 * G,
-                                 xs + (size_t)gq * xstride + 16 * c, 0, xsum + (2 * c) * (G + 4), xsum + (2 * c + 1) * (G + 4), 0};
-        sk_products<1>(rw, g0, gper, acc);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        sp_products(codes + cw, codes + cw + 8 * SP_SEG, rr & 7, c >> 1, seg, scs + lr0 * G, bis + lr0 * G, scs + lr1 * G,
+                    bis + lr1 * G, xs + (size_t)gq * xstride + 16 * c, xsum + (2 * c) * (G + 4), xsum + (2 * c + 1) * (G + 4),
+                    g0, gper, acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[st]); /* this warp is done with the stage */
         clk.lap(2);
         if (i >= 2) mbar_wait(&redfree[rb], (unsigned)(i / 2 - 1) & 1u);
         float *red = reinterpret_cast<float *>(sm + L.red) + (size_t)rb * 8 * 4 * 32;
 #pragma unroll
-        for (int q = 0; q < 4; q++) red[((size_t)warp * 4 + q) * 32 + lane] = acc[0][q];
+        for (int q = 0; q < 4; q++) red[((size_t)warp * 4 + q) * 32 + lane] = acc[q];
         __syncwarp();
         if (lane == 0) mbar_arrive(&redfull[rb]);
         clk.lap(3);
@@ -336,18 +414,18 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(sp_ar
 #endif
 }
 
-static int sp_sms = 0, sp_optin = 0, sp_on = 0, sp_sm90 = 0; /* sp_sm90: the device takes them (init) */
+static int sp_sms = 0, sp_optin = 0, sp_sm90 = 0; /* sp_sm90: the device takes them (init) */
+static int sp_on_swiglu = 0, sp_on_down = 0;       /* which of the two launches go here */
+static int sp_launches = 0;                                  /* launches taken (tests: the kernel ran) */
+static PFN_cuTensorMapEncodeTiled_v12000 sp_encode = NULL;    /* the driver's encoder (init) */
 static int sp_stages_env(const char *name) {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : 0;
 }
 
-/* Device facts and the kernels' shared-memory opt-in. The pipelined kernels are opt-in
- * (ORCHID_SK_PIPE=1, sm_90+): on the H200 they do not yet beat cuda_skinny.cu's grouped
- * kernel (64 sequences: 175–190 µs vs 164 for gate/up, 122–163 vs 102 for down; the
- * cp.async issue of the producer warps and the consumers' products, ~1.5 µs a unit, bound
- * them — docs/PERFORMANCE.md, session 8). The GPU tests switch them on to hold their bits
- * to the grouped kernel's. */
+/* Device facts, the kernels' shared-memory opt-in and the driver's tensor-map encoder (sm_90+
+ * with a driver that has it; otherwise every launch stays on cuda_skinny.cu's kernel). The
+ * GPU tests switch both forms on to hold their bits to that kernel's. */
 extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     cuda_caps caps;
     cudaError_t e = device_caps(&caps);
@@ -362,48 +440,132 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
-    sp_sm90 = major >= 9;
-    sp_on = sp_sm90 && env_flag("ORCHID_SK_PIPE");
+    sp_sm90 = 0;
+    if (major >= 9) { /* no encoder (an old driver): the grouped kernel takes every launch */
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        void *fn = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess && fn) {
+            sp_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+            sp_sm90 = 1;
+        }
+        (void)cudaGetLastError();
+    }
+    /* default: the gate/up launch here, the down launch on cuda_skinny.cu's kernel (measured,
+     * docs/PERFORMANCE.md session 17); ORCHID_SK_PIPE=0: neither, =1: both, =swiglu or =down:
+     * that one only (A/B) */
+    const char *pe = getenv("ORCHID_SK_PIPE");
+    const bool set = pe && *pe, sw = set && !strcmp(pe, "swiglu"), dn = set && !strcmp(pe, "down");
+    const bool all = set && strcmp(pe, "0") && !sw && !dn;
+    sp_on_swiglu = sp_sm90 && (!set || all || sw);
+    sp_on_down = sp_sm90 && (all || dn);
     return 0;
 }
 
 extern "C" int cuda_skinny_pipe_enable(int on) {
-    const int was = sp_on;
-    sp_on = on && sp_sm90;
+    const int was = sp_on_swiglu | sp_on_down << 1;
+    sp_on_swiglu = sp_sm90 && (on & 1);
+    sp_on_down = sp_sm90 && (on & 2);
     return was;
 }
 
+extern "C" int cuda_skinny_pipe_launches(void) { return sp_launches; }
+
 /* Stages for a unit layout: as many as fit the opt-in (at most SP_MAX_STAGES, or the
- * ORCHID_SP_STAGES override), 0 when fewer than 2 fit. */
-static int sp_stages(int RB, int K, int E, int n_slots, bool swiglu) {
+ * ORCHID_SP_STAGES_SWIGLU / _DOWN override), 0 when fewer than 2 fit. */
+static int sp_stages(int RB, int K, int E, bool swiglu) {
     const int want = sp_stages_env(swiglu ? "ORCHID_SP_STAGES_SWIGLU" : "ORCHID_SP_STAGES_DOWN");
     int S = SP_MAX_STAGES;
-    while (S >= 2 && sp_lay(RB, K, S, E, n_slots).total > (size_t)sp_optin) S--;
+    while (S >= 2 && sp_lay(RB, K, S, E).total > (size_t)sp_optin) S--;
     if (want >= 2 && want < S) S = want;
     return S >= 2 ? S : 0;
 }
 
+/* The codes' tensor map of one stack of expert matrices for boxes of orows rows, encoded
+ * once per (stack, orows) and kept: a forward reuses its layers' weights every step and
+ * encoding costs host time. The table is the backend thread's (one stream of launches); a
+ * full table encodes without keeping. */
+struct sp_map {
+    cuda_qmat w; /* the stack it describes (w.codes NULL: a free slot) */
+    int orows;
+    CUtensorMap m;
+};
+#define SP_MAP_CACHE 1024
+static sp_map sp_cache[SP_MAP_CACHE];
+
+/* 0 = encoded; the encoder's refusal (CUresult) otherwise. The view: (32 words, rows, K/256
+ * segments), strides K/2 and 128 bytes; a box is a half-tile, swizzled 128B. */
+static int sp_encode_map(const cuda_qmat &w, int orows, sp_map *out) {
+    const int K = w.cols;
+    const cuuint64_t rows = (cuuint64_t)w.rows * (cuuint64_t)(w.n_mats > 0 ? w.n_mats : 1);
+    const cuuint32_t one[3] = {1, 1, 1};
+    const cuuint64_t dim[3] = {SP_SEG, rows, (cuuint64_t)K / 256}, str[2] = {(cuuint64_t)K / 2, 128};
+    const cuuint32_t box[3] = {SP_SEG, (cuuint32_t)orows, (cuuint32_t)K / 256};
+    const CUresult r = sp_encode(&out->m, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, (void *)w.codes, dim, str, box, one,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    out->w = w;
+    out->orows = orows;
+    return (int)r;
+}
+
+/* A freed and re-made model may get a stack at the same address with other shapes: every
+ * field of the stack is the key. */
+static bool sp_same(const cuda_qmat &a, const cuda_qmat &b) {
+    return a.codes == b.codes && a.rows == b.rows && a.cols == b.cols && a.n_mats == b.n_mats && a.bits == b.bits;
+}
+static const CUtensorMap *sp_map_for(const cuda_qmat &w, int orows, sp_map *scratch, int *rc) {
+    const size_t h0 = ((uintptr_t)w.codes >> 12) * 2654435761u % SP_MAP_CACHE;
+    for (size_t i = 0; i < SP_MAP_CACHE; i++) {
+        sp_map *s = &sp_cache[(h0 + i) % SP_MAP_CACHE];
+        if (s->w.codes && s->orows == orows && sp_same(s->w, w)) return &s->m;
+        if (!s->w.codes) return (*rc = sp_encode_map(w, orows, s)) ? (s->w.codes = NULL, nullptr) : &s->m;
+    }
+    return (*rc = sp_encode_map(w, orows, scratch)) ? nullptr : &scratch->m;
+}
+
 /* 1 = launched; 0 = this case is not the pipelined kernel's (the caller launches
- * cuda_skinny.cu's); negative = error. RB: cuda_skinny.cu's rows a tile for K. */
-static int sp_launch(const struct cuda_ctx *c, sp_args a, bool swiglu, const char *what) {
-    const int K = a.w0.cols, G = K / QGROUP, orows = swiglu ? a.RB / 2 : a.RB;
-    if (!sp_on || a.RB < 16 || a.w0.bits != 4 || K % QGROUP || a.E > SP_MAX_E || a.n_slots < 1) return 0;
-    if (a.w0.rows % orows || a.ldx % 8 || ((uintptr_t)a.x & 15) || (orows * G * 2) % 16 || SP_PRODUCERS % (K / 32)) return 0;
-    const uintptr_t al = (uintptr_t)a.w0.codes | (uintptr_t)a.w0.scales | (uintptr_t)a.w0.biases |
-                         (swiglu ? (uintptr_t)a.w1.codes | (uintptr_t)a.w1.scales | (uintptr_t)a.w1.biases : 0);
+ * cuda_skinny.cu's); negative = error. RB: cuda_skinny.cu's rows a tile for K. Shapes it
+ * takes: K a multiple of 256 (whole 128-byte codes segments), whole row blocks, a half's
+ * scales a whole number of 16-byte chunks, 16-byte aligned operands, boxes of at most 256
+ * rows. */
+static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, const cuda_qmat *w1, bool swiglu,
+                     const char *what) {
+    const int K = w0.cols, G = K / QGROUP, orows = swiglu ? a.RB / 2 : a.RB;
+    if (!(swiglu ? sp_on_swiglu : sp_on_down) || a.RB < 16 || w0.bits != 4 || K % 256 || a.E > SP_MAX_E || a.n_slots < 1 ||
+        orows > 256)
+        return 0;
+    if (w0.rows % orows || a.ldx % 8 || ((uintptr_t)a.x & 15) || (orows * G * 2) % 16) return 0;
+    if ((G / (8 / (a.RB / 16))) % 2) return 0; /* a warp's groups go two at a time (sp_products) */
+    if (w0.n_mats < a.E || (w1 && (w1->cols != K || w1->rows != w0.rows || w1->bits != 4 || w1->n_mats < a.E))) return 0;
+    const uintptr_t al = (uintptr_t)w0.codes | (uintptr_t)w0.scales | (uintptr_t)w0.biases |
+                         (w1 ? (uintptr_t)w1->codes | (uintptr_t)w1->scales | (uintptr_t)w1->biases : 0);
     if (al & 15) return 0;
-    a.stages = sp_stages(a.RB, K, a.E, a.n_slots, swiglu);
+    a.stages = sp_stages(a.RB, K, a.E, swiglu);
     if (!a.stages) return 0;
-    const size_t smem = sp_lay(a.RB, K, a.stages, a.E, a.n_slots).total;
+    a.rows = w0.rows;
+    a.K = K;
+    for (int h = 0; h < (w1 ? 2 : 1); h++) {
+        const cuda_qmat &w = h ? *w1 : w0;
+        sp_map scratch;
+        int rc = 0;
+        const CUtensorMap *m = sp_map_for(w, orows, &scratch, &rc);
+        if (!m) return errorf(c->err, c->errlen, ST_DEVICE, "%s: tensor map refused (CUresult %d)", what, rc);
+        a.codes[h] = *m;
+        a.scales[h] = w.scales;
+        a.biases[h] = w.biases;
+    }
+    const size_t smem = sp_lay(a.RB, K, a.stages, a.E).total;
     if (swiglu) LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<true>, dim3(sp_sms), dim3(SP_THREADS), smem, cstream(c), a), what);
     else LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<false>, dim3(sp_sms), dim3(SP_THREADS), smem, cstream(c), a), what);
+    sp_launches++;
     return 1;
 }
 
-/* The fields both launches take from the route and the first matrix. */
-static sp_args sp_args_for(const struct cuda_qmat *w0, const uint16_t *x, int ldx, const struct cuda_moe_route *r, int RB) {
-    sp_args a = {};
-    a.w0 = *w0;
+/* The fields both launches take from the route. */
+static sp_args sp_args_for(const uint16_t *x, int ldx, const struct cuda_moe_route *r, int RB) {
+    sp_args a;
+    memset(&a, 0, sizeof a);
     a.x = x;
     a.ldx = ldx;
     a.counts = r->counts;
@@ -416,20 +578,19 @@ static sp_args sp_args_for(const struct cuda_qmat *w0, const uint16_t *x, int ld
 
 extern "C" int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                                        const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act) {
-    sp_args a = sp_args_for(gate, xn, ldx, r, RB);
-    a.w1 = *up;
+    sp_args a = sp_args_for(xn, ldx, r, RB);
     a.x_rows = r->row_of_slot;
     a.act = act;
     a.ld_act = gate->rows;
-    return sp_launch(c, a, true, "skinny_pipe_swiglu");
+    return sp_launch(c, a, *gate, up, true, "skinny_pipe_swiglu");
 }
 
 extern "C" int cuda_skinny_pipe_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
                                      const struct cuda_moe_route *r, int RB, float *out) {
-    sp_args a = sp_args_for(down, act, down->cols, r, RB);
+    sp_args a = sp_args_for(act, down->cols, r, RB);
     a.y = out;
     a.ldy = down->rows;
-    return sp_launch(c, a, false, "skinny_pipe_down");
+    return sp_launch(c, a, *down, NULL, false, "skinny_pipe_down");
 }
 
 CUDA_TRACE_TU(skinny_pipe)

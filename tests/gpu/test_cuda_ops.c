@@ -971,18 +971,27 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
         uint16_t *dsact; DEV(dsact, (size_t)T * I * 2);
         OK(cuda_moe_route_build(&ctx, dids, T, E, K, grouped >= 2 ? 64 : 128, &r));
         if (grouped >= 2) { /* the batched-decode form: skinny tensor-core kernels */
+            /* cuda_skinny.cu's grouped kernel (the pipelined ones off: the gate/up launch goes
+             * to them by default on sm_90) */
+            const int was = cuda_skinny_pipe_enable(0);
             OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
             OK(cuda_skinny_grouped_down(&ctx, &down.d, dact, &r, ded));
-            /* the pipelined kernels (cuda_skinny_pipe.cu, sm_90, opt-in) against
-             * cuda_skinny.cu's grouped kernel on the same route: the same bits */
+            /* the pipelined kernels (cuda_skinny_pipe.cu, sm_90) against it on the same
+             * route: the same bits */
             uint16_t *dact2;
             float *ded2;
             DEV(dact2, (size_t)T * K * I * 2); DEV(ded2, (size_t)T * K * H * 4);
-            const int was = cuda_skinny_pipe_enable(1);
-            const int on = cuda_skinny_pipe_enable(1); /* 1 where the device takes them (sm_90+) */
+            cuda_skinny_pipe_enable(3);
+            const int on = cuda_skinny_pipe_enable(3) == 3; /* both on where the device takes them (sm_90+) */
+            const int n0 = cuda_skinny_pipe_launches();
             OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact2));
+            const int n1 = cuda_skinny_pipe_launches();
             OK(cuda_skinny_grouped_down(&ctx, &down.d, dact2, &r, ded2));
+            const int n2 = cuda_skinny_pipe_launches();
             cuda_skinny_pipe_enable(was);
+            /* the shapes they take (K a multiple of 256) must have run there, not fallen back */
+            CHECK(!on || ((n1 - n0 == 1) == (H % 256 == 0) && (n2 - n1 == 1) == (I % 256 == 0)),
+                  "skinny pipe E=%d H=%d I=%d: launches taken gate/up %d, down %d", E, H, I, n1 - n0, n2 - n1);
             uint16_t *a1 = malloc((size_t)T * K * I * 2), *a2 = malloc((size_t)T * K * I * 2);
             float *e1 = malloc((size_t)T * K * H * 4), *e2 = malloc((size_t)T * K * H * 4);
             D2H(a1, dact, (size_t)T * K * I * 2); D2H(a2, dact2, (size_t)T * K * I * 2);
@@ -1271,6 +1280,7 @@ int main(void) {
     test_moe(256, 8, 2048, 512, 64, 2);
     test_moe(16, 8, 256, 128, 40, 2); /* 40 tokens x 8 of 16 experts: tiles of up to 64 slots, several passes */
     test_moe(8, 2, 128, 64, 7, 2);
+    test_moe(16, 8, 1024, 512, 40, 2); /* ~20 slots an expert: several passes a row block in the pipelined form */
     test_moe(256, 8, 2048, 512, 1, 3); /* one token: tcv pairs == skinny grouped, bitwise */
     test_moe(256, 8, 2048, 512, 5, 3);
     test_moe(64, 4, 1024, 512, 3, 3);
