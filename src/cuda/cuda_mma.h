@@ -106,6 +106,27 @@ __device__ __forceinline__ void sk_group_mma(const uint32_t (&af)[4][4], const u
     }
 }
 
+/* Two groups' k16 steps with their mma chains interleaved (A0 B0 A1 B1 ...): mma.sync is
+ * volatile asm, kept in program order, and one group's four steps are a dependent chain, so
+ * a warp running one group at a time waits out each mma's latency (one block of 8 warps an
+ * SM: the pipelined gate/up's products 84 -> 64 µs a launch, H200, session 17). Each chain
+ * is sk_group_mma<true>'s operations in its order (x rearranged by sk_bperm): the same
+ * sums. (sk_products below stays one
+ * group at a time: interleaved there, the grouped down and the dense 2..8-token launches
+ * did not move — 78.4 vs 78.7 µs, forwards within 0.3 % — their blocks wait elsewhere.) */
+__device__ __forceinline__ void sk_mma2(const uint32_t (&fa)[4][4], const uint32_t (&fb)[4][4], const uint16_t *xa,
+                                        const uint16_t *xb, float (&ca)[4], float (&cb)[4]) {
+    const uint4 a0 = reinterpret_cast<const uint4 *>(xa)[0], a1 = reinterpret_cast<const uint4 *>(xa)[1];
+    const uint4 b0 = reinterpret_cast<const uint4 *>(xb)[0], b1 = reinterpret_cast<const uint4 *>(xb)[1];
+    const uint32_t ea[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const uint32_t eb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+    for (int st = 0; st < 4; st++) {
+        mma16816(ca, fa[st], ea[2 * st], ea[2 * st + 1]);
+        mma16816(cb, fb[st], eb[2 * st], eb[2 * st + 1]);
+    }
+}
+
 /* One group of one n-tile, the step every path repeats in the same order (the bitwise
  * contract of cuda_skinny.cu, cuda_skinny_wide.cu and cuda_tcv.cu): for rows (g, g + 8) ×
  * columns (2c, 2c + 1), acc += fmaf(s, Σ (128 + q)·x, (b - 128·s) · Σx), with sxa / sxb the

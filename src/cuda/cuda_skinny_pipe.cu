@@ -170,27 +170,10 @@ struct sp_clock {
 #endif
 };
 
-/* Two groups' k16 steps with their mma chains interleaved (A0 B0 A1 B1 ...: mma.sync is
- * volatile asm, kept in program order, and one group's four steps are a dependent chain),
- * each chain the same operations in the same order as sk_group_mma<true> (x rearranged by
- * sk_bperm): the same sums. */
-__device__ __forceinline__ void sp_mma2(const uint32_t (&fa)[4][4], const uint32_t (&fb)[4][4], const uint16_t *xa,
-                                        const uint16_t *xb, float (&ca)[4], float (&cb)[4]) {
-    const uint4 a0 = reinterpret_cast<const uint4 *>(xa)[0], a1 = reinterpret_cast<const uint4 *>(xa)[1];
-    const uint4 b0 = reinterpret_cast<const uint4 *>(xb)[0], b1 = reinterpret_cast<const uint4 *>(xb)[1];
-    const uint32_t ea[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-    const uint32_t eb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-    for (int st = 0; st < 4; st++) {
-        mma16816(ca, fa[st], ea[2 * st], ea[2 * st + 1]);
-        mma16816(cb, fb[st], eb[2 * st], eb[2 * st + 1]);
-    }
-}
-
 /* A consumer lane's products over groups [g0, g0 + gper) of its two tile rows: cuda_mma.h's
  * sk_products<1, true> (the bitwise contract: sk_frags, the k16 steps of sk_group_mma, the
  * groups' sk_group_scale in group order, two groups' scales a 4-byte load) with the codes
- * read from the swizzled half-tile and two groups' chains interleaved. cw0 / cw1: the rows'
+ * read from the swizzled half-tile (two groups' chains interleaved, sk_mma2). cw0 / cw1: the rows'
  * words at group 0 chunk 0 plus the lane's word in the chunk; X = tile row % 8 (both rows),
  * h2 = c / 2; seg: words a segment of the half. gper is even (sp_launch). */
 __device__ __forceinline__ void sp_products(const uint32_t *cw0, const uint32_t *cw1, int X, int h2, int seg,
@@ -214,7 +197,7 @@ __device__ __forceinline__ void sp_products(const uint32_t *cw0, const uint32_t 
         wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
         wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
         float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        sp_mma2(fa, fb, x16 + grp * QGROUP, x16 + (grp + 1) * QGROUP, ca, cb);
+        sk_mma2(fa, fb, x16 + grp * QGROUP, x16 + (grp + 1) * QGROUP, ca, cb);
         sk_group_scale(wa, ca, sxa[grp], sxb[grp], acc);
         sk_group_scale(wb, cb, sxa[grp + 1], sxb[grp + 1], acc);
     }
