@@ -86,4 +86,9 @@ int port_open_engine(struct model_port *p, const struct port_options *opt, char 
 /* The scripted byte-level test model (see port_mock.c for the script rules). */
 int port_open_mock(struct model_port *p, const struct port_options *opt, char *err, size_t errlen);
 
+/* The prefix cache's stats into server/metrics.h (port_engine.c calls it after every save
+ * and restore; tests call it to check the /metrics lines). */
+struct prefix_cache;
+void port_publish_cache_stats(const struct prefix_cache *pc);
+
 #endif

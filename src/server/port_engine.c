@@ -65,7 +65,7 @@ static int ep_forward(void *ctx, struct batch_seq *seqs, int n, char *err, size_
 
 /* The cache's stats to /metrics (after each restore and save: the scheduler thread
  * is the cache's only user). */
-static void publish_cache_stats(const prefix_cache *pc) {
+void port_publish_cache_stats(const prefix_cache *pc) {
     struct prefix_cache_stats st;
     prefix_cache_get_stats(pc, &st);
     const struct metrics_cache_stats ms = {
@@ -88,14 +88,14 @@ static int ep_cache_restore(void *ctx, session *s, const int32_t *tokens, int n,
                             size_t errlen) {
     struct engine_port *p = ctx;
     const int rc = prefix_cache_restore(p->pc, s, tokens, n, matched, err, errlen);
-    publish_cache_stats(p->pc);
+    port_publish_cache_stats(p->pc);
     return rc;
 }
 
 static int ep_cache_save(void *ctx, session *s, char *err, size_t errlen) {
     struct engine_port *p = ctx;
     const int rc = prefix_cache_save(p->pc, s, err, errlen);
-    publish_cache_stats(p->pc);
+    port_publish_cache_stats(p->pc);
     return rc;
 }
 
@@ -160,7 +160,7 @@ int port_open_engine(struct model_port *mp, const struct port_options *opt, char
         if (got)
             fprintf(stderr, "prefix cache: %d blocks (%zu MB) pinned ahead in %.2f s\n", got, st.pooled >> 20,
                     now_seconds() - t0);
-        publish_cache_stats(p->pc);
+        port_publish_cache_stats(p->pc);
     }
     const struct model_config *c = engine_config(p->e);
     if (!chat_template_supported(tokenizer_chat_template(p->tok)))

@@ -16,6 +16,7 @@
 #include "model/sampler.h"
 #include "model/prefix_cache.h"
 #include "server/metrics.h"
+#include "server/port.h"
 
 static engine *e;
 static int V;
@@ -114,20 +115,7 @@ static void test_churn(session *s, const int32_t *toks) {
     CHECK(metrics_render(&text, &len) == 0 && !strstr(text, "orchid_prefix_cache_entries"),
           "no cache lines before the cache reports");
     free(text);
-    const struct metrics_cache_stats ms = {
-        .entries = (long)st.entries,
-        .bytes = (long)st.bytes,
-        .max_bytes = (long)st.max_bytes,
-        .pooled = (long)st.pooled,
-        .saves = (long)st.saves,
-        .evictions = (long)st.evictions,
-        .host_allocs = (long)st.host_allocs,
-        .host_frees = (long)st.host_frees,
-        .save_s = st.save_s,
-        .restore_s = st.restore_s,
-        .host_alloc_s = st.host_alloc_s,
-    };
-    metrics_prefix_cache(&ms);
+    port_publish_cache_stats(pc); /* what the server does after each save and restore */
     CHECK(metrics_render(&text, &len) == 0, "render");
     char want[256];
     const char *lines[][2] = {
