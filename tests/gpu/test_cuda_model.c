@@ -29,6 +29,7 @@
 #include "model/prefix_cache.h"
 
 #define SENS_EPS 4e-3f
+#define SENS_REPS 8 /* perturbation draws of the reference sensitivity (cpu_sensitivity) */
 
 /* ---- end to end ---- */
 
@@ -102,10 +103,14 @@ static void test_e2e(const char *where, int n_prompt, int n_greedy) {
     printf("  %s: greedy %d/%d identical\n", where, same, n_greedy);
     /* What bf16-sized noise does to this model, measured on the reference itself. */
     struct sensitivity sens;
-    rc = cpu_sensitivity(cpu, &m.w, &m.cfg, prompt, n_prompt, lc, first, ic, n_greedy, SENS_EPS, 3, &sens, err, sizeof err);
+    /* 8 draws: the largest of 3 varied from 0.0095 to 0.030 on the tiny model between runs
+     * (fresh seeds), and a low one failed the prompt check below with the GPU's logits
+     * unchanged (session 17) */
+    rc = cpu_sensitivity(cpu, &m.w, &m.cfg, prompt, n_prompt, lc, first, ic, n_greedy, SENS_EPS, SENS_REPS, &sens, err,
+                         sizeof err);
     CHECK(rc == 0, "%s cpu sensitivity: %s", where, err);
-    printf("  %s: cpu with gains perturbed by %.0e (3 draws): prompt mean rel err <= %.3g, top-1 >= %d/%d, greedy >= %d/%d\n",
-           where, (double)SENS_EPS, sens.mean_err_max, sens.agree_min, n_prompt, sens.greedy_min, n_greedy);
+    printf("  %s: cpu with gains perturbed by %.0e (%d draws): prompt mean rel err <= %.3g, top-1 >= %d/%d, greedy >= %d/%d\n",
+           where, (double)SENS_EPS, SENS_REPS, sens.mean_err_max, sens.agree_min, n_prompt, sens.greedy_min, n_greedy);
     CHECK(mean_err <= 2 * sens.mean_err_max + 5e-3, "%s: prompt logits mean rel err %.3g > 2 x the reference's own %.3g",
           where, mean_err, sens.mean_err_max);
     CHECK(agree >= sens.agree_min - 2, "%s: prompt top-1 agreement %d/%d below the perturbed reference's %d", where, agree,
