@@ -274,16 +274,6 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
 #endif
 }
 
-/* Writes 1 when the sm_90a code is what this device runs (a binary without it, or another
- * architecture, gets the empty body and 0). */
-static __global__ void gemm_wg_probe(int *out) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *out = 1;
-#else
-    *out = 0;
-#endif
-}
-
 static bool wg_on = false;     /* set by gemm_wg_init */
 static bool wg_two = false;    /* products may take the two-blocks-an-SM form */
 static bool wg_three = false;  /* ... in 3 stages where 4 do not fit (ORCHID_WG_NO3=1: one block of 5) */
@@ -327,13 +317,8 @@ int gemm_wg_init(char *err, size_t errlen) {
     cudaError_t e = wg_attrs<false>();
     if (e == cudaSuccess) e = wg_attrs<true>();
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
-    int *d = NULL, h = 0;
-    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: probe allocation failed");
-    gemm_wg_probe<<<1, 1>>>(d);
-    e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
-    cudaFree(d);
-    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: probe failed: %s", cudaGetErrorString(e));
+    const int h = cuda_sm90a_code(err, errlen);
+    if (h < 0) return h;
     wg_on = h == 1;
     return 0;
 }

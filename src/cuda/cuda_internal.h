@@ -231,6 +231,12 @@ static inline cudaError_t persistent_grid(void (*kern)(KArgs...), int threads, s
     return e;
 }
 
+/* Whether this device runs the sm_90a code of the fat binary (cuda_util.cu): 1 / 0, negative
+ * with err filled when the probe failed. The sm_90a-only forms check it before they take
+ * launches: on another architecture, or from a build without sm_90a, their kernels are the
+ * empty fallbacks. */
+int cuda_sm90a_code(char *err, size_t errlen);
+
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
  * ORCHID_NO_TCV, ORCHID_NO_WIDE, ORCHID_SW_NOSPLIT, ORCHID_SK_NOPDL). */
 inline bool env_flag(const char *name) {

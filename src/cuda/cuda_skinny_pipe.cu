@@ -412,7 +412,7 @@ static int sp_stages_env(const char *name) {
 extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     cuda_caps caps;
     cudaError_t e = device_caps(&caps);
-    const int major = caps.major;
+    const int major = e == cudaSuccess ? caps.major : 0;
     sp_optin = caps.optin;
     sp_sms = caps.sms;
     /* the dynamic opt-in is what the static barriers leave of the block's maximum */
@@ -424,7 +424,12 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
     sp_sm90 = 0;
-    if (major >= 9) { /* no encoder (an old driver): the grouped kernel takes every launch */
+    /* the sm_90a body must be what runs (another architecture or a build without sm_90a gets
+     * the empty fallback kernel), and the driver must have the encoder: otherwise the grouped
+     * kernel takes every launch */
+    const int code = major == 9 ? cuda_sm90a_code(err, errlen) : 0;
+    if (code < 0) return code;
+    if (code == 1) {
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
         void *fn = NULL;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&

@@ -75,6 +75,32 @@ extern "C" int cuda_sm_count(void) {
 }
 
 /* PDL: both kernels trigger, then wait before touching anything. */
+/* Writes 1 when the sm_90a code is what this device runs (a binary without it, or another
+ * architecture, gets the empty body and 0). Every file is built with the same -gencode
+ * list, so this one kernel answers for all the sm_90a-only forms (wgmma, the pipelined
+ * MoE). */
+static __global__ void sm90a_probe(int *out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+/* 1 / 0, or negative (err filled) when the probe could not run; asked once, then remembered. */
+int cuda_sm90a_code(char *err, size_t errlen) {
+    static int known = -1;
+    if (known >= 0) return known;
+    int *d = NULL, h = 0;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "sm_90a probe: allocation failed");
+    sm90a_probe<<<1, 1>>>(d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "sm_90a probe failed: %s", cudaGetErrorString(e));
+    return known = h == 1;
+}
+
 static __global__ void f32_to_bf16_kernel(const float *x, size_t n, uint16_t *y) {
     TRACE_KERNEL();
     pdl_trigger();
