@@ -1281,6 +1281,7 @@ int main(void) {
     test_moe(16, 8, 256, 128, 40, 2); /* 40 tokens x 8 of 16 experts: tiles of up to 64 slots, several passes */
     test_moe(8, 2, 128, 64, 7, 2);
     test_moe(16, 8, 1024, 512, 40, 2); /* ~20 slots an expert: several passes a row block in the pipelined form */
+    test_moe(32, 4, 512, 256, 24, 2);  /* pipelined: gate/up 4 groups a warp, down 2 (the other even counts) */
     test_moe(256, 8, 2048, 512, 1, 3); /* one token: tcv pairs == skinny grouped, bitwise */
     test_moe(256, 8, 2048, 512, 5, 3);
     test_moe(64, 4, 1024, 512, 3, 3);
