@@ -111,9 +111,9 @@ __device__ __forceinline__ void sk_group_mma(const uint32_t (&af)[4][4], const u
  * a warp running one group at a time waits out each mma's latency (one block of 8 warps an
  * SM: the pipelined gate/up's products 84 -> 64 µs a launch, H200, session 17). Each chain
  * is sk_group_mma<true>'s operations in its order (x rearranged by sk_bperm): the same
- * sums. (sk_products below stays one
- * group at a time: interleaved there, the grouped down and the dense 2..8-token launches
- * did not move — 78.4 vs 78.7 µs, forwards within 0.3 % — their blocks wait elsewhere.) */
+ * sums. (sk_products below stays one group at a time: interleaved there, the grouped down
+ * and the dense 2..8-token launches did not move — 78.4 vs 78.7 µs, forwards within 0.3 % —
+ * their blocks wait elsewhere.) */
 __device__ __forceinline__ void sk_mma2(const uint32_t (&fa)[4][4], const uint32_t (&fb)[4][4], const uint16_t *xa,
                                         const uint16_t *xb, float (&ca)[4], float (&cb)[4]) {
     const uint4 a0 = reinterpret_cast<const uint4 *>(xa)[0], a1 = reinterpret_cast<const uint4 *>(xa)[1];

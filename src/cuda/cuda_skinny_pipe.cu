@@ -287,15 +287,18 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const
         const unsigned wbytes = (unsigned)(halves * orows * (K / 2 + 4 * G));
         /* unit i + 1's slots' x row ids are requested while unit i is issued (an L2 round
          * trip a unit otherwise on the producer's path) */
+        auto x_row = [&](const sp_unit &w) { /* this lane's slot's x row (lanes past the unit's slots: none) */
+            return lane < w.n ? (a.x_rows ? a.x_rows[w.m0 + lane] : w.m0 + lane) : 0;
+        };
         sp_unit nx = n_mine > 0 ? sp_locate(u0, pfx, cnt, off, E, orows, ec) : sp_unit{0, 0, 0, 0};
-        int nx_row = lane < nx.n ? (a.x_rows ? a.x_rows[nx.m0 + lane] : nx.m0 + lane) : 0;
+        int nx_row = x_row(nx);
         for (int i = 0; i < n_mine; i++) {
             const int st = i % S;
             const sp_unit w = nx;
             const int xr = nx_row;
             if (i + 1 < n_mine) {
                 nx = sp_locate(u0 + i + 1, pfx, cnt, off, E, orows, ec);
-                nx_row = lane < nx.n ? (a.x_rows ? a.x_rows[nx.m0 + lane] : nx.m0 + lane) : 0;
+                nx_row = x_row(nx);
             }
             if (i >= S) mbar_wait(&empty[st], (unsigned)(i / S - 1) & 1u);
             unsigned char *stage = sm + (size_t)st * L.stage;

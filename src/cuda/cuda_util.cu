@@ -74,7 +74,6 @@ extern "C" int cuda_sm_count(void) {
     return device_caps(&c) == cudaSuccess && c.sms > 0 ? c.sms : ST_DEVICE;
 }
 
-/* PDL: both kernels trigger, then wait before touching anything. */
 /* Writes 1 when the sm_90a code is what this device runs (a binary without it, or another
  * architecture, gets the empty body and 0). Every file is built with the same -gencode
  * list, so this one kernel answers for all the sm_90a-only forms (wgmma, the pipelined
@@ -101,6 +100,7 @@ int cuda_sm90a_code(char *err, size_t errlen) {
     return known = h == 1;
 }
 
+/* PDL: both kernels trigger, then wait before touching anything. */
 static __global__ void f32_to_bf16_kernel(const float *x, size_t n, uint16_t *y) {
     TRACE_KERNEL();
     pdl_trigger();
