@@ -148,6 +148,46 @@ __device__ __forceinline__ void sk_group_step(const uint32_t (&af)[4][4], const 
     sk_group_scale(w, cg, sxa, sxb, acc);
 }
 
+/* sk_group_step for n-tiles 0 .. nv − 1 (at most NI) of one group, their mma chains
+ * interleaved: step st of every n-tile, then step st + 1 (x16 + i·xnt: n-tile i's 16 values;
+ * sxa[i·snt], sxb[i·snt]: its columns' Σx). Each n-tile's chain and scale are
+ * sk_group_step's operations in its order, so the sums are the same bits. One n-tile at a
+ * time, ptxas kept each chain's four dependent mma back to back in the wide kernel (SASS:
+ * one HMMA chain in flight a warp, one block of 8 warps an SM). x is read a half group
+ * (steps 2h, 2h + 1) at a time. Used by cuda_skinny_wide.cu (the widths and the measured
+ * gain are there); the tall lm_head form did not gain from it (H200, session 18: 527 -> 532
+ * µs at 64 tokens) and keeps one n-tile at a time. */
+template <int NI, bool PX>
+__device__ __forceinline__ void sk_group_steps(const uint32_t (&af)[4][4], const sk_w &w, const uint16_t *x16, int xnt,
+                                               const float *sxa, const float *sxb, int snt, int nv, float (*acc)[4]) {
+    float cg[NI][4];
+#pragma unroll
+    for (int i = 0; i < NI; i++) cg[i][0] = cg[i][1] = cg[i][2] = cg[i][3] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint4 e[NI];
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+            if (i < nv) e[i] = reinterpret_cast<const uint4 *>(x16 + (size_t)i * xnt)[h];
+#pragma unroll
+        for (int s2 = 0; s2 < 2; s2++) {
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                if (i >= nv) continue;
+                /* PX: words 2·s2, 2·s2 + 1 of the half; else sk_bfrag's permutes of words s2, s2 + 2 */
+                const uint32_t w0 = s2 ? e[i].y : e[i].x, w1 = s2 ? e[i].w : e[i].z;
+                const uint32_t p0 = s2 ? e[i].z : e[i].x, p1 = s2 ? e[i].w : e[i].y;
+                const uint32_t b0 = PX ? p0 : __byte_perm(w0, w1, 0x5410);
+                const uint32_t b1 = PX ? p1 : __byte_perm(w0, w1, 0x7632);
+                mma16816(cg[i], af[2 * h + s2], b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++)
+        if (i < nv) sk_group_scale(w, cg[i], sxa[i * snt], sxb[i * snt], acc[i]);
+}
+
 /* Σ of the 8 bf16 values of one 16-byte chunk, left to right. */
 __device__ __forceinline__ float sk_chunk_sum(const uint4 q) {
     return bf_lo(q.x) + bf_hi(q.x) + bf_lo(q.y) + bf_hi(q.y) + bf_lo(q.z) + bf_hi(q.z) + bf_lo(q.w) + bf_hi(q.w);

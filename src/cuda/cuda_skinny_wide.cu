@@ -59,7 +59,8 @@ __device__ __forceinline__ bool sw_last_of(int *counter, int n) {
     return last;
 }
 
-template <int GPW, bool SWIGLU>
+/* NI: n-tiles whose mma chains interleave (sk_group_steps; 1 = one n-tile at a time). */
+template <int GPW, bool SWIGLU, int NI>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_args a) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
@@ -116,10 +117,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
         uint32_t af[4][4];
         sk_frags<false>(f, af); /* the C form: see q_pair */
 #pragma unroll
-        for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
-            if (nt >= nnt) break;
-            sk_group_step<PX>(af, f, xs + (size_t)(nt * 8 + gq) * XS + gi * QGROUP + 16 * c, xsum[(nt * 8 + 2 * c) * (GPW + 4) + gi],
-                          xsum[(nt * 8 + 2 * c + 1) * (GPW + 4) + gi], acc[nt]);
+        for (int nb = 0; nb < SW_MAX_T / 8; nb += NI) {
+            if (nb >= nnt) break;
+            const float *sx = xsum + (nb * 8 + 2 * c) * (GPW + 4) + gi;
+            sk_group_steps<NI, PX>(af, f, xs + (size_t)(nb * 8 + gq) * XS + gi * QGROUP + 16 * c, 8 * XS, sx,
+                                      sx + (GPW + 4), 8 * (GPW + 4), nnt - nb, acc + nb);
         }
     }
 
@@ -207,9 +209,10 @@ extern "C" int cuda_skinny_wide_init(char *err, size_t errlen) {
     if (!rc) rc = cuda_malloc((void **)&sw_cnt, SW_MAX_TILES * sizeof(int), "skinny_wide counters", err, errlen);
     if (!rc) rc = cuda_memset0(sw_cnt, SW_MAX_TILES * sizeof(int), err, errlen);
     cudaError_t e = cudaSuccess;
-#define SW_ATTR(G, S)                                                                                                   \
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(sw_kernel<G, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw_smem(G));
-    SW_ATTR(8, false) SW_ATTR(16, false) SW_ATTR(8, true) SW_ATTR(16, true)
+#define SW_ATTR(G, S, N)                                                                                                \
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(sw_kernel<G, S, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw_smem(G));
+    SW_ATTR(8, false, 1) SW_ATTR(8, false, 2) SW_ATTR(16, false, 1) SW_ATTR(16, false, 4)
+    SW_ATTR(8, true, 1) SW_ATTR(8, true, 2) SW_ATTR(16, true, 1) SW_ATTR(16, true, 4)
 #undef SW_ATTR
     if (!rc && e != cudaSuccess)
         rc = errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
@@ -273,8 +276,17 @@ static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
     if (!sw_takes(a.T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", a.T, K);
     const int ns = sw_nsplit(tiles * ks, (a.T + 7) / 8, gpw);
     const char *what = SWIGLU ? "skinny_wide_swiglu" : "skinny_wide";
-    if (gpw == 8) LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), sw_kernel<8, SWIGLU>, dim3(tiles, ks, ns), dim3(256), sw_smem(8), cstream(c), a), what);
-    LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), sw_kernel<16, SWIGLU>, dim3(tiles, ks, ns), dim3(256), sw_smem(16), cstream(c), a), what);
+    /* n-tiles whose mma chains interleave (sk_group_steps): 4 at GPW 16 (one block an SM;
+     * 8 took it from 191 to 216 registers and measured slower in the forwards), 2 at GPW 8
+     * (two blocks an SM, 128 registers: 4 spilled 72 bytes). H200, forwards at 16 / 32 / 64
+     * sequences 7.75 / 10.87 / 15.97 -> 7.70 / 10.72 / 15.70 ms (docs/PERFORMANCE.md, session
+     * 18). ORCHID_SW_NOIL=1: one n-tile at a time (A/B). */
+    static const bool il = !env_flag("ORCHID_SW_NOIL");
+    const dim3 grid(tiles, ks, ns);
+    const size_t smem = sw_smem(gpw);
+    void (*k)(sw_args) = gpw == 16 ? (il ? sw_kernel<16, SWIGLU, 4> : sw_kernel<16, SWIGLU, 1>)
+                                   : (il ? sw_kernel<8, SWIGLU, 2> : sw_kernel<8, SWIGLU, 1>);
+    LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), k, grid, dim3(256), smem, cstream(c), a), what);
 }
 
 extern "C" int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs,

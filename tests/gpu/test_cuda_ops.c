@@ -1266,6 +1266,8 @@ int main(void) {
         int b64[64]; /* a decode batch: the one-token instance (four rows a thread) */
         for (int i = 0; i < 64; i++) b64[i] = 1;
         test_gdn(16, 32, 128, 128, 64, b64);
+        const int e5[] = {1, 1, 1, 1, 1}; /* the one-token instance at Dv 192 (3 row blocks a head), 4 value heads a key head */
+        test_gdn(2, 8, 128, 192, 5, e5);
         test_gdn(4, 8, 32, 32, 2, c);
         const int d2[] = {5, 77};
         test_gdn(2, 4, 64, 64, 2, d2);
