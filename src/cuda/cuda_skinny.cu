@@ -243,14 +243,27 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
     const bool bulk = sk_bulk_stage(a, w0, SWIGLU, RB, orows, rbase, erow, codes, scs, bis, G, K, stride, &wbar);
     if (!bulk) {
         const int rbl = __ffs(RB) - 1; /* RB is a power of two (sk_rb) */
-        sk_for_cells(TR, K / 32, [&](int i, int ch) { /* 16-byte chunks of the rows */
-            bool up;
-            const int r = sk_tile_row(i, rbl, orows, rbase, SWIGLU, &up);
-            if (r < rows) {
-                const cuda_qmat &m = up ? a.w1 : w0;
-                cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + r) * (size_t)(K / 8) + ch * 4);
-            }
-        });
+        const int cpr = K / 32;        /* 16-byte chunks a row */
+        if (!SWIGLU && cpr <= (int)blockDim.x && blockDim.x % cpr == 0) {
+            /* tile row i is matrix row rbase + i: a thread keeps its chunk column and steps
+             * both pointers by whole rows (the general loop below spent ~25 instructions a
+             * copy on the tile row and 64-bit addresses: 12 % of the grouped down kernel's
+             * instructions at 64 sequences, ncu on the H200, session 18) */
+            const int step = blockDim.x / cpr, nvalid = min(TR, rows - rbase);
+            int i = threadIdx.x / cpr;
+            const uint32_t *src = w0.codes + (erow + rbase + i) * (size_t)(K / 8) + (threadIdx.x % cpr) * 4;
+            uint32_t *dst = codes + (size_t)i * stride + (threadIdx.x % cpr) * 4;
+            for (; i < nvalid; i += step, src += (size_t)step * (K / 8), dst += step * stride) cpa16(dst, src);
+        } else {
+            sk_for_cells(TR, cpr, [&](int i, int ch) { /* 16-byte chunks of the rows */
+                bool up;
+                const int r = sk_tile_row(i, rbl, orows, rbase, SWIGLU, &up);
+                if (r < rows) {
+                    const cuda_qmat &m = up ? a.w1 : w0;
+                    cpa16(codes + (size_t)i * stride + ch * 4, m.codes + (erow + r) * (size_t)(K / 8) + ch * 4);
+                }
+            });
+        }
         /* scales and biases: by cp.async too when each row's G of them are whole aligned
          * 16-byte chunks, beside the codes (H200, 64 sequences: 27.05 -> 25.34 ms a forward;
          * a loop of synchronous loads put up to RB·G/256 dependent DRAM round trips on every
@@ -336,17 +349,23 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
 #pragma unroll
                 for (int i = 0; i < 4; i++) red[((size_t)warp * NT * 4 + nt * 4 + i) * 32 + lane] = acc[nt][i];
             __syncthreads();
-            const int per_mt = NT * 4 * 32;
-            for (int q = threadIdx.x; q < (SWIGLU ? MT / 2 : MT) * per_mt; q += blockDim.x) {
-                const int m = q / per_mt, e = q % per_mt; /* m-tile (SwiGLU: of the gate half) and its element */
-                const int l = e & 31, i = (e >> 5) & 3, nt = e >> 7;
-                const int j = p0 + nt * 8 + 2 * (l & 3) + (i & 1); /* token / slot index in the tile */
-                const int r = sbase + m * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+            /* sixteen threads a (m-tile, token column) pair, a row each (rows fastest: the stores
+             * of a token are contiguous); columns past the pass's tokens are skipped before their
+             * sums (at 64 sequences a grouped tile has ~2 of its 8: the loop over every element
+             * of red spent 14 % of the grouped down's instructions, ncu, H200, session 18) */
+            const int rl = threadIdx.x & 15;
+            for (int q = threadIdx.x >> 4; q < (SWIGLU ? MT / 2 : MT) * NT * 8; q += blockDim.x >> 4) {
+                const int m = q / (NT * 8), jj = q % (NT * 8); /* m-tile (SwiGLU: of the gate half), column */
+                const int r = sbase + m * 16 + rl;
+                if (jj >= nrows || r >= rows) continue;
+                const int nt = jj >> 3, jt = jj & 7;
+                /* the accumulator element of (row rl, column jt): lane l, register i of the mma */
+                const int l = ((rl & 7) << 2) | (jt >> 1), i = ((rl >> 3) << 1) | (jt & 1);
+                const int j = p0 + jj; /* token / slot index in the tile */
                 float v = 0.0f, u = 0.0f;
                 for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + m) * NT * 4 + nt * 4 + i) * 32 + l];
                 if (SWIGLU)
                     for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * NT * 4 + nt * 4 + i) * 32 + l];
-                if (j >= count || r >= rows) continue;
                 const size_t orow = (size_t)(GROUPED ? m0 + j : j);
                 if (SWIGLU) {
                     a.act[orow * a.ld_act + r] = f2bf(silu(v) * u);
