@@ -78,7 +78,13 @@ __device__ __forceinline__ int sk_tile_row(int i, int rbl, int orows, int rbase,
 template <typename F>
 __device__ __forceinline__ void sk_for_cells(int rows, int cols, F f) {
     const int nt = blockDim.x, t = threadIdx.x;
-    if (cols <= nt && nt % cols == 0) {
+    if (cols <= nt && (cols & (cols - 1)) == 0 && (nt & (nt - 1)) == 0) {
+        /* powers of two (the model's K = 512, 2,048, 4,096): shifts, not the three runtime
+         * divisions below (~20 SASS each, a block's prologue runs several such loops) */
+        const int lc = __ffs(cols) - 1;
+        const int c = t & (cols - 1), step = nt >> lc;
+        for (int r = t >> lc; r < rows; r += step) f(r, c);
+    } else if (cols <= nt && nt % cols == 0) {
         const int c = t % cols, step = nt / cols;
         for (int r = t / cols; r < rows; r += step) f(r, c);
     } else if (cols % nt == 0) {
@@ -215,7 +221,8 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
         blk -= a.blk0[sg];
     }
     const int rows = w0.rows, K = w0.cols, G = K / QGROUP, stride = sk_stride(K);
-    const int MT = RB / 16, KS = 8 / MT;
+    /* RB = 16·MT, MT·KS = 8, all powers of two (sk_rb): shifts instead of runtime divisions */
+    const int lmt = __ffs(RB) - 5, MT = 1 << lmt, KS = 8 >> lmt;
     const int orows = SWIGLU ? RB / 2 : RB;   /* output rows of a subtile */
     const int TR = RB * a.mrep;               /* tile rows staged: mrep subtiles */
     const int rbase = blk * orows * a.mrep;
@@ -244,15 +251,15 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
     if (!bulk) {
         const int rbl = __ffs(RB) - 1; /* RB is a power of two (sk_rb) */
         const int cpr = K / 32;        /* 16-byte chunks a row */
-        if (!SWIGLU && cpr <= (int)blockDim.x && blockDim.x % cpr == 0) {
+        if (!SWIGLU && cpr <= (int)blockDim.x && (cpr & (cpr - 1)) == 0 && (blockDim.x & (blockDim.x - 1)) == 0) {
             /* tile row i is matrix row rbase + i: a thread keeps its chunk column and steps
              * both pointers by whole rows (the general loop below spent ~25 instructions a
              * copy on the tile row and 64-bit addresses: 12 % of the grouped down kernel's
              * instructions at 64 sequences, ncu on the H200, session 18) */
-            const int step = blockDim.x / cpr, nvalid = min(TR, rows - rbase);
-            int i = threadIdx.x / cpr;
-            const uint32_t *src = w0.codes + (erow + rbase + i) * (size_t)(K / 8) + (threadIdx.x % cpr) * 4;
-            uint32_t *dst = codes + (size_t)i * stride + (threadIdx.x % cpr) * 4;
+            const int lc = __ffs(cpr) - 1, step = blockDim.x >> lc, nvalid = min(TR, rows - rbase), ch = threadIdx.x & (cpr - 1);
+            int i = threadIdx.x >> lc;
+            const uint32_t *src = w0.codes + (erow + rbase + i) * (size_t)(K / 8) + ch * 4;
+            uint32_t *dst = codes + (size_t)i * stride + ch * 4;
             for (; i < nvalid; i += step, src += (size_t)step * (K / 8), dst += step * stride) cpa16(dst, src);
         } else {
             sk_for_cells(TR, cpr, [&](int i, int ch) { /* 16-byte chunks of the rows */
@@ -308,8 +315,8 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
         pdl_wait();
     }
     trace_mark(TRACE_MARK4); /* the tile's copies issued */
-    const int mt = warp % MT, ks = warp / MT;
-    const int gper = G / KS, g0 = ks * gper; /* KS divides G (sk_rb) */
+    const int mt = warp & (MT - 1), ks = warp >> lmt;
+    const int gper = G >> (3 - lmt), g0 = ks * gper; /* G / KS: KS divides G (sk_rb) */
     const int lr0 = mt * 16 + gq, lr1 = lr0 + 8; /* this lane's rows of a subtile */
     for (int p0 = 0; p0 < count; p0 += NT * 8) { /* passes of NT n-tiles over the staged tile */
         /* stage this pass's tokens (only the valid ones: a column of garbage stays in its
