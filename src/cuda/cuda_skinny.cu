@@ -78,7 +78,7 @@ __device__ __forceinline__ int sk_tile_row(int i, int rbl, int orows, int rbase,
 template <typename F>
 __device__ __forceinline__ void sk_for_cells(int rows, int cols, F f) {
     const int nt = blockDim.x, t = threadIdx.x;
-    if (cols <= nt && (cols & (cols - 1)) == 0 && (nt & (nt - 1)) == 0) {
+    if (cols > 0 && cols <= nt && (cols & (cols - 1)) == 0 && (nt & (nt - 1)) == 0) {
         /* powers of two (the model's K = 512, 2,048, 4,096): shifts, not the three runtime
          * divisions below (~20 SASS each, a block's prologue runs several such loops) */
         const int lc = __ffs(cols) - 1;
