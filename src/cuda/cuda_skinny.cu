@@ -75,10 +75,18 @@ __device__ __forceinline__ int sk_tile_row(int i, int rbl, int orows, int rbase,
  * keeps one column (or steps whole rows) and the loop has no division: the copy loops of
  * the grouped MoE kernels spent ~30 % of the down kernel's instructions on idx / cols and
  * idx % cols (ncu, H200, session 9). */
+/* Whether a row of cols cells splits over the block by shifts: cols and the block's width
+ * powers of two, cols at most the width (then thread t takes column t & (cols − 1) of rows
+ * t >> log2(cols), stepping blockDim.x >> log2(cols) rows). */
+__device__ __forceinline__ bool sk_pow2_cols(int cols) {
+    const int nt = blockDim.x;
+    return cols > 0 && cols <= nt && (cols & (cols - 1)) == 0 && (nt & (nt - 1)) == 0;
+}
+
 template <typename F>
 __device__ __forceinline__ void sk_for_cells(int rows, int cols, F f) {
     const int nt = blockDim.x, t = threadIdx.x;
-    if (cols > 0 && cols <= nt && (cols & (cols - 1)) == 0 && (nt & (nt - 1)) == 0) {
+    if (sk_pow2_cols(cols)) {
         /* powers of two (the model's K = 512, 2,048, 4,096): shifts, not the three runtime
          * divisions below (~20 SASS each, a block's prologue runs several such loops) */
         const int lc = __ffs(cols) - 1;
@@ -222,7 +230,7 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
     }
     const int rows = w0.rows, K = w0.cols, G = K / QGROUP, stride = sk_stride(K);
     /* RB = 16·MT, MT·KS = 8, all powers of two (sk_rb): shifts instead of runtime divisions */
-    const int lmt = __ffs(RB) - 5, MT = 1 << lmt, KS = 8 >> lmt;
+    const int rbl = __ffs(RB) - 1, lmt = rbl - 4, MT = 1 << lmt, KS = 8 >> lmt;
     const int orows = SWIGLU ? RB / 2 : RB;   /* output rows of a subtile */
     const int TR = RB * a.mrep;               /* tile rows staged: mrep subtiles */
     const int rbase = blk * orows * a.mrep;
@@ -249,9 +257,8 @@ static __global__ void __launch_bounds__(256, GROUPED && NT == 1 ? 4 : 2) skinny
     __shared__ __align__(8) unsigned long long wbar;
     const bool bulk = sk_bulk_stage(a, w0, SWIGLU, RB, orows, rbase, erow, codes, scs, bis, G, K, stride, &wbar);
     if (!bulk) {
-        const int rbl = __ffs(RB) - 1; /* RB is a power of two (sk_rb) */
-        const int cpr = K / 32;        /* 16-byte chunks a row */
-        if (!SWIGLU && cpr <= (int)blockDim.x && (cpr & (cpr - 1)) == 0 && (blockDim.x & (blockDim.x - 1)) == 0) {
+        const int cpr = K / 32; /* 16-byte chunks a row */
+        if (!SWIGLU && sk_pow2_cols(cpr)) {
             /* tile row i is matrix row rbase + i: a thread keeps its chunk column and steps
              * both pointers by whole rows (the general loop below spent ~25 instructions a
              * copy on the tile row and 64-bit addresses: 12 % of the grouped down kernel's
