@@ -125,9 +125,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
     while (s + 1 < a.nseg && blk >= a.blk0[s + 1]) s++;
     blk -= a.blk0[s];
     const cuda_qmat m = a.w[s];
-    const int K = m.cols, G = K / QGROUP, KS = G / GPW, MT = (int)(blockDim.x / 32) / KS;
+    /* KS and MT are powers of two (KS·MT = the block's warps): shifts, not runtime divisions,
+     * on the way to the weight loads */
+    const int K = m.cols, G = K / QGROUP, KS = G / GPW, lmt = __ffs((int)(blockDim.x >> 5)) - __ffs(KS), MT = 1 << lmt;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
-    const int mt = warp % MT, ks = warp / MT;
+    const int mt = warp & (MT - 1), ks = warp >> lmt;
     const int r0 = (blk * MT + mt) * 16 + gq;
     tcv_w<GPW> w;
     tcv_load<GPW>(m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
@@ -209,9 +211,9 @@ static __global__ void __launch_bounds__(256, 2) tcv_stream_kernel(cuda_qmat m, 
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     pdl_trigger();
-    const int K = m.cols, G = K / QGROUP, KS = G / GPW, MT = 8 / KS;
+    const int K = m.cols, G = K / QGROUP, KS = G / GPW, lmt = 4 - __ffs(KS), MT = 1 << lmt; /* MT = 8 / KS */
     const int warp = threadIdx.x >> 5;
-    const int mt = warp % MT, ks = warp / MT, n_tiles = (m.rows + MT * 16 - 1) / (MT * 16);
+    const int mt = warp & (MT - 1), ks = warp >> lmt, n_tiles = (m.rows + MT * 16 - 1) >> (lmt + 4);
     uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
     float *xsum = reinterpret_cast<float *>(sm + (size_t)K * 2), *red = xsum + G;
     unsigned char *ring = sm + tcv_stream_head(K);
@@ -405,13 +407,13 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
     const int p = blockIdx.y, blk = blockIdx.x;
     const bool shared = p == K;
     const cuda_qmat gm = qsel(shared, sgate, gate), um = qsel(shared, sup, up);
-    const int cols = gm.cols, G = cols / QGROUP, KS = G / GPW, MT = 8 / KS, half = MT / 2;
+    const int cols = gm.cols, G = cols / QGROUP, KS = G / GPW, lmt = 4 - __ffs(KS), MT = 1 << lmt, half = MT / 2; /* MT = 8 / KS */
     if (blk * half * 16 >= gm.rows) { /* the shared expert may have fewer rows */
         pdl_wait();
         return;
     }
     const int warp = threadIdx.x >> 5;
-    const int mt = warp % MT, ks = warp / MT;
+    const int mt = warp & (MT - 1), ks = warp >> lmt;
     const bool is_up = mt >= half;
     const int rb = (blk * half + (is_up ? mt - half : mt)) * 16; /* the warp's first row within the expert */
     unsigned char *wsm = sm + tcv_stream_head(cols) + (size_t)warp * TCV_WSM(GPW);
