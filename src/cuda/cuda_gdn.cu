@@ -5,6 +5,7 @@
 // lives in the registers of Dk/8 lanes; per token each lane does 8 MACs three times
 // (in two independent chains) and two Dk/8-lane reductions. q/k l2-normalisation and the α/β gates are computed per
 // chunk of 32 tokens into shared memory by the same block.
+#include <limits.h>
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
@@ -220,31 +221,53 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
         /* per token (one warp each): l2-normalise q and k into shared memory, stage v and the
          * gates. (A variant where all threads first copied the raw chunk and then normalised
          * in shared memory measured slower on the H200: 86 ms against 55 ms per 4096-token
-         * prefill, docs/PERFORMANCE.md.) */
-        for (int tt = warp; tt < n; tt += 8) {
-            const float *row_in = conv_out + (size_t)(c0 + tt) * C;
-            float sq = 0.0f, sk = 0.0f;
-            for (int j = lane; j < DK; j += 32) {
-                const float q = row_in[kh * DK + j], k = row_in[key_dim + kh * DK + j];
-                sq += q * q;
-                sk += k * k;
+         * prefill, docs/PERFORMANCE.md.)
+         * Where a block scans one token (CH = 1: batched decode) its four parts go to four
+         * warps — q, k, v, the gates — instead of one warp in turn: the whole staging chain
+         * after the PDL wait was one warp's (H200, 64 sequences: scan 88.0 -> 76.7 µs a
+         * layer). The chunked form keeps one warp a token: with the split its batch-1
+         * decode measured slower (549 -> 510 tok/s at 512, cause not found; its 48 -> 40
+         * registers let 6 blocks an SM in place of 5). Same arithmetic either way. */
+        if constexpr (CH == 1) {
+            const float *row_in = conv_out + (size_t)c0 * C;
+            if (warp < 2) /* q (scaled by 1/√DK) or k */
+                gdn_l2norm_warp<DK>(row_in + (warp ? key_dim : 0) + kh * DK, warp ? ks[0] : qs[0], warp ? 1.0f : qscale,
+                                    lane);
+            else if (warp == 2) {
+                for (int r = lane; r < ROWS; r += 32) {
+                    const int rr = rb * ROWS + r;
+                    vs[0][r] = rr < Dv ? row_in[2 * key_dim + h * Dv + rr] : 0.0f;
+                }
+            } else if (warp == 3 && lane == 0) {
+                const float2 g = gdn_gates(ga[(size_t)c0 * ldab + h], gb[(size_t)c0 * ldab + h], dtb, A);
+                al[0] = g.x;
+                be[0] = g.y;
             }
-            sq = warp_sum(sq);
-            sk = warp_sum(sk);
-            const float iq = rsqrtf(sq + 1e-6f) * qscale, ik = rsqrtf(sk + 1e-6f);
-            for (int j = lane; j < DK; j += 32) {
-                qs[tt][j] = row_in[kh * DK + j] * iq;
-                ks[tt][j] = row_in[key_dim + kh * DK + j] * ik;
-            }
-            for (int r = lane; r < ROWS; r += 32) {
-                const int rr = rb * ROWS + r;
-                vs[tt][r] = rr < Dv ? row_in[2 * key_dim + h * Dv + rr] : 0.0f;
-            }
-            if (lane == 0) {
-                const float xa = ga[(size_t)(c0 + tt) * ldab + h] + dtb;
-                const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-                al[tt] = expf(-A * sp);
-                be[tt] = 1.0f / (1.0f + expf(-gb[(size_t)(c0 + tt) * ldab + h]));
+        } else {
+            for (int tt = warp; tt < n; tt += 8) {
+                const float *row_in = conv_out + (size_t)(c0 + tt) * C;
+                float sq = 0.0f, sk = 0.0f;
+                for (int j = lane; j < DK; j += 32) {
+                    const float q = row_in[kh * DK + j], k = row_in[key_dim + kh * DK + j];
+                    sq += q * q;
+                    sk += k * k;
+                }
+                sq = warp_sum(sq);
+                sk = warp_sum(sk);
+                const float iq = rsqrtf(sq + 1e-6f) * qscale, ik = rsqrtf(sk + 1e-6f);
+                for (int j = lane; j < DK; j += 32) {
+                    qs[tt][j] = row_in[kh * DK + j] * iq;
+                    ks[tt][j] = row_in[key_dim + kh * DK + j] * ik;
+                }
+                for (int r = lane; r < ROWS; r += 32) {
+                    const int rr = rb * ROWS + r;
+                    vs[tt][r] = rr < Dv ? row_in[2 * key_dim + h * Dv + rr] : 0.0f;
+                }
+                if (lane == 0) {
+                    const float2 g = gdn_gates(ga[(size_t)(c0 + tt) * ldab + h], gb[(size_t)(c0 + tt) * ldab + h], dtb, A);
+                    al[tt] = g.x;
+                    be[tt] = g.y;
+                }
             }
         }
         __syncthreads();
@@ -291,16 +314,16 @@ extern "C" int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, co
      * else 2. One sequence keeps the chunked form with one row a thread (its 256 blocks are
      * not limited by residency; batch-1 decode was measured with it). A/B: ORCHID_GDN_RPT=1,
      * 2 or 4 (4 only for one-token batches); ORCHID_GDN_CH1=0 keeps the chunked form for
-     * those too. */
+     * those too, ORCHID_GDN_CH1=all takes the one-token instance for one sequence as well. */
     static const int rpt_env = [] {
         const char *e = getenv("ORCHID_GDN_RPT");
         return e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "2") ? 2 : e && !strcmp(e, "4") ? 4 : 0;
     }();
-    static const bool ch1 = [] {
+    static const int ch1_min = [] { /* fewest sequences for the one-token instance */
         const char *e = getenv("ORCHID_GDN_CH1");
-        return !(e && !strcmp(e, "0"));
+        return e && !strcmp(e, "0") ? INT_MAX : e && !strcmp(e, "all") ? 1 : 2;
     }();
-    const bool one = one_token && ch1 && n_seqs >= 2;
+    const bool one = one_token && n_seqs >= ch1_min;
     int rpt = n_seqs < 2 ? 1 : rpt_env ? rpt_env : one ? 4 : 2;
     if (rpt == 4 && !one) rpt = 2;
     const int rows = rpt * 256 / (Dk / 8);

@@ -36,26 +36,11 @@ static __global__ void __launch_bounds__(256) gdn_prep_kernel(const float *conv_
     const float qscale = rsqrtf((float)DK);
     for (int p = warp; p < 2 * Hk; p += blockDim.x >> 5) {
         const int kh = p >> 1, is_k = p & 1;
-        const float *src = row + (is_k ? key_dim : 0) + kh * DK;
-        float v[DK / 32];
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DK / 32; i++) {
-            v[i] = src[lane + 32 * i];
-            ss += v[i] * v[i];
-        }
-        ss = warp_sum(ss);
-        const float inv = rsqrtf(ss + 1e-6f) * (is_k ? 1.0f : qscale);
-        float *dst = qk + (((size_t)t * Hk + kh) * 2 + is_k) * DK;
-#pragma unroll
-        for (int i = 0; i < DK / 32; i++) dst[lane + 32 * i] = v[i] * inv;
+        gdn_l2norm_warp<DK>(row + (is_k ? key_dim : 0) + kh * DK, qk + (((size_t)t * Hk + kh) * 2 + is_k) * DK,
+                            is_k ? 1.0f : qscale, lane);
     }
     for (int h = threadIdx.x; h < Hv; h += blockDim.x) {
-        const float xa = ga[(size_t)t * ldab + h] + dt_bias[h];
-        const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-        float2 g;
-        g.x = expf(-__expf(A_log[h]) * sp);
-        g.y = 1.0f / (1.0f + expf(-gb[(size_t)t * ldab + h]));
+        const float2 g = gdn_gates(ga[(size_t)t * ldab + h], gb[(size_t)t * ldab + h], dt_bias[h], __expf(A_log[h]));
         reinterpret_cast<float2 *>(gates)[(size_t)h * T + t] = g;
     }
 }

@@ -293,6 +293,14 @@ static inline cudaError_t launch_k(void (*kern)(KArgs...), dim3 grid, dim3 block
     return launch_k_pdl(true, kern, grid, block, smem, st, std::forward<Args>(args)...);
 }
 
+/* A Gated DeltaNet token's decay and write strength from its raw gate inputs a, b:
+ * (α, β) = (exp(−A·softplus(a + dt_bias)), sigmoid(b)), A = exp(A_log), softplus linear
+ * above 20 — one expression for the decode scan and the prefill's gate pass (same bits). */
+__device__ __forceinline__ float2 gdn_gates(float a, float b, float dtb, float A) {
+    const float xa = a + dtb;
+    const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+    return make_float2(expf(-A * sp), 1.0f / (1.0f + expf(-b)));
+}
 __device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ uint16_t f2bf(float f) {
     __nv_bfloat16 b = __float2bfloat16_rn(f);
@@ -309,6 +317,23 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* One warp l2-normalises a Gated DeltaNet q or k head row of DK floats: dst = src · scale /
+ * sqrt(Σ src² + 1e-6), the squares summed in lane order (lane's DK/32 values, then warp_sum);
+ * scale = 1/√DK for q, 1 for k. Shared by the decode scan and the prefill's prep (same bits). */
+template <int DK>
+__device__ __forceinline__ void gdn_l2norm_warp(const float *src, float *dst, float scale, int lane) {
+    float v[DK / 32], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DK / 32; i++) {
+        v[i] = src[lane + 32 * i];
+        ss += v[i] * v[i];
+    }
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss + 1e-6f) * scale;
+#pragma unroll
+    for (int i = 0; i < DK / 32; i++) dst[lane + 32 * i] = v[i] * inv;
 }
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
