@@ -60,27 +60,6 @@ static inline size_t wg_smem_bytes(int ring, int K) { return 1024 + (size_t)ring
                        * GDN out-projection 262 → 199 µs, attention o 259 → 196 µs */
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows 128 bytes
- * apart, 8-row groups 1,024 apart (SBO), leading offset unused (LBO 16 bytes). */
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-
-/* Operand fences: a volatile empty asm that "writes" each register, so the compiler neither
- * moves their definitions below a wgmma.fence nor reads an accumulator before the
- * wgmma.wait_group that completes it (the wgmma asm statements' outputs look ready at once). */
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
-}
-
 /* bf16x2 (q_lo, q_hi) of byte t of w, then s·q + b in one fused bf16x2 fma. The byte's two
  * codes land in the two halves (prmt: byte t of w and of w >> 4), 0x4300 | q = 128 + q
  * exactly, minus 128 exactly, then the fma: every step but the last is exact. */

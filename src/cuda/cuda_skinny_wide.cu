@@ -17,6 +17,7 @@
 // partial sums to a workspace [tile][slice][token][128] and the last of them to finish
 // (an acq_rel counter per tile) adds them in slice order and writes the output.
 #include "cuda/cuda_mma.h"
+#include "cuda/cuda_wgmma.h"
 
 #define SW_MAXSEG 4
 #define SW_MAX_T 64
@@ -42,6 +43,7 @@ struct sw_args {
 static float *sw_part;
 static int *sw_cnt;
 static int sw_sms = 1; /* multiprocessors (cuda_skinny_wide_init): the wave of sw_nsplit */
+static bool sw_wg = false; /* the wgmma form takes the launches (sm_90a code runs; ORCHID_SW_NOWG=1: off) */
 
 /* True in the last of the n blocks that count on *counter (then reset for the next
  * launch); the barrier and the acq_rel atomic order the blocks' partial writes before the
@@ -57,6 +59,73 @@ __device__ __forceinline__ bool sw_last_of(int *counter, int n) {
     }
     __syncthreads();
     return last;
+}
+
+/* A block's end, both product forms: its slice's partial sums to the workspace (rows lr0,
+ * lr0 + 8 — SwiGLU: up rows at 64 + — and tokens 2c, 2c + 1 of each of its nnt n-tiles from
+ * token t0), then, in the last of the tile's KS · nz blocks, the slices added in order. */
+template <int GPW, bool SWIGLU>
+__device__ __forceinline__ void sw_finish(const sw_args &a, int s, int blk, int tile, int ks, int KS, int lr0, bool is_up,
+                                          int t0, int nnt, int nz, const float (&acc)[SW_MAX_T / 8][4]) {
+    const cuda_qmat &m = a.w[s];
+    const int T = a.T, c = threadIdx.x & 3;
+    constexpr int ORW = SWIGLU ? SW_ROWS / 2 : SW_ROWS; /* output rows of a tile */
+    /* this slice's partials: rows lr0, lr0 + 8 (SwiGLU: up rows at 64 +), tokens 2c, 2c + 1 */
+    float *P = a.part + (size_t)(tile * KS + ks) * T * SW_ROWS;
+    const int pr = (is_up ? ORW : 0) + lr0;
+#pragma unroll
+    for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
+        if (nt >= nnt) break;
+        const int ta = t0 + nt * 8 + 2 * c, tb = ta + 1;
+        if (ta < T) {
+            P[(size_t)ta * SW_ROWS + pr] = acc[nt][0];
+            P[(size_t)ta * SW_ROWS + pr + 8] = acc[nt][2];
+        }
+        if (tb < T) {
+            P[(size_t)tb * SW_ROWS + pr] = acc[nt][1];
+            P[(size_t)tb * SW_ROWS + pr + 8] = acc[nt][3];
+        }
+    }
+    if (!sw_last_of(&a.cnt[tile], KS * nz)) return;
+    /* The last block adds the slices' partials in slice order from 0. A thread takes SW_U
+     * outputs at once and requests all of their partials (and the outputs it accumulates
+     * into) before adding any: one L2 round trip for SW_U · (KS + 1) loads (an output at a
+     * time was 32 dependent round trips a thread, ~20 µs of the 64-token out-projection on
+     * the H200). */
+    constexpr int SW_U = GPW == 16 ? 8 : 4; /* (8 at GPW 8 spilled under its 128-register bound) */
+    for (int i0 = threadIdx.x; i0 < T * ORW; i0 += SW_U * blockDim.x) {
+        float pv[SW_U][SW_MAX_KS], pu[SW_U][SW_MAX_KS], old[SW_U];
+#pragma unroll
+        for (int j = 0; j < SW_U; j++) {
+            const int i = i0 + j * blockDim.x, t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
+            const bool in = i < T * ORW && r < m.rows;
+            const float *p = a.part + ((size_t)(tile * KS) * T + t) * SW_ROWS + lr;
+#pragma unroll
+            for (int k = 0; k < SW_MAX_KS; k++) {
+                const bool ok = in && k < KS;
+                pv[j][k] = ok ? __ldcg(p + (size_t)k * T * SW_ROWS) : 0.0f;
+                if (SWIGLU) pu[j][k] = ok ? __ldcg(p + (size_t)k * T * SW_ROWS + ORW) : 0.0f;
+            }
+            old[j] = !SWIGLU && in && a.accumulate ? a.y[s][(size_t)t * a.ldy[s] + r] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < SW_U; j++) {
+            const int i = i0 + j * blockDim.x, t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
+            if (i >= T * ORW || r >= m.rows) continue;
+            float v = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int k = 0; k < SW_MAX_KS; k++)
+                if (k < KS) v += pv[j][k];
+            if (SWIGLU) {
+#pragma unroll
+                for (int k = 0; k < SW_MAX_KS; k++)
+                    if (k < KS) u += pu[j][k];
+                a.act[(size_t)t * a.ld_act + r] = f2bf(silu(v) * u);
+            } else {
+                a.y[s][(size_t)t * a.ldy[s] + r] = a.accumulate ? old[j] + v : v;
+            }
+        }
+    }
 }
 
 /* NI: n-tiles whose mma chains interleave (sk_group_steps; 1 = one n-tile at a time). */
@@ -126,62 +195,138 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     }
 
     trace_mark(TRACE_MARK7); /* (warp 0's) products done: its weights had landed */
-    /* this slice's partials: rows lr0, lr0 + 8 (SwiGLU: up rows at 64 +), tokens 2c, 2c + 1 */
-    float *P = a.part + (size_t)(tile * KS + ks) * T * SW_ROWS;
-    const int pr = (is_up ? ORW : 0) + lr0;
+    sw_finish<GPW, SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, t0, nnt, (int)gridDim.z, acc);
+}
+
+/* ---- the same products on wgmma (sm_90a) ----
+ * A block is the same tile (128 rows, one k-slice, every token), its two warpgroups the
+ * two 64-row halves: warp w's 16 rows and its A fragments are sw_kernel's (tcv_load,
+ * sk_frags: the same codes at the same k positions). The tokens are wgmma's B operand, one
+ * 128-byte row a (token, group) in the 128-byte swizzle (wg_desc), N = 32 or 64 columns.
+ * Bits: a group's four k16 steps start from zeroed registers and each step's 16 products
+ * are the ones mma.sync summed at the same k positions — B row position 16·st + κ of a
+ * group holds x[col(st, κ)], the column sk_bfrag gives lane c's k 2c, 2c + 1, 2c + 8,
+ * 2c + 9 of step st — so each group's Σ(128 + q)·x is mma.sync's (the prefill's two forms
+ * give the same bits: test_cuda_ops), and sk_group_scale adds it in group order: the
+ * same sums as sw_kernel and the one-token kernels (the GPU tests compare 9..64 tokens
+ * with one token alone, bitwise). Why: per warp and group sw_kernel issues 4 mma.sync and
+ * 2 LDS.128 an n-tile (64 tokens: 32 mma in dependent chains of 4), here 4 wgmma for all
+ * 64 tokens, B read by the tensor cores from shared memory. Measured on the H200 (CUDA
+ * events, a call alone): K = 4,096 (GDN out-projection, attention o) 27.9 / 27.0 -> 18.7 /
+ * 17.5 µs at 32 tokens, 39.9 / 39.3 -> 35.0 / 34.2 at 64; the K = 2,048 launches did not
+ * move (GDN in-projection 43 µs at 64 either way, attention q/k/v 45 -> 47, shared gate/up
+ * 17.7 -> 18.0): what grows with the tokens there is not the products (the staging, the
+ * partial sums and the last block's reduction all do). Forwards 16 / 32 / 64 sequences
+ * 7.58 / 10.46 / 15.10 -> 7.20 / 9.86 / 14.92 ms. ORCHID_SW_NOWG=1: sw_kernel (A/B). */
+template <int N>
+static constexpr size_t sw_wg_smem(int gpw) {
+    return 1024 + (size_t)gpw * N * 128 + (size_t)N * (gpw + 4) * 4 + 8 * (size_t)TCV_WSM(gpw);
+}
+
+template <int GPW, bool SWIGLU, int N>
+static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw_args a) {
+    TRACE_KERNEL();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) unsigned char sm[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(sm);
+    unsigned char *xb = sm + ((1024 - (raw_s & 1023)) & 1023); /* [GPW][N][128 B], swizzled */
+    const uint32_t xb_s = (uint32_t)__cvta_generic_to_shared(xb);
+    float *xsum = reinterpret_cast<float *>(xb + (size_t)GPW * N * 128); /* [N][GPW + 4] */
+    const int ks = blockIdx.y, KS = gridDim.y, tile = blockIdx.x, T = a.T;
+    int s = 0;
+    while (s + 1 < a.nseg && tile >= a.blk0[s + 1]) s++;
+    const int blk = tile - a.blk0[s];
+    const cuda_qmat m = a.w[s];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
+    constexpr int ORW = SWIGLU ? SW_ROWS / 2 : SW_ROWS;
+    const bool is_up = SWIGLU && warp >= 4;
+    const int lr0 = (SWIGLU ? (warp & 3) : warp) * 16 + gq;
+    const int r0 = blk * ORW + lr0;
+    /* each warp's 16 rows of codes, scales and biases for the slice, copied before the wait
+     * into its own shared tile (tcv_tile_async's layout) and read a group at a time: held in
+     * registers for all groups (sw_kernel's way) they took ptxas to 255 registers with the
+     * accumulators, spilling and serialising the wgmma */
+    unsigned char *wsm = xb + (size_t)GPW * N * 128 + (size_t)N * (GPW + 4) * 4 + (size_t)warp * TCV_WSM(GPW);
+    pdl_trigger();
+    {
+        const size_t base = (size_t)(r0 - gq);
+        tcv_tile_async<GPW>(is_up ? a.up : m, base, m.rows - (int)base, ks * GPW, wsm);
+        cpa_commit();
+    }
+    pdl_wait();
+
+    /* (token t, group g) to its 128-byte row, chunk ch at ch ^ (t & 7): the swizzle wgmma
+     * reads, and the pass below reads 8 tokens' same chunk from distinct banks. Rows of
+     * tokens past T are zeroed (their columns are never written out). */
+    for (int i = tid; i < N * GPW * 8; i += blockDim.x) {
+        const int t = i / (GPW * 8), r = i % (GPW * 8), g = r >> 3, ch = r & 7;
+        unsigned char *dst = xb + ((size_t)g * N + t) * 128 + ((ch ^ (t & 7)) << 4);
+        if (t < T) cpa16(dst, a.x + (size_t)t * a.ldx + (size_t)ks * GPW * QGROUP + g * QGROUP + ch * 8);
+        else *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+    }
+    cpa_commit();
+    cpa_wait<0>();
+    __syncthreads();
+    /* Each (token, group): Σx in sk_group_sum's order (chunks 0..7), then the row rewritten
+     * in place in the k order of the four steps: out chunk 2·st + hf, word c = sk_bfrag's b0
+     * (hf 0) or b1 (hf 1) of step st from lane c's 16 values (chunks 2c, 2c + 1). */
+    for (int i = tid; i < T * GPW; i += blockDim.x) {
+        const int t = i % T, g = i / T;
+        uint4 *row = reinterpret_cast<uint4 *>(xb + ((size_t)g * N + t) * 128);
+        uint4 v[8];
 #pragma unroll
-    for (int nt = 0; nt < SW_MAX_T / 8; nt++) {
-        if (nt >= nnt) break;
-        const int ta = t0 + nt * 8 + 2 * c, tb = ta + 1;
-        if (ta < T) {
-            P[(size_t)ta * SW_ROWS + pr] = acc[nt][0];
-            P[(size_t)ta * SW_ROWS + pr + 8] = acc[nt][2];
+        for (int ch = 0; ch < 8; ch++) v[ch] = row[ch ^ (t & 7)];
+        float sum = 0.0f;
+#pragma unroll
+        for (int ch = 0; ch < 8; ch++) sum += sk_chunk_sum(v[ch]);
+        xsum[t * (GPW + 4) + g] = sum;
+        uint32_t o[8][4];
+#pragma unroll
+        for (int cc = 0; cc < 4; cc++) {
+            const uint32_t e[8] = {v[2 * cc].x, v[2 * cc].y, v[2 * cc].z, v[2 * cc].w,
+                                   v[2 * cc + 1].x, v[2 * cc + 1].y, v[2 * cc + 1].z, v[2 * cc + 1].w};
+#pragma unroll
+            for (int st = 0; st < 4; st++) sk_bfrag(e, st, o[2 * st][cc], o[2 * st + 1][cc]);
         }
-        if (tb < T) {
-            P[(size_t)tb * SW_ROWS + pr] = acc[nt][1];
-            P[(size_t)tb * SW_ROWS + pr + 8] = acc[nt][3];
+#pragma unroll
+        for (int ch = 0; ch < 8; ch++) row[ch ^ (t & 7)] = make_uint4(o[ch][0], o[ch][1], o[ch][2], o[ch][3]);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the rows, to wgmma's reads */
+    __syncthreads();
+
+    float acc[SW_MAX_T / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < SW_MAX_T / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll 1
+    for (int gi = 0; gi < GPW; gi++) { /* rolled: unrolled, ptxas issued later groups' wgmma early, all their sums live */
+        const sk_w f = tcv_smem_group<GPW>(wsm, gi, gq, c);
+        uint32_t af[4][4];
+        sk_frags<false>(f, af);
+        uint64_t desc[4];
+#pragma unroll
+        for (int st = 0; st < 4; st++) {
+            desc[st] = wg_desc(xb_s + (uint32_t)(gi * N * 128 + st * 32));
+            asm volatile("" : "+l"(desc[st])::"memory");
+        }
+        float cg[N / 2];
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) cg[i] = 0.0f;
+        reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
+        reg_fence(cg);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int st = 0; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        reg_fence(cg);
+#pragma unroll
+        for (int j = 0; j < N / 8; j++) {
+            const float cj[4] = {cg[4 * j], cg[4 * j + 1], cg[4 * j + 2], cg[4 * j + 3]};
+            sk_group_scale(f, cj, xsum[(8 * j + 2 * c) * (GPW + 4) + gi], xsum[(8 * j + 2 * c + 1) * (GPW + 4) + gi], acc[j]);
         }
     }
-    if (!sw_last_of(&a.cnt[tile], KS * (int)gridDim.z)) return;
-    /* The last block adds the slices' partials in slice order from 0. A thread takes SW_U
-     * outputs at once and requests all of their partials (and the outputs it accumulates
-     * into) before adding any: one L2 round trip for SW_U · (KS + 1) loads (an output at a
-     * time was 32 dependent round trips a thread, ~20 µs of the 64-token out-projection on
-     * the H200). */
-    constexpr int SW_U = GPW == 16 ? 8 : 4; /* (8 at GPW 8 spilled under its 128-register bound) */
-    for (int i0 = threadIdx.x; i0 < T * ORW; i0 += SW_U * blockDim.x) {
-        float pv[SW_U][SW_MAX_KS], pu[SW_U][SW_MAX_KS], old[SW_U];
-#pragma unroll
-        for (int j = 0; j < SW_U; j++) {
-            const int i = i0 + j * blockDim.x, t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
-            const bool in = i < T * ORW && r < m.rows;
-            const float *p = a.part + ((size_t)(tile * KS) * T + t) * SW_ROWS + lr;
-#pragma unroll
-            for (int k = 0; k < SW_MAX_KS; k++) {
-                const bool ok = in && k < KS;
-                pv[j][k] = ok ? __ldcg(p + (size_t)k * T * SW_ROWS) : 0.0f;
-                if (SWIGLU) pu[j][k] = ok ? __ldcg(p + (size_t)k * T * SW_ROWS + ORW) : 0.0f;
-            }
-            old[j] = !SWIGLU && in && a.accumulate ? a.y[s][(size_t)t * a.ldy[s] + r] : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < SW_U; j++) {
-            const int i = i0 + j * blockDim.x, t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
-            if (i >= T * ORW || r >= m.rows) continue;
-            float v = 0.0f, u = 0.0f;
-#pragma unroll
-            for (int k = 0; k < SW_MAX_KS; k++)
-                if (k < KS) v += pv[j][k];
-            if (SWIGLU) {
-#pragma unroll
-                for (int k = 0; k < SW_MAX_KS; k++)
-                    if (k < KS) u += pu[j][k];
-                a.act[(size_t)t * a.ld_act + r] = f2bf(silu(v) * u);
-            } else {
-                a.y[s][(size_t)t * a.ldy[s] + r] = a.accumulate ? old[j] + v : v;
-            }
-        }
-    }
+    sw_finish<GPW, SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, 0, N / 8, 1, acc);
+#endif
 }
 
 /* Tokens [64][GPW·64 + 8] bf16, then Σx [64][GPW + 4] fp32: the padding puts the 4 token
@@ -214,8 +359,18 @@ extern "C" int cuda_skinny_wide_init(char *err, size_t errlen) {
     SW_ATTR(8, false, 1) SW_ATTR(8, false, 2) SW_ATTR(16, false, 1) SW_ATTR(16, false, 4)
     SW_ATTR(8, true, 1) SW_ATTR(8, true, 2) SW_ATTR(16, true, 1) SW_ATTR(16, true, 4)
 #undef SW_ATTR
+#define SW_WG_ATTR(G, S, N)                                                                                             \
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(sw_wg_kernel<G, S, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw_wg_smem<N>(G));
+    SW_WG_ATTR(8, false, 32) SW_WG_ATTR(8, false, 64) SW_WG_ATTR(16, false, 32) SW_WG_ATTR(16, false, 64)
+    SW_WG_ATTR(8, true, 32) SW_WG_ATTR(8, true, 64) SW_WG_ATTR(16, true, 32) SW_WG_ATTR(16, true, 64)
+#undef SW_WG_ATTR
     if (!rc && e != cudaSuccess)
         rc = errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    if (!rc && !env_flag("ORCHID_SW_NOWG")) {
+        const int code = cuda_sm90a_code(err, errlen);
+        if (code < 0) rc = code;
+        sw_wg = code == 1;
+    }
     return rc;
 }
 
@@ -282,6 +437,13 @@ static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
      * sequences 7.75 / 10.87 / 15.97 -> 7.70 / 10.72 / 15.70 ms (docs/PERFORMANCE.md, session
      * 18). ORCHID_SW_NOIL=1: one n-tile at a time (A/B). */
     static const bool il = !env_flag("ORCHID_SW_NOIL");
+    if (sw_wg) { /* the wgmma form: every token in each block, N = 32 or 64 columns */
+        const bool n64 = a.T > 32;
+        void (*k)(sw_args) = gpw == 16 ? (n64 ? sw_wg_kernel<16, SWIGLU, 64> : sw_wg_kernel<16, SWIGLU, 32>)
+                                       : (n64 ? sw_wg_kernel<8, SWIGLU, 64> : sw_wg_kernel<8, SWIGLU, 32>);
+        const size_t smem = n64 ? sw_wg_smem<64>(gpw) : sw_wg_smem<32>(gpw);
+        LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), k, dim3(tiles, ks, 1), dim3(256), smem, cstream(c), a), what);
+    }
     const dim3 grid(tiles, ks, ns);
     const size_t smem = sw_smem(gpw);
     void (*k)(sw_args) = gpw == 16 ? (il ? sw_kernel<16, SWIGLU, 4> : sw_kernel<16, SWIGLU, 1>)

@@ -1,6 +1,7 @@
 // cuda/cuda_wgmma.h — wgmma.mma_async m64nNk16 (sm_90a), bf16 × bf16 → fp32, A from registers
 // and B through a shared-memory descriptor, for the prefill GEMM (cuda_gemm_wg.cu): N = 128
-// (a full token tile) and N = 64 (a route tile of at most 64 slots, half the tensor work).
+// (a full token tile) and N = 64 (a route tile of at most 64 slots, half the tensor work);
+// and for the 9..64-token decode products (cuda_skinny_wide.cu): N = 64 and 32.
 // The accumulator is a 64-float array (N/2 of it used: d[4j + e] is row g + 8(e >> 1),
 // column 8j + 2t + (e & 1) of the warp's 16 rows); scale-d is the immediate 1 (accumulate),
 // A and B unscaled, B K-major (not transposed).
@@ -23,7 +24,9 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t *a, ui
         : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
-__device__ __forceinline__ void wgmma_n64(float (&d)[64], const uint32_t *a, uint64_t desc) {
+template <int S> /* the accumulator's size: 64 (the prefill's) or 32 (exactly this shape's) */
+__device__ __forceinline__ void wgmma_n64(float (&d)[S], const uint32_t *a, uint64_t desc) {
+    static_assert(S >= 32, "wgmma_n64: 32 accumulator floats");
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
@@ -32,7 +35,45 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[64], const uint32_t *a, uin
         : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
+        : WG_D8(0), WG_D8(8)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
 #undef WG_D8
+
+/* One k16 step of N = 32 or 64 columns into an accumulator of exactly N/2 floats (the
+ * decode products of cuda_skinny_wide.cu; same layout as above). */
+template <int N>
+__device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], const uint32_t *a, uint64_t desc) {
+    static_assert(N == 32 || N == 64, "wgmma_k16: N = 32 or 64");
+    if constexpr (N == 64) wgmma_n64(d, a, desc);
+    else wgmma_n32(d, a, desc);
+}
+
+/* Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows 128 bytes
+ * apart, 8-row groups 1,024 apart (SBO), leading offset unused (LBO 16 bytes). */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+/* Operand fences: a volatile empty asm that "writes" each register, so the compiler neither
+ * moves their definitions below a wgmma.fence nor reads an accumulator before the
+ * wgmma.wait_group that completes it (the wgmma asm statements' outputs look ready at once). */
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
 
 /* The four k16 steps of one quantization group: N = 128, or N = 64 when the tile has at
  * most 64 rows and may be partial (a grouped product's route tiles). The branch sits
