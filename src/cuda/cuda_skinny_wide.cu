@@ -61,13 +61,61 @@ __device__ __forceinline__ bool sw_last_of(int *counter, int n) {
     return last;
 }
 
+/* The last block of a tile adds the slices' partials in slice order from 0 (v = 0 + p0 + p1
+ * + ...; SwiGLU: the up rows' too, then silu(v)·u to bf16). A thread takes U runs of 4 rows
+ * (one float4 of a token's partials a slice) and requests all of their KS partials (and
+ * the outputs it accumulates into) before adding any: the tile's 8,192 outputs at 64 tokens
+ * are two rounds of L2 round trips a thread (four scalar outputs at a time were eight
+ * rounds; an output at a time, 32 — ~20 µs of the 64-token out-projection, H200). */
+template <bool SWIGLU, int KS>
+__device__ __forceinline__ void sw_reduce(const sw_args &a, int s, int blk, int tile) {
+    const cuda_qmat &m = a.w[s];
+    const int T = a.T;
+    constexpr int ORW = SWIGLU ? SW_ROWS / 2 : SW_ROWS, Q = ORW / 4; /* float4 runs a token */
+    constexpr int UK = 16 / (KS * (SWIGLU ? 2 : 1)), U = UK > 4 ? 4 : UK > 0 ? UK : 1; /* ≤ 64 partials held */
+    for (int i0 = threadIdx.x; i0 < T * Q; i0 += U * blockDim.x) {
+        float4 pv[U][KS], pu[U][SWIGLU ? KS : 1];
+        float old[U][4];
+#pragma unroll
+        for (int j = 0; j < U; j++) {
+            const int i = i0 + j * blockDim.x, t = i / Q, lr = 4 * (i % Q), r = blk * ORW + lr;
+            const bool in = i < T * Q && r < m.rows;
+            const float4 *p = reinterpret_cast<const float4 *>(a.part + ((size_t)(tile * KS) * T + t) * SW_ROWS + lr);
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                pv[j][k] = in ? __ldcg(p + (size_t)k * T * (SW_ROWS / 4)) : make_float4(0, 0, 0, 0);
+                if (SWIGLU) pu[j][k] = in ? __ldcg(p + (size_t)k * T * (SW_ROWS / 4) + ORW / 4) : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                old[j][e] = !SWIGLU && in && a.accumulate && r + e < m.rows ? a.y[s][(size_t)t * a.ldy[s] + r + e] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < U; j++) {
+            const int i = i0 + j * blockDim.x, t = i / Q, lr = 4 * (i % Q), r = blk * ORW + lr;
+            if (i >= T * Q || r >= m.rows) continue;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                v[0] += pv[j][k].x; v[1] += pv[j][k].y; v[2] += pv[j][k].z; v[3] += pv[j][k].w;
+                if (SWIGLU) { u[0] += pu[j][k].x; u[1] += pu[j][k].y; u[2] += pu[j][k].z; u[3] += pu[j][k].w; }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (r + e >= m.rows) break;
+                if (SWIGLU) a.act[(size_t)t * a.ld_act + r + e] = f2bf(silu(v[e]) * u[e]);
+                else a.y[s][(size_t)t * a.ldy[s] + r + e] = a.accumulate ? old[j][e] + v[e] : v[e];
+            }
+        }
+    }
+}
+
 /* A block's end, both product forms: its slice's partial sums to the workspace (rows lr0,
  * lr0 + 8 — SwiGLU: up rows at 64 + — and tokens 2c, 2c + 1 of each of its nnt n-tiles from
  * token t0), then, in the last of the tile's KS · nz blocks, the slices added in order. */
 template <int GPW, bool SWIGLU>
 __device__ __forceinline__ void sw_finish(const sw_args &a, int s, int blk, int tile, int ks, int KS, int lr0, bool is_up,
                                           int t0, int nnt, int nz, const float (&acc)[SW_MAX_T / 8][4]) {
-    const cuda_qmat &m = a.w[s];
     const int T = a.T, c = threadIdx.x & 3;
     constexpr int ORW = SWIGLU ? SW_ROWS / 2 : SW_ROWS; /* output rows of a tile */
     /* this slice's partials: rows lr0, lr0 + 8 (SwiGLU: up rows at 64 +), tokens 2c, 2c + 1 */
@@ -87,44 +135,11 @@ __device__ __forceinline__ void sw_finish(const sw_args &a, int s, int blk, int 
         }
     }
     if (!sw_last_of(&a.cnt[tile], KS * nz)) return;
-    /* The last block adds the slices' partials in slice order from 0. A thread takes SW_U
-     * outputs at once and requests all of their partials (and the outputs it accumulates
-     * into) before adding any: one L2 round trip for SW_U · (KS + 1) loads (an output at a
-     * time was 32 dependent round trips a thread, ~20 µs of the 64-token out-projection on
-     * the H200). */
-    constexpr int SW_U = GPW == 16 ? 8 : 4; /* (8 at GPW 8 spilled under its 128-register bound) */
-    for (int i0 = threadIdx.x; i0 < T * ORW; i0 += SW_U * blockDim.x) {
-        float pv[SW_U][SW_MAX_KS], pu[SW_U][SW_MAX_KS], old[SW_U];
-#pragma unroll
-        for (int j = 0; j < SW_U; j++) {
-            const int i = i0 + j * blockDim.x, t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
-            const bool in = i < T * ORW && r < m.rows;
-            const float *p = a.part + ((size_t)(tile * KS) * T + t) * SW_ROWS + lr;
-#pragma unroll
-            for (int k = 0; k < SW_MAX_KS; k++) {
-                const bool ok = in && k < KS;
-                pv[j][k] = ok ? __ldcg(p + (size_t)k * T * SW_ROWS) : 0.0f;
-                if (SWIGLU) pu[j][k] = ok ? __ldcg(p + (size_t)k * T * SW_ROWS + ORW) : 0.0f;
-            }
-            old[j] = !SWIGLU && in && a.accumulate ? a.y[s][(size_t)t * a.ldy[s] + r] : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < SW_U; j++) {
-            const int i = i0 + j * blockDim.x, t = i / ORW, lr = i % ORW, r = blk * ORW + lr;
-            if (i >= T * ORW || r >= m.rows) continue;
-            float v = 0.0f, u = 0.0f;
-#pragma unroll
-            for (int k = 0; k < SW_MAX_KS; k++)
-                if (k < KS) v += pv[j][k];
-            if (SWIGLU) {
-#pragma unroll
-                for (int k = 0; k < SW_MAX_KS; k++)
-                    if (k < KS) u += pu[j][k];
-                a.act[(size_t)t * a.ld_act + r] = f2bf(silu(v) * u);
-            } else {
-                a.y[s][(size_t)t * a.ldy[s] + r] = a.accumulate ? old[j] + v : v;
-            }
-        }
+    switch (KS) {
+    case 1: sw_reduce<SWIGLU, 1>(a, s, blk, tile); break;
+    case 2: sw_reduce<SWIGLU, 2>(a, s, blk, tile); break;
+    case 4: sw_reduce<SWIGLU, 4>(a, s, blk, tile); break;
+    default: sw_reduce<SWIGLU, 8>(a, s, blk, tile); break;
     }
 }
 
