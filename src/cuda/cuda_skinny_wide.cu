@@ -218,10 +218,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
  * two 64-row halves: warp w's 16 rows and its A fragments are sw_kernel's (tcv_load,
  * sk_frags: the same codes at the same k positions). The tokens are wgmma's B operand, one
  * 128-byte row a (token, group) in the 128-byte swizzle (wg_desc), N = 32 or 64 columns.
- * Bits: a group's four k16 steps start from zeroed registers and each step's 16 products
- * are the ones mma.sync summed at the same k positions — B row position 16·st + κ of a
- * group holds x[col(st, κ)], the column sk_bfrag gives lane c's k 2c, 2c + 1, 2c + 8,
- * 2c + 9 of step st — so each group's Σ(128 + q)·x is mma.sync's (the prefill's two forms
+ * Bits: a group's first k16 step writes its sums (scale-d 0: ptxas made that of zeroed
+ * registers too), the next three add, and each step's 16 products are the ones mma.sync
+ * summed at the same k positions — B row position 16·st + κ of a group holds x[col(st, κ)],
+ * the column sk_bfrag gives lane c's k 2c, 2c + 1, 2c + 8, 2c + 9 of step st — so each
+ * group's Σ(128 + q)·x is mma.sync's (the prefill's two forms
  * give the same bits: test_cuda_ops), and sk_group_scale adds it in group order: the
  * same sums as sw_kernel and the one-token kernels (the GPU tests compare 9..64 tokens
  * with one token alone, bitwise). Why: per warp and group sw_kernel issues 4 mma.sync and
@@ -231,8 +232,13 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
  * 17.5 µs at 32 tokens, 39.9 / 39.3 -> 35.0 / 34.2 at 64; the K = 2,048 launches did not
  * move (GDN in-projection 43 µs at 64 either way, attention q/k/v 45 -> 47, shared gate/up
  * 17.7 -> 18.0): what grows with the tokens there is not the products (the staging, the
- * partial sums and the last block's reduction all do). Forwards 16 / 32 / 64 sequences
- * 7.58 / 10.46 / 15.10 -> 7.20 / 9.86 / 14.92 ms. ORCHID_SW_NOWG=1: sw_kernel (A/B). */
+ * partial sums and the last block's reduction all do: sw_reduce's float4 form then took
+ * them to 30.1 / 30.4 / 15.4 µs). Forwards 16 / 32 / 64 sequences 7.58 / 10.46 / 15.10 ->
+ * 7.20 / 9.86 / 14.92 ms (both forms with sw_reduce: 7.27 / 9.95 / 14.12 -> 6.97 / 9.46 /
+ * 13.70). ORCHID_SW_NOWG=1: sw_kernel (A/B). Measured and not kept (docs/PERFORMANCE.md,
+ * session 19): launches of fewer blocks than SMs as one warpgroup a block (the tile's two
+ * halves apart), and two groups' wgmma in flight (groups in pairs; 155 registers, one block
+ * an SM) — neither moved the forwards. */
 template <int N>
 static constexpr size_t sw_wg_smem(int gpw) {
     return 1024 + (size_t)gpw * N * 128 + (size_t)N * (gpw + 4) * 4 + 8 * (size_t)TCV_WSM(gpw);
@@ -324,13 +330,12 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
             asm volatile("" : "+l"(desc[st])::"memory");
         }
         float cg[N / 2];
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) cg[i] = 0.0f;
         reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
         reg_fence(cg);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        wgmma_k16<N, 0>(cg, af[0], desc[0]); /* cg = the first step's sums (its old values unread) */
 #pragma unroll
-        for (int st = 0; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
+        for (int st = 1; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         reg_fence(cg);

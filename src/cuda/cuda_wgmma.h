@@ -24,34 +24,37 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t *a, ui
         : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
-template <int S> /* the accumulator's size: 64 (the prefill's) or 32 (exactly this shape's) */
+template <int S, int ACC = 1> /* S: the accumulator's size, 64 (the prefill's) or 32; ACC 0: d = a·b */
 __device__ __forceinline__ void wgmma_n64(float (&d)[S], const uint32_t *a, uint64_t desc) {
     static_assert(S >= 32, "wgmma_n64: 32 accumulator floats");
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
         "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+        "{%32, %33, %34, %35}, %36, %37, 1, 1, 0;\n"
         : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
 }
+template <int ACC = 1>
 __device__ __forceinline__ void wgmma_n32(float (&d)[16], const uint32_t *a, uint64_t desc) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
+        "{%16, %17, %18, %19}, %20, %21, 1, 1, 0;\n"
         : WG_D8(0), WG_D8(8)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
 }
 #undef WG_D8
 
 /* One k16 step of N = 32 or 64 columns into an accumulator of exactly N/2 floats (the
- * decode products of cuda_skinny_wide.cu; same layout as above). */
-template <int N>
+ * decode products of cuda_skinny_wide.cu; same layout as above); ACC 0: d = a·b, the form
+ * ptxas makes of zeroed registers plus a·b (the same sums: the GPU tests compare them with
+ * mma.sync's bitwise), with no instruction writing d while other wgmma are in flight. */
+template <int N, int ACC = 1>
 __device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], const uint32_t *a, uint64_t desc) {
     static_assert(N == 32 || N == 64, "wgmma_k16: N = 32 or 64");
-    if constexpr (N == 64) wgmma_n64(d, a, desc);
-    else wgmma_n32(d, a, desc);
+    if constexpr (N == 64) wgmma_n64<N / 2, ACC>(d, a, desc);
+    else wgmma_n32<ACC>(d, a, desc);
 }
 
 /* Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows 128 bytes
