@@ -15,7 +15,11 @@
 // slices, a slice's groups in order into sk_group_scale's acc += fmaf(s, Σ(128+q)x, (b-128s)·Σx), the slices added in
 // order from 0. The slices of a row tile are different blocks here, so each writes its
 // partial sums to a workspace [tile][slice][token][128] and the last of them to finish
-// (an acq_rel counter per tile) adds them in slice order and writes the output.
+// (an acq_rel counter per tile) adds them in slice order and writes the output (sw_reduce).
+//
+// Two forms of the products, the same bits: on sm_90a sw_wg_kernel (wgmma, the tokens the
+// B operand in shared memory, each warp's weights through shared memory), elsewhere
+// sw_kernel (mma.sync, each warp's weights in registers). Both end in sw_finish.
 #include "cuda/cuda_mma.h"
 #include "cuda/cuda_wgmma.h"
 
@@ -113,7 +117,7 @@ __device__ __forceinline__ void sw_reduce(const sw_args &a, int s, int blk, int 
 /* A block's end, both product forms: its slice's partial sums to the workspace (rows lr0,
  * lr0 + 8 — SwiGLU: up rows at 64 + — and tokens 2c, 2c + 1 of each of its nnt n-tiles from
  * token t0), then, in the last of the tile's KS · nz blocks, the slices added in order. */
-template <int GPW, bool SWIGLU>
+template <bool SWIGLU>
 __device__ __forceinline__ void sw_finish(const sw_args &a, int s, int blk, int tile, int ks, int KS, int lr0, bool is_up,
                                           int t0, int nnt, int nz, const float (&acc)[SW_MAX_T / 8][4]) {
     const int T = a.T, c = threadIdx.x & 3;
@@ -210,7 +214,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
     }
 
     trace_mark(TRACE_MARK7); /* (warp 0's) products done: its weights had landed */
-    sw_finish<GPW, SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, t0, nnt, (int)gridDim.z, acc);
+    sw_finish<SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, t0, nnt, (int)gridDim.z, acc);
 }
 
 /* ---- the same products on wgmma (sm_90a) ----
@@ -345,7 +349,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
             sk_group_scale(f, cj, xsum[(8 * j + 2 * c) * (GPW + 4) + gi], xsum[(8 * j + 2 * c + 1) * (GPW + 4) + gi], acc[j]);
         }
     }
-    sw_finish<GPW, SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, 0, N / 8, 1, acc);
+    sw_finish<SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, 0, N / 8, 1, acc);
 #endif
 }
 
