@@ -48,6 +48,7 @@ static float *sw_part;
 static int *sw_cnt;
 static int sw_sms = 1; /* multiprocessors (cuda_skinny_wide_init): the wave of sw_nsplit */
 static bool sw_wg = false; /* the wgmma form takes the launches (sm_90a code runs; ORCHID_SW_NOWG=1: off) */
+static bool sw_gpw_ok[2];  /* slices of 8 / 16 groups fit the device's shared memory (cuda_skinny_wide_init) */
 
 /* True in the last of the n blocks that count on *counter (then reset for the next
  * launch); the barrier and the acq_rel atomic order the blocks' partial writes before the
@@ -377,32 +378,45 @@ extern "C" int cuda_skinny_wide_init(char *err, size_t errlen) {
     int rc = cuda_malloc((void **)&sw_part, bytes, "skinny_wide partial sums", err, errlen);
     if (!rc) rc = cuda_malloc((void **)&sw_cnt, SW_MAX_TILES * sizeof(int), "skinny_wide counters", err, errlen);
     if (!rc) rc = cuda_memset0(sw_cnt, SW_MAX_TILES * sizeof(int), err, errlen);
+    if (rc) return rc;
+    /* Each form needs its shared memory within the device's opt-in (the mma.sync form 70 KB
+     * at K = 2,048, 137 KB at 4,096; the wgmma form up to 206 KB): a slice width or form that
+     * does not fit stays off — its launches go to cuda_skinny.cu, the same bits — instead of
+     * failing the backend (99 KB on sm_86 / sm_89; 163 KB on an A100, where the sm_90a form
+     * cannot run anyway). */
+    cuda_caps caps;
+    if (device_caps(&caps) != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_wide: device attributes unavailable");
     cudaError_t e = cudaSuccess;
 #define SW_ATTR(G, S, N)                                                                                                \
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(sw_kernel<G, S, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw_smem(G));
+    if (e == cudaSuccess && sw_smem(G) <= (size_t)caps.optin)                                                           \
+        e = cudaFuncSetAttribute(sw_kernel<G, S, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw_smem(G));
     SW_ATTR(8, false, 1) SW_ATTR(8, false, 2) SW_ATTR(16, false, 1) SW_ATTR(16, false, 4)
     SW_ATTR(8, true, 1) SW_ATTR(8, true, 2) SW_ATTR(16, true, 1) SW_ATTR(16, true, 4)
 #undef SW_ATTR
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    sw_gpw_ok[0] = sw_smem(8) <= (size_t)caps.optin;
+    sw_gpw_ok[1] = sw_smem(16) <= (size_t)caps.optin;
+    if (env_flag("ORCHID_SW_NOWG") || sw_wg_smem<64>(16) > (size_t)caps.optin) return 0;
+    const int code = cuda_sm90a_code(err, errlen);
+    if (code < 0) return code;
+    if (code != 1) return 0;
 #define SW_WG_ATTR(G, S, N)                                                                                             \
     if (e == cudaSuccess) e = cudaFuncSetAttribute(sw_wg_kernel<G, S, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw_wg_smem<N>(G));
     SW_WG_ATTR(8, false, 32) SW_WG_ATTR(8, false, 64) SW_WG_ATTR(16, false, 32) SW_WG_ATTR(16, false, 64)
     SW_WG_ATTR(8, true, 32) SW_WG_ATTR(8, true, 64) SW_WG_ATTR(16, true, 32) SW_WG_ATTR(16, true, 64)
 #undef SW_WG_ATTR
-    if (!rc && e != cudaSuccess)
-        rc = errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
-    if (!rc && !env_flag("ORCHID_SW_NOWG")) {
-        const int code = cuda_sm90a_code(err, errlen);
-        if (code < 0) rc = code;
-        sw_wg = code == 1;
-    }
-    return rc;
+    if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute (wgmma form) failed: %s",
+                                        cudaGetErrorString(e));
+    sw_wg = true;
+    return 0;
 }
 
 /* Whether this path takes the launch: 9..64 tokens, tiles that fit the workspace, a slice
  * width it has (all matrices 4-bit with the same columns: the caller checked). */
 static bool sw_takes(int T, int K, int tiles) {
     static const bool off = env_flag("ORCHID_NO_WIDE");
-    return sw_part && !off && T > 8 && T <= SW_MAX_T && tiles <= SW_MAX_TILES && sw_gpw(K) != 0;
+    const int gpw = sw_gpw(K);
+    return sw_part && !off && T > 8 && T <= SW_MAX_T && tiles <= SW_MAX_TILES && gpw != 0 && sw_gpw_ok[gpw == 16];
 }
 
 /* Row tiles of a launch: SW_ROWS rows of each matrix, or SW_ROWS / 2 gate (and up) rows. */
