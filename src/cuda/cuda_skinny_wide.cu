@@ -66,6 +66,25 @@ __device__ __forceinline__ bool sw_last_of(int *counter, int n) {
     return last;
 }
 
+/* Where a block's lane works, both product forms: the launch's segment s (matrix a.w[s]) and
+ * the tile's index blk within it; the lane's first row lr0 of the tile (rows lr0, lr0 + 8;
+ * SwiGLU: warps 4..7 take the up rows of the same 64 features) and its matrix row r0. */
+struct sw_place {
+    int s, blk, lr0, r0;
+    bool is_up;
+};
+template <bool SWIGLU>
+__device__ __forceinline__ sw_place sw_place_of(const sw_args &a, int tile, int warp, int gq) {
+    sw_place p;
+    p.s = 0;
+    while (p.s + 1 < a.nseg && tile >= a.blk0[p.s + 1]) p.s++;
+    p.blk = tile - a.blk0[p.s];
+    p.is_up = SWIGLU && warp >= 4;
+    p.lr0 = (SWIGLU ? (warp & 3) : warp) * 16 + gq;
+    p.r0 = p.blk * (SWIGLU ? SW_ROWS / 2 : SW_ROWS) + p.lr0;
+    return p;
+}
+
 /* The last block of a tile adds the slices' partials in slice order from 0 (v = 0 + p0 + p1
  * + ...; SwiGLU: the up rows' too, then silu(v)·u to bf16). A thread takes U runs of 4 rows
  * (one float4 of a token's partials a slice) and requests all of their KS partials (and
@@ -77,7 +96,7 @@ __device__ __forceinline__ void sw_reduce(const sw_args &a, int s, int blk, int 
     const cuda_qmat &m = a.w[s];
     const int T = a.T;
     constexpr int ORW = SWIGLU ? SW_ROWS / 2 : SW_ROWS, Q = ORW / 4; /* float4 runs a token */
-    constexpr int UK = 16 / (KS * (SWIGLU ? 2 : 1)), U = UK > 4 ? 4 : UK > 0 ? UK : 1; /* ≤ 64 partials held */
+    constexpr int UK = 16 / (KS * (SWIGLU ? 2 : 1)), U = UK < 4 ? UK : 4; /* ≤ 64 partials held (KS ≤ 8: UK ≥ 1) */
     for (int i0 = threadIdx.x; i0 < T * Q; i0 += U * blockDim.x) {
         float4 pv[U][KS], pu[U][SWIGLU ? KS : 1];
         float old[U][4];
@@ -158,15 +177,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_kernel(sw_ar
      * tokens t0 .. t0 + nT - 1, staged from row 0 of xs */
     const int ntt = (T + 7) / 8, nt0 = (int)blockIdx.z * ntt / (int)gridDim.z;
     const int nnt = ((int)blockIdx.z + 1) * ntt / (int)gridDim.z - nt0, t0 = nt0 * 8, nT = min(T - t0, nnt * 8);
-    int s = 0;
-    while (s + 1 < a.nseg && tile >= a.blk0[s + 1]) s++;
-    const int blk = tile - a.blk0[s];
-    const cuda_qmat m = a.w[s];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, c = lane & 3;
-    constexpr int ORW = SWIGLU ? SW_ROWS / 2 : SW_ROWS; /* output rows of a tile */
-    const bool is_up = SWIGLU && warp >= 4;
-    const int lr0 = (SWIGLU ? (warp & 3) : warp) * 16 + gq; /* this lane's first row in the tile */
-    const int r0 = blk * ORW + lr0;
+    const sw_place pl = sw_place_of<SWIGLU>(a, tile, warp, gq);
+    const int s = pl.s, blk = pl.blk, lr0 = pl.lr0, r0 = pl.r0;
+    const bool is_up = pl.is_up;
+    const cuda_qmat m = a.w[s];
     pdl_trigger();
     tcv_w<GPW> w; /* weights before the wait (coherent loads: .nc ones would sink below it) */
     tcv_load<GPW>(is_up ? a.up : m, (size_t)r0, r0 < m.rows, r0 + 8 < m.rows, ks * GPW, c, w);
@@ -259,15 +274,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
     const uint32_t xb_s = (uint32_t)__cvta_generic_to_shared(xb);
     float *xsum = reinterpret_cast<float *>(xb + (size_t)GPW * N * 128); /* [N][GPW + 4] */
     const int ks = blockIdx.y, KS = gridDim.y, tile = blockIdx.x, T = a.T;
-    int s = 0;
-    while (s + 1 < a.nseg && tile >= a.blk0[s + 1]) s++;
-    const int blk = tile - a.blk0[s];
-    const cuda_qmat m = a.w[s];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
-    constexpr int ORW = SWIGLU ? SW_ROWS / 2 : SW_ROWS;
-    const bool is_up = SWIGLU && warp >= 4;
-    const int lr0 = (SWIGLU ? (warp & 3) : warp) * 16 + gq;
-    const int r0 = blk * ORW + lr0;
+    const sw_place pl = sw_place_of<SWIGLU>(a, tile, warp, gq);
+    const int s = pl.s, blk = pl.blk, lr0 = pl.lr0, r0 = pl.r0;
+    const bool is_up = pl.is_up;
+    const cuda_qmat m = a.w[s];
     /* each warp's 16 rows of codes, scales and biases for the slice, copied before the wait
      * into its own shared tile (tcv_tile_async's layout) and read a group at a time: held in
      * registers for all groups (sw_kernel's way) they took ptxas to 255 registers with the
@@ -467,14 +478,7 @@ template <bool SWIGLU>
 static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
     const int gpw = sw_gpw(K), ks = (K / QGROUP) / gpw;
     if (!sw_takes(a.T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", a.T, K);
-    const int ns = sw_nsplit(tiles * ks, (a.T + 7) / 8, gpw);
     const char *what = SWIGLU ? "skinny_wide_swiglu" : "skinny_wide";
-    /* n-tiles whose mma chains interleave (sk_group_steps): 4 at GPW 16 (one block an SM;
-     * 8 took it from 191 to 216 registers and measured slower in the forwards), 2 at GPW 8
-     * (two blocks an SM, 128 registers: 4 spilled 72 bytes). H200, forwards at 16 / 32 / 64
-     * sequences 7.75 / 10.87 / 15.97 -> 7.70 / 10.72 / 15.70 ms (docs/PERFORMANCE.md, session
-     * 18). ORCHID_SW_NOIL=1: one n-tile at a time (A/B). */
-    static const bool il = !env_flag("ORCHID_SW_NOIL");
     if (sw_wg) { /* the wgmma form: every token in each block, N = 32 or 64 columns */
         const bool n64 = a.T > 32;
         void (*k)(sw_args) = gpw == 16 ? (n64 ? sw_wg_kernel<16, SWIGLU, 64> : sw_wg_kernel<16, SWIGLU, 32>)
@@ -482,7 +486,13 @@ static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
         const size_t smem = n64 ? sw_wg_smem<64>(gpw) : sw_wg_smem<32>(gpw);
         LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), k, dim3(tiles, ks, 1), dim3(256), smem, cstream(c), a), what);
     }
-    const dim3 grid(tiles, ks, ns);
+    /* n-tiles whose mma chains interleave (sk_group_steps): 4 at GPW 16 (one block an SM;
+     * 8 took it from 191 to 216 registers and measured slower in the forwards), 2 at GPW 8
+     * (two blocks an SM, 128 registers: 4 spilled 72 bytes). H200, forwards at 16 / 32 / 64
+     * sequences 7.75 / 10.87 / 15.97 -> 7.70 / 10.72 / 15.70 ms (docs/PERFORMANCE.md, session
+     * 18). ORCHID_SW_NOIL=1: one n-tile at a time (A/B). */
+    static const bool il = !env_flag("ORCHID_SW_NOIL");
+    const dim3 grid(tiles, ks, sw_nsplit(tiles * ks, (a.T + 7) / 8, gpw));
     const size_t smem = sw_smem(gpw);
     void (*k)(sw_args) = gpw == 16 ? (il ? sw_kernel<16, SWIGLU, 4> : sw_kernel<16, SWIGLU, 1>)
                                    : (il ? sw_kernel<8, SWIGLU, 2> : sw_kernel<8, SWIGLU, 1>);
