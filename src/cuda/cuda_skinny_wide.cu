@@ -274,6 +274,8 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
     const uint32_t xb_s = (uint32_t)__cvta_generic_to_shared(xb);
     float *xsum = reinterpret_cast<float *>(xb + (size_t)GPW * N * 128); /* [N][GPW + 4] */
     const int ks = blockIdx.y, KS = gridDim.y, tile = blockIdx.x, T = a.T;
+    /* n-split (blockIdx.z of gridDim.z): tokens t0 .. t0 + nT - 1, staged as columns 0 .. nT - 1 */
+    const int t0 = (int)blockIdx.z * N, nT = min(N, T - t0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
     const sw_place pl = sw_place_of<SWIGLU>(a, tile, warp, gq);
     const int s = pl.s, blk = pl.blk, lr0 = pl.lr0, r0 = pl.r0;
@@ -294,11 +296,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
 
     /* (token t, group g) to its 128-byte row, chunk ch at ch ^ (t & 7): the swizzle wgmma
      * reads, and the pass below reads 8 tokens' same chunk from distinct banks. Rows of
-     * tokens past T are zeroed (their columns are never written out). */
+     * columns past nT are zeroed (their columns are never written out). */
     for (int i = tid; i < N * GPW * 8; i += blockDim.x) {
         const int t = i / (GPW * 8), r = i % (GPW * 8), g = r >> 3, ch = r & 7;
         unsigned char *dst = xb + ((size_t)g * N + t) * 128 + ((ch ^ (t & 7)) << 4);
-        if (t < T) cpa16(dst, a.x + (size_t)t * a.ldx + (size_t)ks * GPW * QGROUP + g * QGROUP + ch * 8);
+        if (t < nT) cpa16(dst, a.x + (size_t)(t0 + t) * a.ldx + (size_t)ks * GPW * QGROUP + g * QGROUP + ch * 8);
         else *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
     }
     cpa_commit();
@@ -307,8 +309,8 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
     /* Each (token, group): Σx in sk_group_sum's order (chunks 0..7), then the row rewritten
      * in place in the k order of the four steps: out chunk 2·st + hf, word c = sk_bfrag's b0
      * (hf 0) or b1 (hf 1) of step st from lane c's 16 values (chunks 2c, 2c + 1). */
-    for (int i = tid; i < T * GPW; i += blockDim.x) {
-        const int t = i % T, g = i / T;
+    for (int i = tid; i < nT * GPW; i += blockDim.x) {
+        const int t = i % nT, g = i / nT;
         uint4 *row = reinterpret_cast<uint4 *>(xb + ((size_t)g * N + t) * 128);
         uint4 v[8];
 #pragma unroll
@@ -361,7 +363,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
             sk_group_scale(f, cj, xsum[(8 * j + 2 * c) * (GPW + 4) + gi], xsum[(8 * j + 2 * c + 1) * (GPW + 4) + gi], acc[j]);
         }
     }
-    sw_finish<SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, 0, N / 8, 1, acc);
+    sw_finish<SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, t0, N / 8, (int)gridDim.z, acc);
 #endif
 }
 
@@ -473,18 +475,31 @@ static int sw_nsplit(int blocks, int ntt, int gpw) {
     return ns;
 }
 
+/* Blocks of the wgmma form along the tokens: 33..64 tokens as two blocks of 32 columns when
+ * the launch's (tile, slice) pairs fill at most half of the SMs (the GDN out-projection and
+ * attention o, 64 blocks; the shared expert's gate/up, 32), else every token in one block.
+ * A block stages 32 tokens × its slice (the larger operand at 64 tokens: 64 KB of tokens
+ * against 32 KB of weights at K = 2,048 slices of 8 groups) and its products are half as
+ * long; the weights are read twice, from L2 the second time. The sums of a (row, token) do
+ * not depend on the split. ORCHID_SW_WG_NOSPLIT=1: one block (A/B). */
+static int sw_wg_nsplit(int blocks, int T) {
+    static const bool off = env_flag("ORCHID_SW_WG_NOSPLIT");
+    return !off && T > 32 && 2 * blocks <= sw_sms ? 2 : 1;
+}
+
 /* One launch, the slice width picked from K (the caller asked sw_takes). */
 template <bool SWIGLU>
 static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
     const int gpw = sw_gpw(K), ks = (K / QGROUP) / gpw;
     if (!sw_takes(a.T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", a.T, K);
     const char *what = SWIGLU ? "skinny_wide_swiglu" : "skinny_wide";
-    if (sw_wg) { /* the wgmma form: every token in each block, N = 32 or 64 columns */
-        const bool n64 = a.T > 32;
+    if (sw_wg) { /* the wgmma form: N = 32 or 64 token columns a block, one block or (sw_wg_nsplit) two along the tokens */
+        const int nz = sw_wg_nsplit(tiles * ks, a.T);
+        const bool n64 = a.T > 32 && nz == 1;
         void (*k)(sw_args) = gpw == 16 ? (n64 ? sw_wg_kernel<16, SWIGLU, 64> : sw_wg_kernel<16, SWIGLU, 32>)
                                        : (n64 ? sw_wg_kernel<8, SWIGLU, 64> : sw_wg_kernel<8, SWIGLU, 32>);
         const size_t smem = n64 ? sw_wg_smem<64>(gpw) : sw_wg_smem<32>(gpw);
-        LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), k, dim3(tiles, ks, 1), dim3(256), smem, cstream(c), a), what);
+        LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), k, dim3(tiles, ks, nz), dim3(256), smem, cstream(c), a), what);
     }
     /* n-tiles whose mma chains interleave (sk_group_steps): 4 at GPW 16 (one block an SM;
      * 8 took it from 191 to 216 registers and measured slower in the forwards), 2 at GPW 8
