@@ -918,10 +918,25 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     DEV(dw, (size_t)T * K * 4); DEV(dseg, (size_t)T * 4); DEV(dids, (size_t)T * K * 4);
     DEV(dact, (size_t)T * (K + 1) * I * 2); DEV(ded, (size_t)T * K * H * 4); DEV(dsd, (size_t)T * H * 4);
     H2D(dx, xb, (size_t)T * H * 2); H2D(dx32, x32, (size_t)T * H * 4); H2D(dx0, x0, (size_t)T * H * 4);
-    int *dcnt; DEV(dcnt, 64);
-    if (cuda_memset0(dcnt, 64, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+    int *dcnt; DEV(dcnt, 64 * sizeof(int)); /* the router's rows of blocks take up to 32 counters from dcnt + 8 */
+    if (cuda_memset0(dcnt, 64 * sizeof(int), errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
     if (T <= 16 || (grouped == 2 && T <= 64)) { /* decode form: the router's last block runs the top-k */
         OK(cuda_moe_router_topk(&ctx, &router.d, &seg.d, dx32, H, T, drl, E, dseg, K, 1, dids, dw, dcnt + 8));
+        /* every token's logits and shared gate as that token alone gets them (one token reads
+         * x from global memory, a batch stages 2..8 tokens a block): bit for bit */
+        float *one = malloc((size_t)T * E * 4), *bl = malloc((size_t)T * E * 4), *oseg = malloc(4), *bseg = malloc((size_t)T * 4);
+        float *d1l, *d1s, *d1w; int32_t *d1i;
+        DEV(d1l, (size_t)E * 4); DEV(d1s, 4); DEV(d1w, (size_t)K * 4); DEV(d1i, (size_t)K * 4);
+        D2H(bl, drl, (size_t)T * E * 4); D2H(bseg, dseg, (size_t)T * 4);
+        int bdiff = 0;
+        for (int t = 0; t < T; t++) {
+            OK(cuda_moe_router_topk(&ctx, &router.d, &seg.d, dx32 + (size_t)t * H, H, 1, d1l, E, d1s, K, 1, d1i, d1w, dcnt + 8));
+            D2H(one, d1l, (size_t)E * 4); D2H(oseg, d1s, 4);
+            for (int e2 = 0; e2 < E; e2++) bdiff += memcmp(&one[e2], &bl[(size_t)t * E + e2], 4) != 0;
+            bdiff += memcmp(oseg, &bseg[t], 4) != 0;
+        }
+        CHECK(bdiff == 0, "moe_router_topk E=%d H=%d T=%d: %d logits differ from each token alone", E, H, T, bdiff);
+        cuda_free(d1l); cuda_free(d1s); cuda_free(d1w); cuda_free(d1i); free(one); free(bl); free(oseg); free(bseg);
     } else {
         OK(cuda_moe_router(&ctx, &router.d, &seg.d, dx32, H, T, drl, E, dseg));
         OK(cuda_moe_topk(&ctx, drl, E, T, E, K, 1, dids, dw));
@@ -1180,7 +1195,7 @@ int main(void) {
     }
     test_qmatmul(8, 1, 2048, 1, 0, 200, 0);
     {
-        const int Tsk[] = {2, 5, 8, 9, 16, 33, 64};
+        const int Tsk[] = {2, 5, 8, 9, 16, 24, 32, 33, 64};
         for (size_t i = 0; i < sizeof Tsk / sizeof Tsk[0]; i++) {
             test_skinny(1000, 2048, 1, 0, Tsk[i], 0);
             test_skinny(300, 512, 3, 2, Tsk[i], 1);
