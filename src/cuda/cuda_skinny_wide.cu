@@ -480,8 +480,12 @@ static int sw_nsplit(int blocks, int ntt, int gpw) {
  * attention o, 64 blocks; the shared expert's gate/up, 32), else every token in one block.
  * A block stages 32 tokens × its slice (the larger operand at 64 tokens: 64 KB of tokens
  * against 32 KB of weights at K = 2,048 slices of 8 groups) and its products are half as
- * long; the weights are read twice, from L2 the second time. The sums of a (row, token) do
- * not depend on the split. ORCHID_SW_WG_NOSPLIT=1: one block (A/B). */
+ * long; the weights are read twice, from L2 the second time. H200, alone at 64 tokens:
+ * out-projection 22.2 -> 18.7 µs, o 21.8 -> 18.4, shared gate/up 15.7 -> 13.1; forward of
+ * 64 sequences 13.55 -> 13.16 ms. Measured and not kept (docs/PERFORMANCE.md, session 20):
+ * the split for every launch (the in-projection's 392 blocks: 30 -> 37 µs) and blocks of
+ * 16 columns at 9..32 tokens (forwards at 16..32 slower). The sums of a (row, token) do not
+ * depend on the split. ORCHID_SW_WG_NOSPLIT=1: one block (A/B). */
 static int sw_wg_nsplit(int blocks, int T) {
     static const bool off = env_flag("ORCHID_SW_WG_NOSPLIT");
     return !off && T > 32 && 2 * blocks <= sw_sms ? 2 : 1;
