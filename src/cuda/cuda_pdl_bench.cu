@@ -93,7 +93,7 @@ extern "C" int cuda_pdl_bench(int mode, int kernels, int blocks, int reps, doubl
     PB_TRY(cudaMemset(slots, 0, (PB_HANG_SLOT + 1) * sizeof(int)));
     PB_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     PB_TRY(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    if (m == 2) cudaMemsetAsync(slots, 0, (size_t)kernels * sizeof(int), st);
+    if (m == 2) e = cudaMemsetAsync(slots, 0, (size_t)kernels * sizeof(int), st); /* checked with the launches, after the capture ends */
     for (int i = 0; i < kernels && e == cudaSuccess; i++) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[1];
