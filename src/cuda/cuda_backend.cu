@@ -407,6 +407,14 @@ static bool in_norm_src(const struct cuda_backend *cb, int l, int T) {
     return cb->L[l].kind != LAYER_LINEAR || cb->cfg->conv_kernel - 1 <= CUDA_TCV_CONV_MAX;
 }
 
+/* One token: the gate/up pair launch takes the top-k from the router's logits (cuda_topk_src),
+ * so the router has no one-block tail (H200, contract at 512: 552–556 → 565–569 tok/s).
+ * ORCHID_NO_TOPK_PAIRS=1: the router's tail (A/B; the same bits either way). */
+static bool topk_pairs_on(const struct cuda_backend *cb, const dlayer *d) {
+    static const bool off = env_flag("ORCHID_NO_TOPK_PAIRS");
+    return !off && cuda_tcv_topk_supported(&d->gate, &d->down, cb->K, cb->E);
+}
+
 /* 2..64 tokens: layer l's input norm is computed by layer l - 1's MoE combine
  * (cuda_moe_combine_norm) when both take the skinny path. ORCHID_NO_COMBINE_NORM=1: its own
  * launch (A/B; the same bits either way). */
@@ -492,15 +500,18 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const int ld_act = d->gate.rows > d->sh_gate.rows ? d->gate.rows : d->sh_gate.rows; /* the pair kernels' layout */
         const bool last = l + 1 == cf->n_layers;
         const cuda_tail_norm next = {cb->counters + 2, last ? NULL : cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, NULL};
+        const bool tk_pairs = tcv && post_src && topk_pairs_on(cb, d); /* the pairs take the top-k */
+        const cuda_topk_src ts = {cb->rlog, E, cf->norm_topk_prob, cb->ids, cb->mw};
         if (post_src)
-            P("router+topk", cuda_moe_router_topk_norm(c, &d->router, &d->sh_eg, &post_ns, cb->rlog, cb->seg, K,
-                                                       cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
+            P(tk_pairs ? "router" : "router+topk",
+              cuda_moe_router_topk_norm(c, &d->router, &d->sh_eg, &post_ns, cb->rlog, cb->seg, K, cf->norm_topk_prob, cb->ids,
+                                        cb->mw, tk_pairs ? NULL : cb->counters + 4));
         else
             P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
                                                   cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
         if (tcv) {
             P("moe_gateup_pairs", cuda_tcv_gateup_pairs(c, &d->gate, &d->up, &d->sh_gate, &d->sh_up, cb->ids, cb->xn, K,
-                                                        cb->act, ld_act));
+                                                        cb->act, ld_act, tk_pairs ? &ts : NULL));
             P("moe_down_pairs+norm", cuda_tcv_down_pairs(c, &d->down, &d->sh_down, cb->ids, cb->mw, cb->seg, cb->act, ld_act,
                                                          K, cb->x, last || in_norm_src(cb, l + 1, T) ? NULL : &next));
             return 0;

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/cuda_topk.h"
 
 /* PDL (every kernel here triggers at its start, except the router: after its rows): the
  * router and the shared expert's gate/up rows issue their first weight loads before
@@ -118,16 +119,6 @@ __device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const fl
     rt_rest<BITS>(m, row, x, ldx, t0, nt, acc, lane, xs, r);
 }
 
-/* (v, e) comes before (v2, e2): larger logit first, the lower expert on a tie. */
-__device__ __forceinline__ bool rt_before(float v, int e, float v2, int e2) { return v > v2 || (v == v2 && e < e2); }
-
-/* An unsigned key in the order of the floats (−0 taken as +0, so equal logits have equal
- * keys): larger logit, larger key. */
-__device__ __forceinline__ unsigned rt_key(float v) {
-    const unsigned b = __float_as_uint(v + 0.0f);
-    return b & 0x80000000u ? ~b : b | 0x80000000u;
-}
-
 __device__ __forceinline__ void rt_cas(float (&v)[8], int (&e)[8], int a, int b) {
     if (rt_before(v[b], e[b], v[a], e[a])) {
         const float tv = v[a];
@@ -136,34 +127,6 @@ __device__ __forceinline__ void rt_cas(float (&v)[8], int (&e)[8], int a, int b)
         e[a] = e[b];
         v[b] = tv;
         e[b] = te;
-    }
-}
-
-/* The maximum and the sum of exponentials of one token's E ≤ 256 logits, lane l holding
- * v[i] = logit l + 32i (−inf past E): each lane's 8 in order, then the butterfly. Both top-k
- * forms take them from here, so their weights agree bit for bit. */
-__device__ __forceinline__ void topk_max_sum(const float (&v)[8], int E, int lane, float &mx, float &sum) {
-    mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 8; i++) mx = fmaxf(mx, v[i]);
-    mx = warp_max(mx);
-    sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (lane + 32 * i < E) sum += expf(v[i] - mx);
-    sum = warp_sum(sum);
-}
-
-/* Lane s < K holds the s-th pick (expert id, logit v): ids[s] and its weight p = e^(v − mx) /
- * sum (renorm: divided by the K weights' sum in rank order), written by lanes < K. */
-__device__ __forceinline__ void topk_write(int id, float v, float mx, float sum, int K, int renorm, int32_t *ids, float *w,
-                                           int lane) {
-    const float p = lane < K ? expf(v - mx) / sum : 0.0f;
-    float tot = 0.0f;
-    for (int q = 0; q < K; q++) tot += __shfl_sync(0xffffffffu, p, q);
-    if (lane < K) {
-        ids[lane] = id;
-        w[lane] = renorm ? p / tot : p;
     }
 }
 
@@ -229,78 +192,6 @@ __device__ __forceinline__ void topk_token(const float *l, int E, int K, int ren
 }
 __device__ __forceinline__ void topk_token_cg(const float *l, int E, int K, int renorm, int32_t *ids, float *w, int lane) {
     topk_token_t<true>(l, E, K, renorm, ids, w, lane);
-}
-
-/* The same top-k (ids and weights, bit for bit) by a whole block of ≥ 256 threads, for one
- * token of E ≤ 256 logits: the one-warp form above is a serial chain (~3.2 µs of the
- * router's tail on the H200, session 13), this one ~4 short steps. (1) Warp w's lanes hold
- * experts 32w + lane; each lane counts the lanes of its warp that come before it (rt_key,
- * then the lower expert: the warp form's order) and the first K of each warp become the
- * candidates. Every expert of the global top K is among them (fewer than K experts come
- * before it at all), and its rank among the candidates is its global rank. (2) Each
- * candidate counts the candidates before it; rank r < K is the r-th pick. Meanwhile one
- * warp takes the maximum and the sum of exponentials (topk_max_sum, as topk_token_t does).
- * (3) Warp 0 forms the weights (topk_write, as there). */
-struct topk_scratch {
-    float v[256];    /* the logits */
-    unsigned ck[256]; /* candidates [warp][K]: key, expert (INT_MAX: none) */
-    int ce[256];
-    int sel[32];     /* the picks in rank order */
-    float mx, sum;
-};
-template <bool CG>
-__device__ __forceinline__ void topk_block(const float *l, int E, int K, int renorm, int32_t *ids, float *w,
-                                           topk_scratch &s) {
-    const int t = threadIdx.x, lane = t & 31, wp = t >> 5, nw = (E + 31) / 32, nc = nw * K;
-    if (wp < nw) {
-        const bool ok = t < E;
-        const float v = ok ? (CG ? __ldcg(l + t) : l[t]) : 0.0f;
-        if (ok) s.v[t] = v;
-        const unsigned k = ok ? rt_key(v) : 0u;
-        int rank = 0;
-#pragma unroll 8
-        for (int m = 0; m < 32; m++) {
-            const unsigned km = __shfl_sync(0xffffffffu, k, m);
-            rank += (wp * 32 + m < E) & ((km > k) | ((km == k) & (m < lane)));
-        }
-        if (lane < K) s.ce[wp * K + lane] = INT_MAX;
-        __syncwarp();
-        if (ok && rank < K) {
-            s.ck[wp * K + rank] = k;
-            s.ce[wp * K + rank] = t;
-        }
-    }
-    __syncthreads();
-    trace_mark(TRACE_MARK4); /* the candidates known */
-    if (t < nc && s.ce[t] != INT_MAX) {
-        const unsigned k = s.ck[t];
-        const int e = s.ce[t];
-        int rank = 0;
-        for (int j = 0; j < nc; j++) {
-            const int ej = s.ce[j];
-            const unsigned kj = s.ck[j];
-            rank += (ej != INT_MAX) & ((kj > k) | ((kj == k) & (ej < e)));
-        }
-        if (rank < K) s.sel[rank] = e;
-    }
-    const int sw = (nc + 31) / 32 < (int)(blockDim.x >> 5) ? (nc + 31) / 32 : 0; /* a warp free of the ranks */
-    if (wp == sw) {
-        float vv[8], mx, sum;
-#pragma unroll
-        for (int i = 0; i < 8; i++) vv[i] = lane + 32 * i < E ? s.v[lane + 32 * i] : -INFINITY;
-        topk_max_sum(vv, E, lane, mx, sum);
-        if (lane == 0) {
-            s.mx = mx;
-            s.sum = sum;
-        }
-    }
-    __syncthreads();
-    trace_mark(TRACE_MARK5); /* the picks and the softmax sum known */
-    if (wp == 0) {
-        const int id = lane < K ? s.sel[lane] : 0;
-        topk_write(id, s.v[id], s.mx, s.sum, K, renorm, ids, w, lane);
-    }
-    trace_mark(TRACE_MARK7); /* weights written */
 }
 
 static __global__ void topk_kernel(const float *logits, int ld, int T, int E, int K, int renorm, int32_t *ids, float *w) {

@@ -215,7 +215,8 @@ int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *route
                          const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
                          int32_t *ids, float *w, int *counter);
 /* One token whose input is normalised by the router's blocks themselves (ns: the residual
- * row of router->cols values; ns->xn gets the bf16 row for the expert launches after it). */
+ * row of router->cols values; ns->xn gets the bf16 row for the expert launches after it).
+ * counter NULL: no top-k (the pair launches take it: cuda_topk_src). */
 int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                               const struct cuda_norm_src *ns, float *logits, float *seg, int K, int renorm, int32_t *ids,
                               float *w, int *counter);
@@ -362,9 +363,21 @@ int cuda_tcv_gnorm_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m,
 int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct cuda_qmat *up, const struct cuda_qmat *down,
                            const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const struct cuda_qmat *sh_down,
                            int K);
+/* The gate/up launch may take the token's top-k from the router's logits itself (ts:
+ * logits of E experts, renorm as cuda_moe_topk; the router launched without its top-k,
+ * cuda_moe_router_topk_norm with counter NULL): the same ids and weights, bit for bit,
+ * without the router's one-block tail; it leaves them in ts->ids and ts->w for the down
+ * launch (ids then ignored). cuda_tcv_topk_supported: whether the shapes take it. */
+struct cuda_topk_src {
+    const float *logits;
+    int E, renorm;
+    int32_t *ids;
+    float *w;
+};
+int cuda_tcv_topk_supported(const struct cuda_qmat *gate, const struct cuda_qmat *down, int K, int E);
 int cuda_tcv_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                           const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
-                          const uint16_t *xn, int K, uint16_t *act, int ld_act);
+                          const uint16_t *xn, int K, uint16_t *act, int ld_act, const struct cuda_topk_src *ts);
 /* cuda_tcv_down_pairs requests its routed rows before its PDL wait: launch it right after
  * the cuda_tcv_gateup_pairs of the same ids (whose blocks trigger only after their wait, so
  * the ids' writer has finished), or after a synchronisation. */

@@ -26,6 +26,7 @@
 // cuda_skinny.cu for one token, so a token gets the same bits here (batch of one) as in a
 // 2..64-token batch there (tests/gpu/test_cuda_ops.c checks it).
 #include "cuda/cuda_mma.h"
+#include "cuda/cuda_topk.h"
 
 #define TCV_MAXSEG 4
 /* Shared memory kept back from the device's per-block opt-in for a kernel's static shared
@@ -246,9 +247,9 @@ static __global__ void __launch_bounds__(256, 2) tcv_stream_kernel(cuda_qmat m, 
     cpa_wait<0>(); /* no copy outlives the block (the issues past `mine` are empty groups) */
 }
 
-template <int GPW>
+template <int GPW, bool TK>
 static __global__ void tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup, const int32_t *ids,
-                                         const uint16_t *x, int K, uint16_t *act, int ld_act);
+                                         const uint16_t *x, int K, uint16_t *act, int ld_act, cuda_topk_src ts);
 template <int GPW>
 static __global__ void tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids, const float *wts,
                                        const float *seg, const uint16_t *act, int ld_act, int K, float *x, cuda_tail_norm tail);
@@ -265,10 +266,12 @@ extern "C" int cuda_tcv_init(char *err, size_t errlen) {
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: stream kernel setup: %s", cudaGetErrorString(e));
     /* the pair kernels' tiles: 74 KB a gate/up block at 16 groups a warp (K = 4,096 and up) */
     const int lim = optin - TCV_STATIC_SMEM;
-    const void *tiled[6] = {(const void *)tcv_gateup_kernel<4>, (const void *)tcv_gateup_kernel<8>,
-                            (const void *)tcv_gateup_kernel<16>, (const void *)tcv_down_kernel<4>,
-                            (const void *)tcv_down_kernel<8>, (const void *)tcv_down_kernel<16>};
-    for (int i = 0; i < 6 && lim > 0 && e == cudaSuccess; i++)
+    const void *tiled[9] = {(const void *)tcv_gateup_kernel<4, false>, (const void *)tcv_gateup_kernel<8, false>,
+                            (const void *)tcv_gateup_kernel<16, false>, (const void *)tcv_gateup_kernel<4, true>,
+                            (const void *)tcv_gateup_kernel<8, true>, (const void *)tcv_gateup_kernel<16, true>,
+                            (const void *)tcv_down_kernel<4>, (const void *)tcv_down_kernel<8>,
+                            (const void *)tcv_down_kernel<16>};
+    for (int i = 0; i < 9 && lim > 0 && e == cudaSuccess; i++)
         e = cudaFuncSetAttribute(tiled[i], cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "tcv: pair kernel setup: %s", cudaGetErrorString(e));
     return 0;
@@ -392,18 +395,38 @@ extern "C" int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qma
  * fragment load asks for one 32-byte sector of each of 8 rows, so after the router's ids
  * arrive the L1 took ~4 times the requests to issue the same 9 MB (timeline: wait → loads
  * issued 2.8 µs, then x staged behind them 2.1 µs). Multiplied by tcv_mma_smem: the same values
- * and steps as tcv_mma. Shared memory: tcv_stream_head(cols), then 8 × TCV_WSM(GPW). */
-static size_t tcv_gateup_smem(int gpw, int cols) { return tcv_stream_head(cols) + (size_t)8 * TCV_WSM(gpw); }
+ * and steps as tcv_mma. Shared memory: tcv_stream_head(cols), then 8 × TCV_WSM(GPW), then
+ * (TK) the top-k's scratch (tcv_topk_smem). */
+__host__ __device__ static size_t tcv_gateup_smem(int gpw, int cols) {
+    return tcv_stream_head(cols) + (size_t)8 * TCV_WSM(gpw);
+}
 
-template <int GPW>
+/* TK: the pair launches take the token's top-k from the router's logits themselves
+ * (topk_block: the router's tail's ids and weights, bit for bit) instead of reading the ids
+ * the router's last block wrote — the router then has no tail on the step's chain. Its
+ * scratch and the picks sit after the launch's other shared memory (16-byte aligned). */
+struct tcv_topk_smem {
+    topk_scratch s;
+    int32_t ids[32];
+    float w[32];
+};
+
+/* Copies one token's K bf16 of x into xs by cp.async (the caller commits), the bytes
+ * tcv_stage's plain copy leaves: so x can be requested before the top-k and the weights. */
+__device__ __forceinline__ void tcv_stage_async(const uint16_t *x, int K, uint16_t *xs) {
+    for (int j = threadIdx.x; j < K / 8; j += blockDim.x) cpa16(xs + 8 * j, x + 8 * j);
+}
+
+template <int GPW, bool TK>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
                                                                 const int32_t *ids, const uint16_t *x, int K, uint16_t *act,
-                                                                int ld_act) {
+                                                                int ld_act, cuda_topk_src ts) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char sm[];
     /* pdl_trigger comes after pdl_wait here (both branches below): the down launch that
-     * follows is then scheduled only once the router has finished, so it may read the ids
-     * and request its routed rows before its own wait (tcv_down_kernel) */
+     * follows is then scheduled only once the router has finished (TK: once block (0, 0)
+     * wrote the ids), so it may read the ids and request its routed rows before its own
+     * wait (tcv_down_kernel) */
     const int p = blockIdx.y, blk = blockIdx.x;
     const bool shared = p == K;
     const cuda_qmat gm = qsel(shared, sgate, gate), um = qsel(shared, sup, up);
@@ -417,22 +440,48 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
     const bool is_up = mt >= half;
     const int rb = (blk * half + (is_up ? mt - half : mt)) * 16; /* the warp's first row within the expert */
     unsigned char *wsm = sm + tcv_stream_head(cols) + (size_t)warp * TCV_WSM(GPW);
+    uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
+    float *xsum = reinterpret_cast<float *>(sm + (size_t)cols * 2), *red = xsum + G;
     if (shared) {
         tcv_tile_async<GPW>(qsel(is_up, um, gm), (size_t)rb, min(16, gm.rows - rb), ks * GPW, wsm);
         cpa_commit();
         pdl_wait();
         pdl_trigger();
     } else {
-        pdl_wait(); /* the routed rows depend on the router's ids */
+        pdl_wait(); /* the routed rows depend on the router's ids (TK: its logits) */
+        int e;
+        if (TK) { /* x requested first, beside the logits; then the top-k; this block's pick is rank p */
+            tcv_stage_async(x, cols, xs);
+            cpa_commit();
+            tcv_topk_smem &tk = *reinterpret_cast<tcv_topk_smem *>(sm + tcv_gateup_smem(GPW, cols));
+            topk_block<true>(ts.logits, ts.E, K, ts.renorm, tk.ids, tk.w, tk.s);
+            __syncthreads();
+            e = tk.ids[p];
+            /* block (0, 0) leaves the ids and weights for the down launch, which reads the ids
+             * before its wait: written and fenced before this block's trigger, and that grid
+             * starts only after every block here triggered (trap 13) */
+            if (blk == 0 && p == 0 && (int)threadIdx.x < K) {
+                ts.ids[threadIdx.x] = tk.ids[threadIdx.x];
+                ts.w[threadIdx.x] = tk.w[threadIdx.x];
+                __threadfence();
+            }
+            __syncthreads();
+        } else {
+            e = ids[p];
+        }
         pdl_trigger();
-        const size_t e0 = (size_t)ids[p] * gm.rows;
-        tcv_tile_async<GPW>(qsel(is_up, um, gm), e0 + rb, min(16, gm.rows - rb), ks * GPW, wsm);
+        tcv_tile_async<GPW>(qsel(is_up, um, gm), (size_t)e * gm.rows + rb, min(16, gm.rows - rb), ks * GPW, wsm);
         cpa_commit();
     }
     trace_mark(TRACE_MARK4); /* (warp 0's) weight copies issued: the routed ones after its id arrived */
-    uint16_t *xs = reinterpret_cast<uint16_t *>(sm);
-    float *xsum = reinterpret_cast<float *>(sm + (size_t)cols * 2), *red = xsum + G;
-    tcv_stage(x, cols, 1, cols, xs, xsum);
+    if (TK && !shared) { /* x's copies landed (the older group), then its group sums */
+        cpa_wait<1>();
+        __syncthreads();
+        sk_group_sums<true>(xs, 1, cols, G, xsum);
+        __syncthreads();
+    } else {
+        tcv_stage(x, cols, 1, cols, xs, xsum);
+    }
     trace_mark(TRACE_MARK5); /* x staged */
     cpa_wait<0>();
     __syncwarp(); /* the warp's tile (its own copies and zero rows) visible to all its lanes */
@@ -465,7 +514,10 @@ static size_t tcv_down_smem(int gpw, int K, int cols) {
  * in tcv_gateup_kernel; with tcv_load's fragments in registers: 64 registers, spills, and
  * decode at 512 1.3 % slower); each pair's row value is summed over slices in order, then
  * combined as cuda_moe_combine does: acc = σ(seg)·shared, acc = fmaf(w_k, routed_k, acc) for
- * k = 0..K-1, x += acc; the last block then normalises x (tail). */
+ * k = 0..K-1, x += acc; the last block then normalises x (tail). TK: the ids and weights
+ * from the block's own top-k of the router's logits (before the wait, as the ids' read:
+ * the router finished before any gate/up block passed its wait); block 0 leaves them in
+ * ids and wts (nothing after reads them there on the one-token path: for the record). */
 template <int GPW>
 static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids,
                                                                const float *wts, const float *seg, const uint16_t *act,
@@ -479,7 +531,8 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
     /* Every row is requested before the wait, the routed ones too: this grid is scheduled
      * only after every block of the gate/up launch before it passed its own wait, i.e.
      * after the router (two launches back) finished, so its ids are final (read through
-     * L2). An exception to PDL rule (a): docs/ARCHITECTURE.md, trap 13. */
+     * L2; with the gate/up's own top-k, TK, its block (0, 0) wrote them, fenced, before
+     * it triggered). An exception to PDL rule (a): docs/ARCHITECTURE.md, trap 13. */
     const size_t e0 = p == K ? 0 : (size_t)__ldcg(ids + p) * H;
     const int row0 = blockIdx.x * 16; /* the block's first output row */
     unsigned char *wsm = sm + tcv_down_head(K, cols, warps) + (size_t)warp * TCV_WSM(GPW); /* as tcv_gateup_kernel */
@@ -539,24 +592,42 @@ extern "C" int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct
            tcv_gateup_smem(gpw_gu, gate->cols) <= lim && tcv_down_smem(gpw, K, down->cols) <= lim;
 }
 
+/* The pair launches' own top-k (TK): E ≤ 256 logits, K ≤ 32, blocks of at least 256
+ * threads (topk_block), and the scratch within the shared memory the kernels may take. */
+extern "C" int cuda_tcv_topk_supported(const struct cuda_qmat *gate, const struct cuda_qmat *down, int K, int E) {
+    const int gpw = tcv_gpw(down->cols), gpw_gu = tcv_gpw(gate->cols);
+    int n_sm = 0, optin = 0;
+    if (!gpw || !gpw_gu || device_sms_optin(&n_sm, &optin) != cudaSuccess) return 0;
+    const size_t lim = optin > TCV_STATIC_SMEM ? (size_t)(optin - TCV_STATIC_SMEM) : 0;
+    return E <= 256 && K >= 1 && K <= 32 && K <= E && tcv_gateup_smem(gpw_gu, gate->cols) + sizeof(tcv_topk_smem) <= lim;
+}
+
 template <int GPW>
 static int tcv_gateup_launch(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                              const struct cuda_qmat *sg, const struct cuda_qmat *su, const int32_t *ids, const uint16_t *xn,
-                             int K, uint16_t *act, int ld_act) {
+                             int K, uint16_t *act, int ld_act, const cuda_topk_src *ts) {
     const int cols = gate->cols, MT = 8 / ((cols / QGROUP) / GPW), rows_per_block = MT / 2 * 16;
     const int rows = gate->rows > sg->rows ? gate->rows : sg->rows;
-    LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW>, dim3((rows + rows_per_block - 1) / rows_per_block, K + 1), dim3(256),
-                                tcv_gateup_smem(GPW, cols), cstream(c), *gate, *up, *sg, *su, ids, xn, K, act, ld_act),
+    const dim3 grid((rows + rows_per_block - 1) / rows_per_block, K + 1);
+    const size_t smem = tcv_gateup_smem(GPW, cols);
+    cuda_topk_src none;
+    memset(&none, 0, sizeof none);
+    if (ts)
+        LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW, true>, grid, dim3(256), smem + sizeof(tcv_topk_smem), cstream(c),
+                                    *gate, *up, *sg, *su, ids, xn, K, act, ld_act, *ts),
+                        "tcv_gateup (top-k)");
+    LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW, false>, grid, dim3(256), smem, cstream(c), *gate, *up, *sg, *su, ids, xn,
+                                K, act, ld_act, none),
                     "tcv_gateup");
 }
 
 extern "C" int cuda_tcv_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                                      const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
-                                     const uint16_t *xn, int K, uint16_t *act, int ld_act) {
+                                     const uint16_t *xn, int K, uint16_t *act, int ld_act, const struct cuda_topk_src *ts) {
     const int gpw = tcv_gpw(gate->cols);
-    if (gpw == 4) return tcv_gateup_launch<4>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
-    if (gpw == 8) return tcv_gateup_launch<8>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
-    if (gpw == 16) return tcv_gateup_launch<16>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act);
+    if (gpw == 4) return tcv_gateup_launch<4>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act, ts);
+    if (gpw == 8) return tcv_gateup_launch<8>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act, ts);
+    if (gpw == 16) return tcv_gateup_launch<16>(c, gate, up, sh_gate, sh_up, ids, xn, K, act, ld_act, ts);
     return errorf(c->err, c->errlen, ST_UNSUPPORTED, "tcv_gateup: %d columns", gate->cols);
 }
 

@@ -244,6 +244,15 @@ static void test_norm_src(int H, int E, int K, float scale) {
     if (cuda_memset0(dxn2, (size_t)H * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
     OK(cuda_moe_router_topk(&ctx, &router.d, &sg.d, dxn32, H, 1, dl[0], E, dseg[0], K, 1, dids[0], dw[0], dcnt));
     OK(cuda_moe_router_topk_norm(&ctx, &router.d, &sg.d, &ns, dl[1], dseg[1], K, 1, dids[1], dw[1], dcnt));
+    { /* without its top-k (counter NULL: the pairs take it): the same logits and gate */
+        float *dl2, *dseg2, *l2 = malloc((size_t)E * 4), *l1 = malloc((size_t)E * 4), s2, s1;
+        DEV(dl2, (size_t)E * 4); DEV(dseg2, 4);
+        OK(cuda_moe_router_topk_norm(&ctx, &router.d, &sg.d, &ns, dl2, dseg2, K, 1, NULL, NULL, NULL));
+        D2H(l1, dl[1], (size_t)E * 4); D2H(l2, dl2, (size_t)E * 4); D2H(&s1, dseg[1], 4); D2H(&s2, dseg2, 4);
+        const int dd = bits_differ(l1, l2, (size_t)E) + bits_differ(&s1, &s2, 1);
+        CHECK(dd == 0, "router_topk_norm E=%d H=%d without its top-k: %d logits differ", E, H, dd);
+        cuda_free(dl2); cuda_free(dseg2); free(l1); free(l2);
+    }
     float *l0 = malloc((size_t)E * 4), *l1 = malloc((size_t)E * 4), s0, s1, w0[32], w1[32];
     int32_t i0[32], i1[32];
     D2H(l0, dl[0], (size_t)E * 4); D2H(l1, dl[1], (size_t)E * 4); D2H(&s0, dseg[0], 4); D2H(&s1, dseg[1], 4);
@@ -1058,7 +1067,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
             H2D(dx1, x0, (size_t)H * 4);
             const struct cuda_tail_norm tail1 = {dcnt + 4, dgain, 1e-6f, dxn, NULL};
             CHECK(cuda_tcv_moe_supported(&gate.d, &up.d, &down.d, &sg.d, &su.d, &sd.d, K), "tcv moe: shape not supported");
-            OK(cuda_tcv_gateup_pairs(&ctx, &gate.d, &up.d, &sg.d, &su.d, dids, dx, K, dact1, I));
+            OK(cuda_tcv_gateup_pairs(&ctx, &gate.d, &up.d, &sg.d, &su.d, dids, dx, K, dact1, I, NULL));
             OK(cuda_tcv_down_pairs(&ctx, &down.d, &sd.d, dids, dw, dseg, dact1, I, K, dx1, &tail1));
             D2H(b1, dx1, (size_t)H * 4);
             D2H(bT, dx0, (size_t)H * 4);
@@ -1066,6 +1075,26 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
             for (int i = 0; i < H; i++) diff += b1[i] != bT[i];
             CHECK(diff == 0, "tcv moe pairs E=%d K=%d H=%d I=%d: token 0 differs from the %d-token skinny batch in %d of %d",
                   E, K, H, I, T, diff, H);
+            if (cuda_tcv_topk_supported(&gate.d, &down.d, K, E)) {
+                /* the gate/up taking token 0's top-k from its logits itself (the down reading
+                 * the ids and weights it left): the same act, x, ids and weights, bit for bit */
+                float *dx2, *dw2, *b2 = malloc((size_t)H * 4), w1[32], w2[32];
+                int32_t *dids2, i1[32], i2[32];
+                uint16_t *dact2;
+                DEV(dx2, (size_t)H * 4); DEV(dact2, (size_t)(K + 1) * I * 2); DEV(dw2, (size_t)K * 4); DEV(dids2, (size_t)K * 4);
+                H2D(dx2, x0, (size_t)H * 4);
+                const struct cuda_topk_src ts = {drl, E, 1, dids2, dw2};
+                OK(cuda_tcv_gateup_pairs(&ctx, &gate.d, &up.d, &sg.d, &su.d, NULL, dx, K, dact2, I, &ts));
+                OK(cuda_tcv_down_pairs(&ctx, &down.d, &sd.d, dids2, dw2, dseg, dact2, I, K, dx2, NULL));
+                D2H(b2, dx2, (size_t)H * 4);
+                D2H(w1, dw, (size_t)K * 4); D2H(w2, dw2, (size_t)K * 4); D2H(i1, dids, (size_t)K * 4); D2H(i2, dids2, (size_t)K * 4);
+                const int dx_ = bits_differ(b1, b2, (size_t)H), da = dev_bf16_differ(dact1, dact2, (size_t)(K + 1) * I);
+                const int dt = bits_differ(i1, i2, (size_t)K) + bits_differ(w1, w2, (size_t)K);
+                CHECK(dx_ == 0 && da == 0 && dt == 0,
+                      "tcv moe pairs with their own top-k E=%d K=%d H=%d I=%d: x %d, act %d, ids+weights %d values differ", E, K,
+                      H, I, dx_, da, dt);
+                cuda_free(dx2); cuda_free(dact2); cuda_free(dw2); cuda_free(dids2); free(b2);
+            }
             /* its tail norm against the CPU rmsnorm of its own x (bf16 out) */
             uint16_t *nb = malloc((size_t)H * 2);
             float *nr = malloc((size_t)H * 4), *ng = malloc((size_t)H * 4);
