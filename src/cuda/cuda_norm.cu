@@ -53,9 +53,29 @@ static __global__ void rmsnorm_kernel(const float *x, const float *gain, int n, 
     }
 }
 
+/* One row (T = 1; rows: NULL or its index, read after the wait) by one block, the bits of
+ * rmsnorm_kernel: the decode step's final norm before the lm_head. Its gains are read
+ * before the wait and its x values all requested at once (norm_src_row): the generic
+ * kernel's second pass read the gains only after the reduction (a DRAM round trip on the
+ * step's chain; step 9.8 µs in the timeline, session 22). */
+static __global__ void __launch_bounds__(256) rmsnorm_row_kernel(cuda_norm_src ns, int n, const int32_t *rows) {
+    TRACE_KERNEL();
+    float g[NS_REG];
+    rms_row_load<NS_REG>(ns.gain, n, g);
+    pdl_trigger();
+    pdl_wait();
+    if (rows) ns.x += (size_t)rows[0] * n;
+    norm_src_row(ns, n, g, [](int, float) {});
+}
+
 extern "C" int cuda_rmsnorm(const struct cuda_ctx *c, const float *x, const float *gain, int T, int n, float eps,
                             const int32_t *rows, uint16_t *xn) {
     if (T <= 0) return 0;
+    static const bool generic = env_flag("ORCHID_NORM_GENERIC");
+    if (T == 1 && !generic) {
+        const cuda_norm_src ns = {x, gain, eps, xn};
+        LAUNCH_CHECK_RC(c, launch_k(rmsnorm_row_kernel, dim3(1), dim3(256), 0, cstream(c), ns, n, rows), "rmsnorm");
+    }
     LAUNCH_CHECK_RC(c, launch_k(rmsnorm_kernel, dim3(T), dim3(256), 0, cstream(c), x, gain, n, eps, rows, xn,
                                 (float *)NULL, (uint16_t *)NULL),
                     "rmsnorm");

@@ -396,20 +396,15 @@ extern "C" int cuda_tcv_acc_norm(const struct cuda_ctx *c, const struct cuda_qma
  * arrive the L1 took ~4 times the requests to issue the same 9 MB (timeline: wait → loads
  * issued 2.8 µs, then x staged behind them 2.1 µs). Multiplied by tcv_mma_smem: the same values
  * and steps as tcv_mma. Shared memory: tcv_stream_head(cols), then 8 × TCV_WSM(GPW), then
- * (TK) the top-k's scratch (tcv_topk_smem). */
+ * (TK) the top-k's scratch (topk_scratch). */
 __host__ __device__ static size_t tcv_gateup_smem(int gpw, int cols) {
     return tcv_stream_head(cols) + (size_t)8 * TCV_WSM(gpw);
 }
 
-/* TK: the pair launches take the token's top-k from the router's logits themselves
+/* TK: the gate/up launch takes the token's top-k from the router's logits itself
  * (topk_block: the router's tail's ids and weights, bit for bit) instead of reading the ids
  * the router's last block wrote — the router then has no tail on the step's chain. Its
- * scratch and the picks sit after the launch's other shared memory (16-byte aligned). */
-struct tcv_topk_smem {
-    topk_scratch s;
-    int32_t ids[32];
-    float w[32];
-};
+ * scratch (topk_scratch) sits after the launch's other shared memory (16-byte aligned). */
 
 /* Copies one token's K bf16 of x into xs by cp.async (the caller commits), the bytes
  * tcv_stage's plain copy leaves: so x can be requested before the top-k and the weights. */
@@ -453,19 +448,19 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
         if (TK) { /* x requested first, beside the logits; then the top-k; this block's pick is rank p */
             tcv_stage_async(x, cols, xs);
             cpa_commit();
-            tcv_topk_smem &tk = *reinterpret_cast<tcv_topk_smem *>(sm + tcv_gateup_smem(GPW, cols));
-            topk_block<true>(ts.logits, ts.E, K, ts.renorm, tk.ids, tk.w, tk.s);
-            __syncthreads();
-            e = tk.ids[p];
+            topk_scratch &tk = *reinterpret_cast<topk_scratch *>(sm + tcv_gateup_smem(GPW, cols));
             /* block (0, 0) leaves the ids and weights for the down launch, which reads the ids
              * before its wait: written and fenced before this block's trigger, and that grid
-             * starts only after every block here triggered (trap 13) */
-            if (blk == 0 && p == 0 && (int)threadIdx.x < K) {
-                ts.ids[threadIdx.x] = tk.ids[threadIdx.x];
-                ts.w[threadIdx.x] = tk.w[threadIdx.x];
+             * starts only after every block here triggered (trap 13); the others need only
+             * their pick (no weights: topk_block<, false>) */
+            if (blk == 0 && p == 0) {
+                topk_block<true>(ts.logits, ts.E, K, ts.renorm, ts.ids, ts.w, tk);
                 __threadfence();
+                __syncthreads();
+            } else {
+                topk_block<true, false>(ts.logits, ts.E, K, ts.renorm, nullptr, nullptr, tk);
             }
-            __syncthreads();
+            e = tk.sel[p];
         } else {
             e = ids[p];
         }
@@ -599,7 +594,7 @@ extern "C" int cuda_tcv_topk_supported(const struct cuda_qmat *gate, const struc
     int n_sm = 0, optin = 0;
     if (!gpw || !gpw_gu || device_sms_optin(&n_sm, &optin) != cudaSuccess) return 0;
     const size_t lim = optin > TCV_STATIC_SMEM ? (size_t)(optin - TCV_STATIC_SMEM) : 0;
-    return E <= 256 && K >= 1 && K <= 32 && K <= E && tcv_gateup_smem(gpw_gu, gate->cols) + sizeof(tcv_topk_smem) <= lim;
+    return E <= 256 && K >= 1 && K <= 32 && K <= E && tcv_gateup_smem(gpw_gu, gate->cols) + sizeof(topk_scratch) <= lim;
 }
 
 template <int GPW>
@@ -613,7 +608,7 @@ static int tcv_gateup_launch(const struct cuda_ctx *c, const struct cuda_qmat *g
     cuda_topk_src none;
     memset(&none, 0, sizeof none);
     if (ts)
-        LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW, true>, grid, dim3(256), smem + sizeof(tcv_topk_smem), cstream(c),
+        LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW, true>, grid, dim3(256), smem + sizeof(topk_scratch), cstream(c),
                                     *gate, *up, *sg, *su, ids, xn, K, act, ld_act, *ts),
                         "tcv_gateup (top-k)");
     LAUNCH_CHECK_RC(c, launch_k(tcv_gateup_kernel<GPW, false>, grid, dim3(256), smem, cstream(c), *gate, *up, *sg, *su, ids, xn,

@@ -65,7 +65,9 @@ struct topk_scratch {
     int sel[32];     /* the picks in rank order */
     float mx, sum;
 };
-template <bool CG>
+/* W = false: the picks only (s.sel[0..K), rank order, after the block's last barrier here);
+ * no softmax statistics, no weights, ids and w untouched. */
+template <bool CG, bool W = true>
 __device__ __forceinline__ void topk_block(const float *l, int E, int K, int renorm, int32_t *ids, float *w,
                                            topk_scratch &s) {
     const int t = threadIdx.x, lane = t & 31, wp = t >> 5, nw = (E + 31) / 32, nc = nw * K;
@@ -101,7 +103,7 @@ __device__ __forceinline__ void topk_block(const float *l, int E, int K, int ren
         if (rank < K) s.sel[rank] = e;
     }
     const int sw = (nc + 31) / 32 < (int)(blockDim.x >> 5) ? (nc + 31) / 32 : 0; /* a warp free of the ranks */
-    if (wp == sw) {
+    if (W && wp == sw) {
         float vv[8], mx, sum;
 #pragma unroll
         for (int i = 0; i < 8; i++) vv[i] = lane + 32 * i < E ? s.v[lane + 32 * i] : -INFINITY;
@@ -113,7 +115,7 @@ __device__ __forceinline__ void topk_block(const float *l, int E, int K, int ren
     }
     __syncthreads();
     trace_mark(TRACE_MARK5); /* the picks and the softmax sum known */
-    if (wp == 0) {
+    if (W && wp == 0) {
         const int id = lane < K ? s.sel[lane] : 0;
         topk_write(id, s.v[id], s.mx, s.sum, K, renorm, ids, w, lane);
     }

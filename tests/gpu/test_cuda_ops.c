@@ -322,6 +322,28 @@ static void test_combine_norm(int T, int K, int H) {
     cuda_free(ded); cuda_free(dsd); cuda_free(dx); cuda_free(dw); cuda_free(dseg); cuda_free(dg); cuda_free(dslot); cuda_free(dn);
 }
 
+/* ---- the one-row RMSNorm (cuda_rmsnorm at T = 1: the decode step's final norm) against the
+ * generic kernel's row of a 3-row launch, bitwise, each row chosen by its index on the device ---- */
+static void test_rmsnorm_row(int H) {
+    const int T = 3;
+    float *x = malloc((size_t)T * H * 4), *gain = malloc((size_t)H * 4);
+    rand_f32(x, (size_t)T * H, 3.0f);
+    for (int i = 0; i < H; i++) gain[i] = 1.0f + 0.2f * rng_normal();
+    float *dx, *dg; uint16_t *dn, *dn1; int32_t *drow;
+    DEV(dx, (size_t)T * H * 4); DEV(dg, (size_t)H * 4); DEV(dn, (size_t)T * H * 2); DEV(dn1, (size_t)H * 2); DEV(drow, 4);
+    H2D(dx, x, (size_t)T * H * 4); H2D(dg, gain, (size_t)H * 4);
+    OK(cuda_rmsnorm(&ctx, dx, dg, T, H, 1e-6f, NULL, dn));
+    int bad = 0;
+    for (int r = 0; r < T; r++) {
+        H2D(drow, &r, 4);
+        OK(cuda_rmsnorm(&ctx, dx, dg, 1, H, 1e-6f, drow, dn1));
+        bad += dev_bf16_differ(dn + (size_t)r * H, dn1, (size_t)H);
+    }
+    CHECK(bad == 0, "rmsnorm one row H=%d: %d of %d values differ from the 3-row launch's", H, bad, T * H);
+    free(x); free(gain);
+    cuda_free(dx); cuda_free(dg); cuda_free(dn); cuda_free(dn1); cuda_free(drow);
+}
+
 /* ---- fused multi-matrix GEMV (decode projections): 1e-4 ---- */
 static void test_gemv_multi(void) {
     struct rq a, b, c8;
@@ -1259,6 +1281,9 @@ int main(void) {
     test_combine_norm(5, 8, 2048);
     test_combine_norm(3, 2, 128);   /* fewer columns than lanes */
     test_combine_norm(2, 4, 5000);  /* past NS_REG·256 columns: the rest read again */
+    test_rmsnorm_row(2048);
+    test_rmsnorm_row(100);          /* fewer columns than lanes */
+    test_rmsnorm_row(5000);         /* past NS_REG·256 columns */
     {
         const int tkE[] = {256, 256, 200, 64, 16, 33, 256}, tkK[] = {8, 32, 8, 4, 4, 1, 1};
         for (int i = 0; i < 7; i++)
