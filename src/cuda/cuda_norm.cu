@@ -1,5 +1,6 @@
 // cuda/cuda_norm.cu — row-wise kernels: embedding gather + dequant, RMSNorm
-// (fp32 residual → bf16 GEMM input), and the two-stage argmax over logits.
+// (fp32 residual → bf16 GEMM input; one row by its own kernel, the same bits), and the
+// two-stage argmax over logits.
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
