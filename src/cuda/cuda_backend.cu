@@ -379,7 +379,8 @@ static int attention(struct cuda_backend *cb, const dlayer *d, const dmeta &m, c
  * the layer's input norm, the router the post-mixer norm: in_norm_src / norm_src_on); the
  * GEMV path and ORCHID_NO_NORM_SRC=1: the residual-adding projection's last block computes
  * the post-mixer norm and the MoE down projection's last block the next layer's input norm.
- * The router's last block runs the top-k. */
+ * The gate/up pairs take the top-k from the router's logits (topk_pairs_on; otherwise the
+ * router's last block runs it). */
 static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c);
 
 /* Layer l takes one token through cuda_tcv.cu's forms (projections and expert pairs). */
