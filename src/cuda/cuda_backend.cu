@@ -413,7 +413,7 @@ static bool in_norm_src(const struct cuda_backend *cb, int l, int T) {
  * ORCHID_NO_TOPK_PAIRS=1: the router's tail (A/B; the same bits either way). */
 static bool topk_pairs_on(const struct cuda_backend *cb, const dlayer *d) {
     static const bool off = env_flag("ORCHID_NO_TOPK_PAIRS");
-    return !off && cuda_tcv_topk_supported(&d->gate, &d->down, cb->K, cb->E);
+    return !off && cuda_tcv_topk_supported(&d->gate, cb->K, cb->E);
 }
 
 /* 2..64 tokens: layer l's input norm is computed by layer l - 1's MoE combine

@@ -374,7 +374,7 @@ struct cuda_topk_src {
     int32_t *ids;
     float *w;
 };
-int cuda_tcv_topk_supported(const struct cuda_qmat *gate, const struct cuda_qmat *down, int K, int E);
+int cuda_tcv_topk_supported(const struct cuda_qmat *gate, int K, int E);
 int cuda_tcv_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                           const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,
                           const uint16_t *xn, int K, uint16_t *act, int ld_act, const struct cuda_topk_src *ts);

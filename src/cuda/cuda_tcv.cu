@@ -401,17 +401,16 @@ __host__ __device__ static size_t tcv_gateup_smem(int gpw, int cols) {
     return tcv_stream_head(cols) + (size_t)8 * TCV_WSM(gpw);
 }
 
-/* TK: the gate/up launch takes the token's top-k from the router's logits itself
- * (topk_block: the router's tail's ids and weights, bit for bit) instead of reading the ids
- * the router's last block wrote — the router then has no tail on the step's chain. Its
- * scratch (topk_scratch) sits after the launch's other shared memory (16-byte aligned). */
-
 /* Copies one token's K bf16 of x into xs by cp.async (the caller commits), the bytes
  * tcv_stage's plain copy leaves: so x can be requested before the top-k and the weights. */
 __device__ __forceinline__ void tcv_stage_async(const uint16_t *x, int K, uint16_t *xs) {
     for (int j = threadIdx.x; j < K / 8; j += blockDim.x) cpa16(xs + 8 * j, x + 8 * j);
 }
 
+/* TK: the launch takes the token's top-k from the router's logits itself (topk_block: the
+ * router's tail's ids and weights, bit for bit) instead of reading the ids the router's last
+ * block wrote — the router then has no tail on the step's chain. Its scratch (topk_scratch)
+ * sits after the launch's other shared memory (16-byte aligned). */
 template <int GPW, bool TK>
 static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kernel(cuda_qmat gate, cuda_qmat up, cuda_qmat sgate, cuda_qmat sup,
                                                                 const int32_t *ids, const uint16_t *x, int K, uint16_t *act,
@@ -509,10 +508,7 @@ static size_t tcv_down_smem(int gpw, int K, int cols) {
  * in tcv_gateup_kernel; with tcv_load's fragments in registers: 64 registers, spills, and
  * decode at 512 1.3 % slower); each pair's row value is summed over slices in order, then
  * combined as cuda_moe_combine does: acc = σ(seg)·shared, acc = fmaf(w_k, routed_k, acc) for
- * k = 0..K-1, x += acc; the last block then normalises x (tail). TK: the ids and weights
- * from the block's own top-k of the router's logits (before the wait, as the ids' read:
- * the router finished before any gate/up block passed its wait); block 0 leaves them in
- * ids and wts (nothing after reads them there on the one-token path: for the record). */
+ * k = 0..K-1, x += acc; the last block then normalises x (tail). */
 template <int GPW>
 static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, cuda_qmat sdown, const int32_t *ids,
                                                                const float *wts, const float *seg, const uint16_t *act,
@@ -570,6 +566,13 @@ static __global__ void __launch_bounds__(1024) tcv_down_kernel(cuda_qmat down, c
     if (tail.counter && last_block_done(tail.counter)) tail_rmsnorm(x, H, 1, H, tail);
 }
 
+/* The pair kernels' dynamic shared memory: cuda_tcv_init's limit (0: the device query failed). */
+static size_t tcv_pair_smem_lim(void) {
+    int n_sm = 0, optin = 0;
+    if (device_sms_optin(&n_sm, &optin) != cudaSuccess) return 0;
+    return optin > TCV_STATIC_SMEM ? (size_t)(optin - TCV_STATIC_SMEM) : 0;
+}
+
 extern "C" int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct cuda_qmat *up, const struct cuda_qmat *down,
                                       const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up,
                                       const struct cuda_qmat *sh_down, int K) {
@@ -577,24 +580,19 @@ extern "C" int cuda_tcv_moe_supported(const struct cuda_qmat *gate, const struct
     for (int i = 0; i < 6; i++)
         if (!cuda_tcv_supported(all[i])) return 0;
     const int gpw = tcv_gpw(down->cols), gpw_gu = tcv_gpw(gate->cols);
-    int n_sm = 0, optin = 0;
-    if (device_sms_optin(&n_sm, &optin) != cudaSuccess) return 0;
-    /* the tiles in shared memory: cuda_tcv_init's limit */
-    const size_t lim = optin > TCV_STATIC_SMEM ? (size_t)(optin - TCV_STATIC_SMEM) : 0;
-    return gate->cols == sh_gate->cols && down->cols == sh_down->cols && up->rows == gate->rows &&
+    const size_t lim = tcv_pair_smem_lim(); /* the tiles in shared memory */
+    return lim > 0 && gate->cols == sh_gate->cols && down->cols == sh_down->cols && up->rows == gate->rows &&
            sh_up->rows == sh_gate->rows && gate->rows == down->cols && sh_gate->rows == sh_down->cols &&
            tcv_down_warps(gpw, K, down->cols) <= 32 && (8 / ((gate->cols / QGROUP) / gpw_gu)) >= 2 &&
            tcv_gateup_smem(gpw_gu, gate->cols) <= lim && tcv_down_smem(gpw, K, down->cols) <= lim;
 }
 
-/* The pair launches' own top-k (TK): E ≤ 256 logits, K ≤ 32, blocks of at least 256
- * threads (topk_block), and the scratch within the shared memory the kernels may take. */
-extern "C" int cuda_tcv_topk_supported(const struct cuda_qmat *gate, const struct cuda_qmat *down, int K, int E) {
-    const int gpw = tcv_gpw(down->cols), gpw_gu = tcv_gpw(gate->cols);
-    int n_sm = 0, optin = 0;
-    if (!gpw || !gpw_gu || device_sms_optin(&n_sm, &optin) != cudaSuccess) return 0;
-    const size_t lim = optin > TCV_STATIC_SMEM ? (size_t)(optin - TCV_STATIC_SMEM) : 0;
-    return E <= 256 && K >= 1 && K <= 32 && K <= E && tcv_gateup_smem(gpw_gu, gate->cols) + sizeof(topk_scratch) <= lim;
+/* The gate/up launch's own top-k (TK): E ≤ 256 logits, K ≤ 32 (topk_block on its 256
+ * threads), and the scratch within the shared memory the kernel may take. */
+extern "C" int cuda_tcv_topk_supported(const struct cuda_qmat *gate, int K, int E) {
+    const int gpw = tcv_gpw(gate->cols);
+    return gpw && E <= 256 && K >= 1 && K <= 32 && K <= E &&
+           tcv_gateup_smem(gpw, gate->cols) + sizeof(topk_scratch) <= tcv_pair_smem_lim();
 }
 
 template <int GPW>

@@ -121,4 +121,3 @@ __device__ __forceinline__ void topk_block(const float *l, int E, int K, int ren
     }
     trace_mark(TRACE_MARK7); /* weights written */
 }
-
