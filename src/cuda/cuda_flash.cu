@@ -10,6 +10,11 @@
 // once and the next split's first K/V tile prefetched — a batch of 64 decode sequences at
 // context 512 has 64 × 2 KV heads × 16 splits of 32 keys, and one block each staged a Q
 // tile as large as its K/V and ran ~8 waves (H200: 95 µs a layer for 67 MB of KV).
+// With tail counters (a decode step of one sequence: cuda_attention's tail) the launch also
+// combines the splits itself (the TAIL instance: a cooperative launch whose blocks meet at a
+// barrier, then share the rows among their warps — attn_combine_warp, the combine launch's
+// own code), saving that launch and its gap: at context 512 flash + combine + o-projection
+// 20.1 → 16.7 µs a layer on the H200.
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
@@ -42,17 +47,18 @@ __device__ __forceinline__ const uint16_t *f_kv(const cuda_seq &s, int layer_ord
     return s.kv + ((((size_t)layer_ord * 2 + which) * kvh + g) * (size_t)s.max_seq) * D;
 }
 
-template <int D>
+template <int D, bool TAIL>
 static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs,
                                                            const cuda_attn_tile *tiles, int layer_ord, int nh, int kvh,
-                                                           int n_split, int spb, float *part) {
+                                                           int n_split, int spb, float *part, int *tail,
+                                                           uint16_t *out) {
     TRACE_KERNEL();
     constexpr int DS = D + 8, NT = D / 8, KS = D / 16;
     extern __shared__ __align__(16) uint16_t fsm[];
     uint16_t *Qs = fsm;                 /* [FQ][DS] */
     uint16_t *Ks = Qs + FQ * DS;        /* [2][FK][DS] */
     uint16_t *Vs = Ks + 2 * FK * DS;    /* [2][FK][DS] */
-    pdl_trigger();
+    if (!TAIL) pdl_trigger(); /* TAIL: before its barrier (below) */
     pdl_wait(); /* PDL: tiles, seqs, q, pos and the KV cache all come from earlier work */
     const int group = nh / kvh;
     const int tile_i = blockIdx.x / kvh, g = blockIdx.x % kvh, split0 = blockIdx.y * spb;
@@ -233,6 +239,23 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
             }
         }
     }
+    /* the combine (cuda_attention's tail): the (tile, KV head)'s blocks meet at a barrier (a
+     * cooperative launch: all resident) and their warps share its rows' 64-column units. The
+     * dependents are let in only here: the attention o-projection's blocks, scheduled at this
+     * launch's start, sat ~9 µs on their prefetched weights and then took 4.9 µs instead of
+     * 1.6 for their products (H200 timeline; cause not found) */
+    if (TAIL) {
+        pdl_trigger();
+        blocks_barrier(tail + 2 * blockIdx.x, tail + 2 * blockIdx.x + 1, gridDim.y);
+        trace_mark(TRACE_MARK4); /* past the barrier */
+        const int per_row = D / 64, units = nrows * per_row, warps = (int)gridDim.y * 4;
+        for (int u = warp * (int)gridDim.y + (int)blockIdx.y; u < units; u += warps) {
+            const int r = u / per_row, t = tl.t0 + r / group, h = g * group + r % group;
+            const size_t row = (size_t)t * nh + h;
+            attn_combine_warp<1>(part + row * n_split * (D + 2), qg + (size_t)t * 2 * nh * D + (size_t)h * 2 * D + D, n_split, D,
+                                 32 * (u % per_row), out + row * D);
+        }
+    }
 }
 
 static size_t flash_smem(int D) { return (size_t)(FQ + 4 * FK) * (D + 8) * 2; }
@@ -240,6 +263,9 @@ static size_t flash_smem(int D) { return (size_t)(FQ + 4 * FK) * (D + 8) * 2; }
 /* Multiprocessors (cuda_flash_init), and splits a block forced by the tests (0: chosen). */
 static int fl_sms = 132, fl_spb_forced = 0;
 extern "C" void cuda_flash_force_spb(int spb) { fl_spb_forced = spb > 0 ? spb : 0; }
+/* Tests: the combine launch even when tail counters are given. */
+static int fl_tail_off = 0;
+extern "C" void cuda_flash_force_no_tail(int on) { fl_tail_off = on; }
 
 /* Splits a block: as many as keep about two blocks an SM busy (two fit by shared memory),
  * one where the launch has no more blocks than that (batch-1 decode: 2 KV heads × 16
@@ -260,32 +286,41 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     cuda_caps caps;
     fl_sms = device_caps(&caps) == cudaSuccess && caps.sms > 0 ? caps.sms : 132;
     (void)fl_spb(0, 1); /* reads the environment here, outside any graph capture */
-    cudaError_t e;
-    if (D == 256) e = cudaFuncSetAttribute(flash_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    else if (D == 128) e = cudaFuncSetAttribute(flash_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    else if (D == 64) e = cudaFuncSetAttribute(flash_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    else return 0; /* other head dims use the scalar kernel */
-    if (e != cudaSuccess)
-        return errorf(err, errlen, ST_DEVICE, "flash attention: cudaFuncSetAttribute(%d B) failed: %s", smem, cudaGetErrorString(e));
+    if (D != 256 && D != 128 && D != 64) return 0; /* other head dims use the scalar kernel */
+    const void *k[2] = {D == 256 ? (const void *)flash_kernel<256, false> : D == 128 ? (const void *)flash_kernel<128, false> : (const void *)flash_kernel<64, false>,
+                        D == 256 ? (const void *)flash_kernel<256, true> : D == 128 ? (const void *)flash_kernel<128, true> : (const void *)flash_kernel<64, true>};
+    for (int i = 0; i < 2; i++) {
+        const cudaError_t e = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess)
+            return errorf(err, errlen, ST_DEVICE, "flash attention: cudaFuncSetAttribute(%d B) failed: %s", smem,
+                          cudaGetErrorString(e));
+    }
     return 0;
 }
 
 /* Returns 1 when the tensor-core kernel handles this shape (then it was launched), 0 to fall back. */
 extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos,
                                     const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
-                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part, int *launched) {
-    *launched = 0;
+                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part, int *tail,
+                                    uint16_t *out, int *launched, int *combined) {
+    *launched = *combined = 0;
     const int group = n_heads / kv_heads;
     if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
     const int spb = fl_spb(n_tiles * kv_heads * n_split, n_split);
     const dim3 grid(n_tiles * kv_heads, (n_split + spb - 1) / spb);
     const size_t smem = flash_smem(D);
-    void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, int, float *) =
-        D == 256 ? flash_kernel<256> : D == 128 ? flash_kernel<128> : flash_kernel<64>;
+    /* the combine in the launch: its blocks meet at a barrier, so all must be resident at
+     * once (a cooperative launch; at most one an SM here) */
+    const bool fuse = tail && !fl_tail_off && n_split <= CUDA_ATTN_TAIL_SPLITS && (int)(grid.x * grid.y) <= fl_sms;
+    void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, int, float *,
+                 int *, uint16_t *) = fuse ? (D == 256 ? flash_kernel<256, true> : D == 128 ? flash_kernel<128, true> : flash_kernel<64, true>)
+                                           : (D == 256 ? flash_kernel<256, false> : D == 128 ? flash_kernel<128, false> : flash_kernel<64, false>);
     *launched = 1;
+    *combined = fuse;
     /* without the PDL attribute: see launch_attn in cuda_attn.cu */
-    LAUNCH_CHECK_RC(c, launch_k_pdl(false, kern, grid, dim3(128), smem, cstream(c), qg, pos, seqs, tiles, layer_ord, n_heads,
-                                    kv_heads, n_split, spb, part),
+    launch_cfg lc(grid, dim3(128), smem, cstream(c), false, 0, fuse);
+    LAUNCH_CHECK_RC(c, lc.launch(kern, qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, spb, part, fuse ? tail : NULL,
+                                 out),
                     "flash_attention");
 }
 

@@ -248,10 +248,15 @@ inline bool env_flag(const char *name) {
  * pdl_enabled(); with cx > 0, thread-block clusters of cx blocks along x (sm_90). It holds
  * its attributes (cfg points at them: not copyable). */
 struct launch_cfg {
-    cudaLaunchAttribute attr[2];
+    cudaLaunchAttribute attr[3];
     cudaLaunchConfig_t cfg;
-    launch_cfg(dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, int cx = 0) {
+    /* cx > 0: clusters of cx blocks; coop: every block resident at once (or the launch fails) */
+    launch_cfg(dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, int cx = 0, bool coop = false) {
         int n = 0;
+        if (coop) {
+            attr[n].id = cudaLaunchAttributeCooperative;
+            attr[n++].val.cooperative = 1;
+        }
         if (cx > 0) {
             attr[n].id = cudaLaunchAttributeClusterDimension;
             attr[n].val.clusterDim.x = cx;
@@ -445,6 +450,98 @@ __device__ __forceinline__ void attn_split_keys(int kv_len, int n_split, int spl
     const int per = (kv_len + own - 1) / own;
     *k_lo = split * per;
     *k_hi = min(kv_len, *k_lo + per);
+}
+
+/* The split combine of one attention row (token t, head h) by one warp, over its columns
+ * [2·c0, 2·c0 + 64) (lane: one column pair). prow: the row's split records
+ * part[(t·nh + h)·n_split + s][D + 2] = (m, l, O[D]); gate: the row's output gate (qg's
+ * second half); orow: the row's bf16 output. O = Σ_s e_s·O_s / Σ_s e_s·l_s, e_s = exp(m_s − M),
+ * M = max m_s, the splits folded in order from 0 and empty ones (m_s = −inf) skipped, then
+ * times sigmoid(gate). Lane j holds split 32·k + j's m and l (MAXC chunks: n_split ≤ 32·MAXC),
+ * so a row's scalars cost one round trip, M is a warp max and e_s one exp a lane; each lane
+ * requests a chunk's live values before folding them (e_s and l_s by shuffle, the same fmaf
+ * sequence in s order whoever computes it): one more round trip (chunks after the first, at
+ * long contexts: their m and l again, then their values). cuda_attn.cu's combine
+ * launch and the flash launch's own combine (cuda_flash.cu) both come here, so their bits
+ * agree. Plain loads: other blocks wrote the records, seen here after the launch boundary or
+ * blocks_barrier's acquire; __ldcg's strong loads were not batched by ptxas (four in flight:
+ * the 32 a lane asks for took one round trip each). */
+template <int MAXC>
+__device__ __forceinline__ void attn_combine_warp(const float *prow, const float *gate, int n_split, int D, int c0,
+                                                  uint16_t *orow) {
+    const int lane = threadIdx.x & 31, c = 2 * (c0 + lane);
+    const float2 gt = *reinterpret_cast<const float2 *>(gate + c);
+    /* chunk 0's m and l stay in registers; later chunks' (long contexts) are read again */
+    const float m0 = lane < n_split ? prow[(size_t)lane * (D + 2)] : -INFINITY;
+    const float l0 = lane < n_split ? prow[(size_t)lane * (D + 2) + 1] : 0.0f;
+    float M = m0;
+#pragma unroll
+    for (int k = 1; k < MAXC; k++) {
+        const int s = 32 * k + lane;
+        M = fmaxf(M, s < n_split ? prow[(size_t)s * (D + 2)] : -INFINITY);
+    }
+    M = warp_max(M);
+    float L = 0.0f, o0 = 0.0f, o1 = 0.0f;
+    if (M != -INFINITY) { /* warp-uniform */
+#pragma unroll 1
+        for (int k = 0; k < MAXC && 32 * k < n_split; k++) {
+            const int s = 32 * k + lane;
+            const float m = k == 0 ? m0 : s < n_split ? prow[(size_t)s * (D + 2)] : -INFINITY;
+            const float l = k == 0 ? l0 : s < n_split ? prow[(size_t)s * (D + 2) + 1] : 0.0f;
+            const unsigned live = __ballot_sync(0xffffffffu, m != -INFINITY);
+            const float e = m != -INFINITY ? __expf(m - M) : 0.0f;
+            /* every lane's 32 loads issue unconditionally (splits past n_split read the last
+             * one's, unused) so none waits behind a branch */
+            const float *pv = prow + (size_t)32 * k * (D + 2) + 2 + c;
+            const int last = n_split - 1 - 32 * k;
+            float2 v[32];
+#pragma unroll
+            for (int j = 0; j < 32; j++) v[j] = *reinterpret_cast<const float2 *>(pv + (size_t)min(j, last) * (D + 2));
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const float ej = __shfl_sync(0xffffffffu, e, j), lj = __shfl_sync(0xffffffffu, l, j);
+                if (live >> j & 1) {
+                    L = fmaf(ej, lj, L);
+                    o0 = fmaf(ej, v[j].x, o0);
+                    o1 = fmaf(ej, v[j].y, o1);
+                }
+            }
+        }
+    }
+    const float a0 = L > 0.0f ? o0 / L : 0.0f, a1 = L > 0.0f ? o1 / L : 0.0f;
+    *reinterpret_cast<uint32_t *>(orow + c) = pack_bf2(a0 * sigm(gt.x), a1 * sigm(gt.y));
+}
+
+/* A barrier of the n blocks sharing cnt and gen (both zero at first; cnt is left zero): the
+ * blocks must all be resident at once (a cooperative launch, or few enough blocks on an
+ * otherwise idle device). Each block's writes before it are seen by every block after it:
+ * the barrier orders them before thread 0's acq_rel arrival (as last_block_done), the last
+ * arrival releases gen, the others see it change and then fence (acquire). gen is read
+ * before the arrival, so a block cannot miss the flip of its own round. A count left dirty
+ * (a launch killed between arrivals) would strand the late arrivals: their polls are
+ * bounded and end in __trap (docs/ARCHITECTURE.md, trap 44). */
+__device__ __forceinline__ void blocks_barrier(int *cnt, int *gen, int n) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int g0, old, now;
+        asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(g0) : "l"(gen) : "memory");
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(cnt) : "memory");
+        if (old == n - 1) {
+            *cnt = 0;
+            asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(gen), "r"(g0 + 1) : "memory");
+        } else {
+            /* relaxed polls, then one acquire fence: an acquire load a poll slowed the blocks
+             * sharing the SMs (the attention o-projection's prefetched weights arrived ~3 µs
+             * later) */
+            long long polls = 0;
+            do {
+                asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(now) : "l"(gen) : "memory");
+                if (++polls > (1ll << 26)) __trap(); /* ~a minute: a launch error, not a hang */
+            } while (now == g0);
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        }
+    }
+    __syncthreads();
 }
 
 /* Pointers of row r (absolute, i.e. mat*rows + row) of a qmat. */

@@ -159,20 +159,27 @@ int cuda_attn_prep(const struct cuda_ctx *c, float *qg, const float *k, const fl
                    const float *k_norm, const int32_t *pos, const int32_t *tok_seq, const struct cuda_seq *seqs,
                    int layer_ord, int T, int n_heads, int kv_heads, int D, int rot, float theta, float eps);
 /* Causal attention for every tile (split over keys into n_split parts), then the combine
- * with the sigmoid output gate: out[t, h*D + d] = bf16(attn * sigmoid(gate)). */
+ * with the sigmoid output gate: out[t, h*D + d] = bf16(attn * sigmoid(gate)). tail: NULL,
+ * or 2 × n_tiles × kv_heads zeroed counters (left zeroed) with which the flash launch
+ * combines each (tile, KV head)'s rows itself when it can (n_split ≤ CUDA_ATTN_TAIL_SPLITS),
+ * saving the combine launch; the same bits either way. */
+#define CUDA_ATTN_TAIL_SPLITS 32
 int cuda_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                    const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int T, int n_heads,
-                   int kv_heads, int D, float *part, uint16_t *out);
+                   int kv_heads, int D, float *part, int *tail, uint16_t *out);
 
 /* The tensor-core kernel behind cuda_attention (cuda_flash.cu); *launched = 0 when the
  * shape needs the scalar kernel (more than 8 q heads per KV head, head_dim not 64/128/256). */
 void cuda_attn_force_scalar(int on);
 /* Key splits a flash block takes one after another (tests: 0 = chosen by the launch). */
 void cuda_flash_force_spb(int spb);
+/* Tests: 1 = the combine launch even when cuda_attention is given tail counters. */
+void cuda_flash_force_no_tail(int on);
 int cuda_flash_init(int head_dim, char *err, size_t errlen);
+/* tail, out: cuda_attention's; *combined = 1 when the launch also combined (into out). */
 int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                          const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
-                         int kv_heads, int D, float *part, int *launched);
+                         int kv_heads, int D, float *part, int *tail, uint16_t *out, int *launched, int *combined);
 
 /* ---- Gated DeltaNet (cuda_gdn.cu) ---- */
 /* Causal depthwise conv + SiLU over the batch (reads/updates each session's conv state). */

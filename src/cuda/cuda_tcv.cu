@@ -152,7 +152,9 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
     if (STAGE == TCV_GNORM) tcv_stage_gnorm(a.gn, K, xs, xsum);
     else if (STAGE == TCV_NORM) tcv_stage_norm(a.ns, K, g, xs, xsum);
     else tcv_stage(a.x, K, 1, K, xs, xsum);
+    trace_mark(TRACE_MARK4); /* x staged */
     tcv_mma_to_red<GPW>(w, xs, xsum, ks * GPW, red);
+    trace_mark(TRACE_MARK5); /* products in shared memory */
     if (a.trig_late) pdl_trigger();
     if ((int)threadIdx.x < MT * 16) {
         const int mm = threadIdx.x / 16, i = threadIdx.x % 16;

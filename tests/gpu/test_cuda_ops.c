@@ -694,7 +694,7 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     H2D(dqn, qn, (size_t)D * 4); H2D(dkn, kn, (size_t)D * 4); H2D(dpos, pos, (size_t)T * 4); H2D(dts, tseq, (size_t)T * 4);
     H2D(dseq, seqs, (size_t)n_seqs * sizeof *seqs); H2D(dtile, tiles, (size_t)nt * sizeof *tiles);
     OK(cuda_attn_prep(&ctx, dqg, dk, dv, dqn, dkn, dpos, dts, dseq, 0, T, nh, kvh, D, rot, theta, eps));
-    OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, dout));
+    OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
     /* CPU reference (cpu_backend.c attention, with K/V rounded to bf16 like the GPU cache) */
     for (int i = 0; i < T; i++) {
         for (int h = 0; h < nh; h++) {
@@ -742,7 +742,7 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
         uint16_t *ob2 = malloc((size_t)T * nh * D * 2);
         for (int spb = 1; spb <= 3; spb++) {
             cuda_flash_force_spb(spb);
-            OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, dout));
+            OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
             D2H(ob2, dout, (size_t)T * nh * D * 2);
             int diff = 0;
             for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += ob2[i] != ob[i];
@@ -751,6 +751,32 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
         }
         cuda_flash_force_spb(0);
         free(ob2);
+    }
+    if (!strcmp(attn_mode, "tensor-core")) {
+        /* the combine in the flash launch (a barrier's two counters a tile and KV head: the
+         * arrivals left zeroed, the generation counting on; run twice), with 1 and 2 splits a
+         * block: the same bits as the combine launch */
+        uint16_t *ob2 = malloc((size_t)T * nh * D * 2);
+        int *dcnt;
+        const size_t ncnt = 2 * (size_t)nt * kvh;
+        DEV(dcnt, ncnt * 4);
+        if (cuda_memset0(dcnt, ncnt * 4, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+        for (int run = 0; run < 4; run++) { /* 1 / 2 splits a block, twice each */
+            cuda_flash_force_spb(run < 2 ? 1 : 2);
+            if (cuda_memset0(dout, (size_t)T * nh * D * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+            OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, dcnt, dout));
+            D2H(ob2, dout, (size_t)T * nh * D * 2);
+            int diff = 0;
+            for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += ob2[i] != ob[i];
+            CHECK(diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d split=%d: the combine in the tail (run %d) differs in %d of %d values",
+                  nh, kvh, D, n_seqs, n_split, run, diff, T * nh * D);
+        }
+        cuda_flash_force_spb(0);
+        int *cnt = malloc(ncnt * 4), left = 0;
+        D2H(cnt, dcnt, ncnt * 4);
+        for (size_t i = 0; i < ncnt; i += 2) left += cnt[i] != 0; /* the barrier's generations (odd) count on */
+        CHECK(left == 0, "attention tail: %d counters not reset", left);
+        free(cnt); free(ob2); cuda_free(dcnt);
     }
     /* the cache rows written for the new tokens */
     uint16_t *kvback = malloc((size_t)n_seqs * 2 * kvd * max_seq * 2);
