@@ -265,6 +265,9 @@ static int fl_sms = 132, fl_spb_forced = 0;
 extern "C" void cuda_flash_force_spb(int spb) { fl_spb_forced = spb > 0 ? spb : 0; }
 /* Tests: the combine launch even when tail counters are given. */
 static int fl_tail_off = 0;
+static bool fl_coop = false; /* the device takes cooperative launches (cuda_flash_init) */
+static long fl_tail_launches = 0; /* launches that combined themselves (tests check it moves) */
+extern "C" long cuda_flash_tail_launches(void) { return fl_tail_launches; }
 extern "C" void cuda_flash_force_no_tail(int on) { fl_tail_off = on; }
 
 /* Splits a block: as many as keep about two blocks an SM busy (two fit by shared memory),
@@ -286,6 +289,11 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     cuda_caps caps;
     fl_sms = device_caps(&caps) == cudaSuccess && caps.sms > 0 ? caps.sms : 132;
     (void)fl_spb(0, 1); /* reads the environment here, outside any graph capture */
+    /* the in-launch combine is a cooperative launch: only where the device takes them */
+    int dev = 0, coop = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess)
+        coop = 0;
+    fl_coop = coop != 0;
     if (D != 256 && D != 128 && D != 64) return 0; /* other head dims use the scalar kernel */
     const void *k[2] = {D == 256 ? (const void *)flash_kernel<256, false> : D == 128 ? (const void *)flash_kernel<128, false> : (const void *)flash_kernel<64, false>,
                         D == 256 ? (const void *)flash_kernel<256, true> : D == 128 ? (const void *)flash_kernel<128, true> : (const void *)flash_kernel<64, true>};
@@ -311,12 +319,13 @@ extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, c
     const size_t smem = flash_smem(D);
     /* the combine in the launch: its blocks meet at a barrier, so all must be resident at
      * once (a cooperative launch; at most one an SM here) */
-    const bool fuse = tail && !fl_tail_off && n_split <= CUDA_ATTN_TAIL_SPLITS && (int)(grid.x * grid.y) <= fl_sms;
+    const bool fuse = tail && fl_coop && !fl_tail_off && n_split <= CUDA_ATTN_TAIL_SPLITS && (int)(grid.x * grid.y) <= fl_sms;
     void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, int, float *,
                  int *, uint16_t *) = fuse ? (D == 256 ? flash_kernel<256, true> : D == 128 ? flash_kernel<128, true> : flash_kernel<64, true>)
                                            : (D == 256 ? flash_kernel<256, false> : D == 128 ? flash_kernel<128, false> : flash_kernel<64, false>);
     *launched = 1;
     *combined = fuse;
+    fl_tail_launches += fuse;
     /* without the PDL attribute: see launch_attn in cuda_attn.cu */
     launch_cfg lc(grid, dim3(128), smem, cstream(c), false, 0, fuse);
     LAUNCH_CHECK_RC(c, lc.launch(kern, qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, spb, part, fuse ? tail : NULL,

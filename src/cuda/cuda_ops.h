@@ -173,8 +173,10 @@ int cuda_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos
 void cuda_attn_force_scalar(int on);
 /* Key splits a flash block takes one after another (tests: 0 = chosen by the launch). */
 void cuda_flash_force_spb(int spb);
-/* Tests: 1 = the combine launch even when cuda_attention is given tail counters. */
+/* Tests: 1 = the combine launch even when cuda_attention is given tail counters; how many
+ * flash launches have combined their splits themselves so far. */
 void cuda_flash_force_no_tail(int on);
+long cuda_flash_tail_launches(void);
 int cuda_flash_init(int head_dim, char *err, size_t errlen);
 /* tail, out: cuda_attention's; *combined = 1 when the launch also combined (into out). */
 int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,

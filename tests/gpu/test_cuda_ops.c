@@ -761,6 +761,7 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
         const size_t ncnt = 2 * (size_t)nt * kvh;
         DEV(dcnt, ncnt * 4);
         if (cuda_memset0(dcnt, ncnt * 4, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+        const long tails0 = cuda_flash_tail_launches();
         for (int run = 0; run < 4; run++) { /* 1 / 2 splits a block, twice each */
             cuda_flash_force_spb(run < 2 ? 1 : 2);
             if (cuda_memset0(dout, (size_t)T * nh * D * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
@@ -772,6 +773,11 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
                   nh, kvh, D, n_seqs, n_split, run, diff, T * nh * D);
         }
         cuda_flash_force_spb(0);
+        /* the shapes the in-launch form takes (≤ 32 splits, one block an SM) must have taken
+         * it: otherwise the comparison above was the combine launch against itself */
+        const int fits = n_split <= CUDA_ATTN_TAIL_SPLITS && nt * kvh * n_split <= 132;
+        CHECK(!fits || cuda_flash_tail_launches() - tails0 >= 2, "attention nh=%d kvh=%d D=%d split=%d: the in-launch combine ran %ld times of 4",
+              nh, kvh, D, n_split, cuda_flash_tail_launches() - tails0);
         int *cnt = malloc(ncnt * 4), left = 0;
         D2H(cnt, dcnt, ncnt * 4);
         for (size_t i = 0; i < ncnt; i += 2) left += cnt[i] != 0; /* the barrier's generations (odd) count on */
