@@ -11,8 +11,10 @@ order, times in µs from the first launch after the spin:
   marks   the first and last block past the kernel's own marks 4..7 (cuda_moe_fused.cu)
                                                        launch's share of the critical path)
 
-then the means per op name (names from the forward's "# op" lines when every op is one
-launch) sorted by their total step.
+then the means per op name (names from the forward's "# op" lines; an op of several
+launches, such as attention with its split combine, names each of them) sorted by their
+total step, with e2e: the previous launch's end → this one's end, the share of the
+forward's span a launch adds (the e2e sums add up to the span).
 
 then, with --blocks OP (repeatable), the blocks of every launch named OP: how many, their
 lifetimes (start → end; p10 / p50 / p90 / max, and of the blocks that lived over 1 µs, the
@@ -126,7 +128,7 @@ def main():
     if not summary:
         print(f"{'#':>4} {'op':24} {'blk':>5} {'sm':>4} {'start':>8} {'wait0':>8} {'wait1':>8} {'tail':>8} {'end':>8} "
               f"{'body':>6} {'step':>6} {'lead':>6}  marks 4-7 (first-last block)")
-    agg = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    agg = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     for i, l in enumerate(launches):
         w = l["w1"] or l["start"]
         nxt = launches[i + 1] if i + 1 < len(launches) else None
@@ -136,15 +138,18 @@ def main():
         lead = ((launches[i - 1]["end"] if i else l["start"]) - l["start"]) / 1e3
         nm = names[i] if named else "?"
         a = agg[nm]
-        a[0] += 1; a[1] += step; a[2] += body; a[3] += lead; a[4] += l["blocks"]; a[5] += tail
+        e2e = (l["end"] - (launches[i - 1]["end"] if i else l["start"])) / 1e3
+        a[0] += 1; a[1] += step; a[2] += body; a[3] += lead; a[4] += l["blocks"]; a[5] += tail; a[6] += e2e
         if not summary:
             print(f"{i:4d} {nm[:24]:24} {l['blocks']:5d} {l['sms']:4d} {rel(l['start']):8.1f} {rel(l['w0']):8.1f} "
                   f"{rel(l['w1']):8.1f} {rel(l['tail']):8.1f} {rel(l['end']):8.1f} {body:6.1f} {step:6.1f} {lead:6.1f}  "
                   + " ".join(f"{rel(m[0]):.1f}-{rel(m[1]):.1f}" for m in l["marks"] if m))
-    print(f"\n{'op':26} {'n':>4} {'step':>7} {'body':>7} {'tail':>6} {'lead':>7} {'blocks':>7} {'step sum':>9}  (µs, means)")
+    print(f"\n{'op':26} {'n':>4} {'step':>7} {'body':>7} {'tail':>6} {'lead':>7} {'blocks':>7} {'step sum':>9} {'e2e':>7} "
+          f"{'e2e sum':>8}  (µs, means)")
     for nm, a in sorted(agg.items(), key=lambda kv: -kv[1][1]):
         n = a[0]
-        print(f"{nm[:26]:26} {n:4d} {a[1]/n:7.2f} {a[2]/n:7.2f} {a[5]/n:6.2f} {a[3]/n:7.2f} {a[4]/n:7.0f} {a[1]:9.1f}")
+        print(f"{nm[:26]:26} {n:4d} {a[1]/n:7.2f} {a[2]/n:7.2f} {a[5]/n:6.2f} {a[3]/n:7.2f} {a[4]/n:7.0f} {a[1]:9.1f} "
+              f"{a[6]/n:7.2f} {a[6]:8.1f}")
     for flag, op in wants:  # --blocks / --phases OP, in the order given
         what, stats = ("blocks", block_stats) if flag == "--blocks" else ("phases", phase_stats)
         groups = [l["bs"] for i, l in enumerate(launches) if named and names[i] == op]
