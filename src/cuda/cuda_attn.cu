@@ -210,10 +210,7 @@ static __global__ void attn_combine_kernel(const float *part, const float *qg, i
     TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
-    const int t = blockIdx.x, h = blockIdx.y;
-    const size_t row = (size_t)t * n_heads + h;
-    attn_combine_warp<CMB_MAXC>(part + row * n_split * (D + 2), qg + (size_t)t * 2 * n_heads * D + (size_t)h * 2 * D + D,
-                                n_split, D, 32 * (threadIdx.x >> 5), out + row * D);
+    attn_combine_warp<CMB_MAXC>(part, qg, blockIdx.x, blockIdx.y, n_heads, n_split, D, 32 * (threadIdx.x >> 5), out);
 }
 
 /* Forces the scalar kernel instead of the tensor-core one (tests compare both). */

@@ -376,7 +376,6 @@ static bool attn_tail_on(const struct cuda_backend *cb, const dmeta &m) {
 /* A full-attention layer's attention from the q/k/v projections (cb->proj, kb, vb) to
  * o_proj's bf16 input (cb->ybf): the q/k preparation with the cache write, the split
  * attention and its combine. */
-
 static int attention(struct cuda_backend *cb, const dlayer *d, const dmeta &m, const cuda_ctx *c) {
     const struct model_config *cf = cb->cfg;
     const int T = m.T;

@@ -250,15 +250,21 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
         trace_mark(TRACE_MARK4); /* past the barrier */
         const int per_row = D / 64, units = nrows * per_row, warps = (int)gridDim.y * 4;
         for (int u = warp * (int)gridDim.y + (int)blockIdx.y; u < units; u += warps) {
-            const int r = u / per_row, t = tl.t0 + r / group, h = g * group + r % group;
-            const size_t row = (size_t)t * nh + h;
-            attn_combine_warp<1>(part + row * n_split * (D + 2), qg + (size_t)t * 2 * nh * D + (size_t)h * 2 * D + D, n_split, D,
-                                 32 * (u % per_row), out + row * D);
+            const int r = u / per_row;
+            attn_combine_warp<1>(part, qg, tl.t0 + r / group, g * group + r % group, nh, n_split, D, 32 * (u % per_row), out);
         }
     }
 }
 
 static size_t flash_smem(int D) { return (size_t)(FQ + 4 * FK) * (D + 8) * 2; }
+
+/* The instance for head dim D (64, 128 or 256) with or without the in-launch combine. */
+typedef void (*flash_fn_t)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, int,
+                           float *, int *, uint16_t *);
+static flash_fn_t flash_fn(int D, bool tail) {
+    if (tail) return D == 256 ? flash_kernel<256, true> : D == 128 ? flash_kernel<128, true> : flash_kernel<64, true>;
+    return D == 256 ? flash_kernel<256, false> : D == 128 ? flash_kernel<128, false> : flash_kernel<64, false>;
+}
 
 /* Multiprocessors (cuda_flash_init), and splits a block forced by the tests (0: chosen). */
 static int fl_sms = 132, fl_spb_forced = 0;
@@ -287,18 +293,13 @@ static int fl_spb(int n_blocks, int n_split) {
 extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     const int smem = (int)flash_smem(D);
     cuda_caps caps;
-    fl_sms = device_caps(&caps) == cudaSuccess && caps.sms > 0 ? caps.sms : 132;
+    const bool caps_ok = device_caps(&caps) == cudaSuccess;
+    fl_sms = caps_ok && caps.sms > 0 ? caps.sms : 132;
+    fl_coop = caps_ok && caps.coop; /* the in-launch combine is a cooperative launch */
     (void)fl_spb(0, 1); /* reads the environment here, outside any graph capture */
-    /* the in-launch combine is a cooperative launch: only where the device takes them */
-    int dev = 0, coop = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess)
-        coop = 0;
-    fl_coop = coop != 0;
     if (D != 256 && D != 128 && D != 64) return 0; /* other head dims use the scalar kernel */
-    const void *k[2] = {D == 256 ? (const void *)flash_kernel<256, false> : D == 128 ? (const void *)flash_kernel<128, false> : (const void *)flash_kernel<64, false>,
-                        D == 256 ? (const void *)flash_kernel<256, true> : D == 128 ? (const void *)flash_kernel<128, true> : (const void *)flash_kernel<64, true>};
-    for (int i = 0; i < 2; i++) {
-        const cudaError_t e = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    for (int tail = 0; tail < 2; tail++) {
+        const cudaError_t e = cudaFuncSetAttribute((const void *)flash_fn(D, tail), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (e != cudaSuccess)
             return errorf(err, errlen, ST_DEVICE, "flash attention: cudaFuncSetAttribute(%d B) failed: %s", smem,
                           cudaGetErrorString(e));
@@ -320,9 +321,7 @@ extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, c
     /* the combine in the launch: its blocks meet at a barrier, so all must be resident at
      * once (a cooperative launch; at most one an SM here) */
     const bool fuse = tail && fl_coop && !fl_tail_off && n_split <= CUDA_ATTN_TAIL_SPLITS && (int)(grid.x * grid.y) <= fl_sms;
-    void (*kern)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int, int, float *,
-                 int *, uint16_t *) = fuse ? (D == 256 ? flash_kernel<256, true> : D == 128 ? flash_kernel<128, true> : flash_kernel<64, true>)
-                                           : (D == 256 ? flash_kernel<256, false> : D == 128 ? flash_kernel<128, false> : flash_kernel<64, false>);
+    const flash_fn_t kern = flash_fn(D, fuse);
     *launched = 1;
     *combined = fuse;
     fl_tail_launches += fuse;

@@ -173,20 +173,21 @@ __device__ __forceinline__ void pdl_trigger() {
  * caller: a backend's set-up, outside any graph capture); the error of that query, if any,
  * is returned every time (the numbers are then 0). */
 struct cuda_caps {
-    int sms, major, optin, per_sm;
+    int sms, major, optin, per_sm, coop; /* coop: the device takes cooperative launches */
 };
 inline cudaError_t device_caps(cuda_caps *out) {
     static const std::pair<cudaError_t, cuda_caps> q = [] {
-        cuda_caps c = {0, 0, 0, 0};
+        cuda_caps c = {0, 0, 0, 0, 0};
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c.coop, cudaDevAttrCooperativeLaunch, dev);
         if (e != cudaSuccess) {
             cudaGetLastError();
-            c = cuda_caps{0, 0, 0, 0};
+            c = cuda_caps{0, 0, 0, 0, 0};
         }
         return std::make_pair(e, c);
     }();
@@ -452,10 +453,10 @@ __device__ __forceinline__ void attn_split_keys(int kv_len, int n_split, int spl
     *k_hi = min(kv_len, *k_lo + per);
 }
 
-/* The split combine of one attention row (token t, head h) by one warp, over its columns
- * [2·c0, 2·c0 + 64) (lane: one column pair). prow: the row's split records
- * part[(t·nh + h)·n_split + s][D + 2] = (m, l, O[D]); gate: the row's output gate (qg's
- * second half); orow: the row's bf16 output. O = Σ_s e_s·O_s / Σ_s e_s·l_s, e_s = exp(m_s − M),
+/* The split combine of one attention row (token t, head h of nh) by one warp, over its
+ * columns [2·c0, 2·c0 + 64) (lane: one column pair). The row's split records are
+ * part[(t·nh + h)·n_split + s][D + 2] = (m, l, O[D]), its output gate qg's second half
+ * (qg[t][h][2D]), its output out[t][h][D] (bf16). O = Σ_s e_s·O_s / Σ_s e_s·l_s, e_s = exp(m_s − M),
  * M = max m_s, the splits folded in order from 0 and empty ones (m_s = −inf) skipped, then
  * times sigmoid(gate). Lane j holds split 32·k + j's m and l (MAXC chunks: n_split ≤ 32·MAXC),
  * so a row's scalars cost one round trip, M is a warp max and e_s one exp a lane; each lane
@@ -467,8 +468,11 @@ __device__ __forceinline__ void attn_split_keys(int kv_len, int n_split, int spl
  * blocks_barrier's acquire; __ldcg's strong loads were not batched by ptxas (four in flight:
  * the 32 a lane asks for took one round trip each). */
 template <int MAXC>
-__device__ __forceinline__ void attn_combine_warp(const float *prow, const float *gate, int n_split, int D, int c0,
-                                                  uint16_t *orow) {
+__device__ __forceinline__ void attn_combine_warp(const float *part, const float *qg, int t, int h, int nh, int n_split, int D,
+                                                  int c0, uint16_t *out) {
+    const size_t row = (size_t)t * nh + h;
+    const float *prow = part + row * n_split * (D + 2), *gate = qg + (size_t)t * 2 * nh * D + (size_t)h * 2 * D + D;
+    uint16_t *orow = out + row * D;
     const int lane = threadIdx.x & 31, c = 2 * (c0 + lane);
     const float2 gt = *reinterpret_cast<const float2 *>(gate + c);
     /* chunk 0's m and l stay in registers; later chunks' (long contexts) are read again */
@@ -530,9 +534,9 @@ __device__ __forceinline__ void blocks_barrier(int *cnt, int *gen, int n) {
             *cnt = 0;
             asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(gen), "r"(g0 + 1) : "memory");
         } else {
-            /* relaxed polls, then one acquire fence: an acquire load a poll slowed the blocks
-             * sharing the SMs (the attention o-projection's prefetched weights arrived ~3 µs
-             * later) */
+            /* relaxed polls, then one acquire fence (polling with acquire loads measured the
+             * same on the H200: the attention o-projection's slowdown they were suspected of
+             * came from where the flash launch triggered, cuda_flash.cu) */
             long long polls = 0;
             do {
                 asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(now) : "l"(gen) : "memory");

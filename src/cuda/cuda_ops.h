@@ -160,9 +160,10 @@ int cuda_attn_prep(const struct cuda_ctx *c, float *qg, const float *k, const fl
                    int layer_ord, int T, int n_heads, int kv_heads, int D, int rot, float theta, float eps);
 /* Causal attention for every tile (split over keys into n_split parts), then the combine
  * with the sigmoid output gate: out[t, h*D + d] = bf16(attn * sigmoid(gate)). tail: NULL,
- * or 2 × n_tiles × kv_heads zeroed counters (left zeroed) with which the flash launch
- * combines each (tile, KV head)'s rows itself when it can (n_split ≤ CUDA_ATTN_TAIL_SPLITS),
- * saving the combine launch; the same bits either way. */
+ * or 2 × n_tiles × kv_heads zeroed ints (a barrier's arrivals, left zeroed, and its
+ * generation, which counts on) with which the flash launch combines each (tile, KV head)'s
+ * rows itself when it can (n_split ≤ CUDA_ATTN_TAIL_SPLITS), saving the combine launch; the
+ * same bits either way. */
 #define CUDA_ATTN_TAIL_SPLITS 32
 int cuda_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                    const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int T, int n_heads,
