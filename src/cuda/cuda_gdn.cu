@@ -374,6 +374,8 @@ static __global__ void gated_norm128_kernel(const float *y, const float *z, int 
                                             float eps, uint16_t *out) {
     TRACE_KERNEL();
     pdl_trigger();
+    float wv[4];
+    gnorm128_gains(w, wv);
     pdl_wait();
     const int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (item >= T * Hv) return;
@@ -386,7 +388,7 @@ static __global__ void gated_norm128_kernel(const float *y, const float *z, int 
         yv[i] = yr[32 * i + lane];
         zv[i] = zr[32 * i + lane];
     }
-    gnorm128_warp(yv, zv, w, eps, out + (size_t)item * 128);
+    gnorm128_warp(yv, zv, wv, eps, out + (size_t)item * 128);
 }
 
 extern "C" int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const float *z, int ldz, const float *w, int T,

@@ -364,8 +364,15 @@ __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + __expf(-x
 /* The gated RMSNorm of one 128-wide head by one warp, lane holding d = 32·i + lane: the
  * 128-thread block_sum's order (four warp sums, then a warp sum of them in lanes 0..3),
  * then w·y·inv·silu(z) as bf16 into dst[0..127]. cuda_gdn.cu's gated_norm128_kernel and
- * cuda_tcv.cu's fused stage both use it, so they agree with the block form bit for bit. */
-__device__ __forceinline__ void gnorm128_warp(const float (&yv)[4], const float (&zv)[4], const float *w, float eps,
+ * cuda_tcv.cu's fused stage both use it, so they agree with the block form bit for bit.
+ * wv: the lane's 4 gains (gnorm128_gains), read before the kernel's pdl_wait — a constant
+ * of the model, so not a round trip on the step's chain after it. */
+__device__ __forceinline__ void gnorm128_gains(const float *w, float (&wv)[4]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < 4; i++) wv[i] = w[32 * i + lane];
+}
+__device__ __forceinline__ void gnorm128_warp(const float (&yv)[4], const float (&zv)[4], const float (&wv)[4], float eps,
                                               uint16_t *dst) {
     const int lane = threadIdx.x & 31;
     float part[4];
@@ -377,7 +384,7 @@ __device__ __forceinline__ void gnorm128_warp(const float (&yv)[4], const float 
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int d = 32 * i + lane;
-        dst[d] = f2bf(w[d] * yv[i] * inv * silu(zv[i]));
+        dst[d] = f2bf(wv[i] * yv[i] * inv * silu(zv[i]));
     }
 }
 

@@ -77,7 +77,8 @@ __device__ __forceinline__ void tcv_conv_row(const cuda_tcv_conv &cv, int r, flo
 /* Stages x = the gated RMSNorm of one token (cuda_gdn.cu's gated_norm_kernel, whose
  * 128-thread block_sum this reproduces per warp: four warp sums over d = 32·i + lane,
  * then a warp sum of them in lanes 0..3), bf16, into xs; then the group sums. */
-__device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K, uint16_t *xs, float *xsum) {
+__device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, const float (&wv)[4], int K, uint16_t *xs,
+                                                float *xsum) {
     constexpr int HW = 4; /* heads a warp holds at once: their y and z loads issue together */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int h0 = 0; h0 < gn.Hv; h0 += HW * nw) {
@@ -95,7 +96,7 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, int K,
         for (int j = 0; j < HW; j++) {
             const int h = h0 + j * nw + warp;
             if (h >= gn.Hv) continue; /* warp-uniform */
-            gnorm128_warp(yv[j], zv[j], gn.w, gn.eps, xs + h * 128);
+            gnorm128_warp(yv[j], zv[j], wv, gn.eps, xs + h * 128);
         }
     }
     __syncthreads();
@@ -146,10 +147,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
         for (int j = 0; j < a.conv.K; j++) cpa4(cvs + CUDA_TCV_CONV_MAX + j, a.conv.w + (size_t)crow * a.conv.K + j);
         cpa_commit();
     }
-    float g[NS_REG];
+    float g[NS_REG], gw[4]; /* the norms' gains, before the wait */
     if (STAGE == TCV_NORM) rms_row_load<NS_REG>(a.ns.gain, K, g);
+    if (STAGE == TCV_GNORM) gnorm128_gains(a.gn.w, gw);
     pdl_wait();
-    if (STAGE == TCV_GNORM) tcv_stage_gnorm(a.gn, K, xs, xsum);
+    if (STAGE == TCV_GNORM) tcv_stage_gnorm(a.gn, gw, K, xs, xsum);
     else if (STAGE == TCV_NORM) tcv_stage_norm(a.ns, K, g, xs, xsum);
     else tcv_stage(a.x, K, 1, K, xs, xsum);
     trace_mark(TRACE_MARK4); /* x staged */

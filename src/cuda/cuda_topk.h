@@ -48,6 +48,13 @@ __device__ __forceinline__ void topk_write(int id, float v, float mx, float sum,
     }
 }
 
+/* A candidate's 64-bit sort word: the key above the complemented expert, so a larger word
+ * comes first in the warp form's order (larger key; on a tie, the lower expert); 0 (no
+ * candidate) is below every real word (a real key is never 0 with an expert < 2^32 - 1). */
+__device__ __forceinline__ unsigned long long topk_word(unsigned key, int e) {
+    return (unsigned long long)key << 32 | (0xFFFFFFFFu - (unsigned)e);
+}
+
 /* The same top-k (ids and weights, bit for bit) by a whole block of ≥ 256 threads, for one
  * token of E ≤ 256 logits: the one-warp form (cuda_moe.cu topk_token_t) is a serial chain (~3.2 µs of the
  * router's tail on the H200, session 13), this one ~4 short steps. (1) Warp w's lanes hold
@@ -55,14 +62,16 @@ __device__ __forceinline__ void topk_write(int id, float v, float mx, float sum,
  * then the lower expert: the warp form's order) and the first K of each warp become the
  * candidates. Every expert of the global top K is among them (fewer than K experts come
  * before it at all), and its rank among the candidates is its global rank. (2) Each
- * candidate counts the candidates before it; rank r < K is the r-th pick. Meanwhile one
+ * candidate counts the candidates before it (topk_word: one 64-bit compare a candidate),
+ * split over TP threads that each scan 1/TP of them, unrolled, and meet by shuffles (one
+ * thread scanning all 64 of E = 256, K = 8 in a rolled loop of two dependent shared loads
+ * a candidate sat on the gate/up launch's chain: docs/PERFORMANCE.md, session 24). Meanwhile one
  * warp takes the maximum and the sum of exponentials (topk_max_sum, as topk_token_t does).
  * (3) Warp 0 forms the weights (topk_write, as there). */
 struct topk_scratch {
-    float v[256];    /* the logits */
-    unsigned ck[256]; /* candidates [warp][K]: key, expert (INT_MAX: none) */
-    int ce[256];
-    int sel[32];     /* the picks in rank order */
+    float v[256];                /* the logits */
+    unsigned long long c[256];   /* candidates [warp][K]: topk_word (0: none) */
+    int sel[32];                 /* the picks in rank order */
     float mx, sum;
 };
 /* W = false: the picks only (s.sel[0..K), rank order, after the block's last barrier here);
@@ -82,27 +91,27 @@ __device__ __forceinline__ void topk_block(const float *l, int E, int K, int ren
             const unsigned km = __shfl_sync(0xffffffffu, k, m);
             rank += (wp * 32 + m < E) & ((km > k) | ((km == k) & (m < lane)));
         }
-        if (lane < K) s.ce[wp * K + lane] = INT_MAX;
+        if (lane < K) s.c[wp * K + lane] = 0ull;
         __syncwarp();
-        if (ok && rank < K) {
-            s.ck[wp * K + rank] = k;
-            s.ce[wp * K + rank] = t;
-        }
+        if (ok && rank < K) s.c[wp * K + rank] = topk_word(k, t);
     }
     __syncthreads();
     trace_mark(TRACE_MARK4); /* the candidates known */
-    if (t < nc && s.ce[t] != INT_MAX) {
-        const unsigned k = s.ck[t];
-        const int e = s.ce[t];
+    /* TP threads a candidate (adjacent lanes), a warp left over for the softmax statistics */
+    const int TP = nc * 4 + 32 <= (int)blockDim.x ? 4 : nc * 2 + 32 <= (int)blockDim.x ? 2 : 1;
+    const int rank_warps = (nc * TP + 31) / 32;
+    if (wp < rank_warps) { /* whole warps: the shuffles below take every lane */
+        const int i = t / TP, q = t % TP, per = (nc + TP - 1) / TP, j0 = q * per, j1 = min(nc, j0 + per);
+        const unsigned long long ci = i < nc ? s.c[i] : 0ull;
         int rank = 0;
-        for (int j = 0; j < nc; j++) {
-            const int ej = s.ce[j];
-            const unsigned kj = s.ck[j];
-            rank += (ej != INT_MAX) & ((kj > k) | ((kj == k) & (ej < e)));
+        if (ci) {
+#pragma unroll 16
+            for (int j = j0; j < j1; j++) rank += s.c[j] > ci;
         }
-        if (rank < K) s.sel[rank] = e;
+        for (int o = 1; o < TP; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+        if (q == 0 && ci && rank < K) s.sel[rank] = (int)(0xFFFFFFFFu - (unsigned)(ci & 0xFFFFFFFFu));
     }
-    const int sw = (nc + 31) / 32 < (int)(blockDim.x >> 5) ? (nc + 31) / 32 : 0; /* a warp free of the ranks */
+    const int sw = rank_warps < (int)(blockDim.x >> 5) ? rank_warps : 0; /* a warp free of the ranks */
     if (W && wp == sw) {
         float vv[8], mx, sum;
 #pragma unroll
