@@ -601,37 +601,51 @@ __device__ __forceinline__ bool last_block_done(int *counter, int total = 0) {
  * fmas x[l], x[l + L], ... (the first NR from v[], the rest read through L2), then
  * block_sum. Every one-token norm goes through here (the tails below, the consumers'
  * norms of norm_src_row), so they agree with rmsnorm_kernel bit for bit. */
-template <int NR>
+template <int NR, bool CG = true>
 __device__ __forceinline__ float rms_row_inv(const float (&v)[NR], const float *xr, int n, float eps, float *sh) {
     const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
     const bool lane = (int)threadIdx.x < L;
     float ss = 0.0f;
 #pragma unroll
-    for (int k = 0; k < NR; k++)
-        if (lane && (int)threadIdx.x + k * L < n) ss = __fmaf_rn(v[k], v[k], ss);
+    for (int k = 0; k < NR; k++) /* !CG: v is 0 past the row and the lanes, ss unchanged (no predicates) */
+        if (!CG || (lane && (int)threadIdx.x + k * L < n)) ss = __fmaf_rn(v[k], v[k], ss);
     for (int i = threadIdx.x + NR * L; lane && i < n; i += L) {
-        const float a = __ldcg(xr + i);
+        const float a = CG ? __ldcg(xr + i) : xr[i];
         ss = __fmaf_rn(a, a, ss);
     }
     ss = block_sum(ss, sh);
     return rsqrtf(ss / (float)n + eps);
 }
 
-/* A row's first NR values of lane threadIdx.x (i = lane + k·L) into v: written by other
- * blocks or launches, so through L2; past n (or past the L lanes) 0. */
-template <int NR>
+/* A row's first NR values of lane threadIdx.x (i = lane + k·L) into v; past n (or past the
+ * L lanes) 0. CG: written by other blocks of this launch, so through L2 (__ldcg); false:
+ * written by earlier launches (read after pdl_wait, whose acquire makes them visible) or
+ * constants — plain loads, which ptxas issues together: its strong __ldcg loads went one,
+ * then the other seven, a round trip each (SASS of the in-projection, session 24). */
+template <int NR, bool CG = true>
 __device__ __forceinline__ void rms_row_load(const float *xr, int n, float (&v)[NR]) {
     const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
+    if (CG) {
 #pragma unroll
-    for (int k = 0; k < NR; k++) {
-        const int i = threadIdx.x + k * L;
-        v[k] = (int)threadIdx.x < L && i < n ? __ldcg(xr + i) : 0.0f;
+        for (int k = 0; k < NR; k++) {
+            const int i = threadIdx.x + k * L;
+            v[k] = (int)threadIdx.x < L && i < n ? __ldcg(xr + i) : 0.0f;
+        }
+    } else {
+        /* every load unpredicated (an index past the row reads its last value, then dropped),
+         * so ptxas issues all NR before the first use: predicated, it put the first sum
+         * between the first load and the rest — two round trips (SASS, session 24) */
+        float raw[NR];
+#pragma unroll
+        for (int k = 0; k < NR; k++) raw[k] = xr[min((int)threadIdx.x + k * L, n - 1)];
+#pragma unroll
+        for (int k = 0; k < NR; k++) v[k] = (int)threadIdx.x < L && (int)threadIdx.x + k * L < n ? raw[k] : 0.0f;
     }
 }
 
 /* The normalised row x[i]·inv·gain[i] handed to f(i, value) by the lanes that summed it
  * (v, g: rms_row_load's values of x and of the gains; the rest read again). */
-template <int NR, typename F>
+template <int NR, bool CG = true, typename F>
 __device__ __forceinline__ void rms_row_out(const float (&v)[NR], const float (&g)[NR], const float *xr, const float *gain,
                                             int n, float inv, F f) {
     const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
@@ -641,7 +655,7 @@ __device__ __forceinline__ void rms_row_out(const float (&v)[NR], const float (&
         const int i = threadIdx.x + k * L;
         if (i < n) f(i, v[k] * inv * g[k]);
     }
-    for (int i = threadIdx.x + NR * L; i < n; i += L) f(i, __ldcg(xr + i) * inv * gain[i]);
+    for (int i = threadIdx.x + NR * L; i < n; i += L) f(i, (CG ? __ldcg(xr + i) : xr[i]) * inv * gain[i]);
 }
 
 /* RMSNorm of T rows of x (L2 reads: other blocks wrote them) by one block. It runs after
@@ -679,10 +693,10 @@ template <typename F>
 __device__ __forceinline__ void norm_src_row(const cuda_norm_src &ns, int n, const float (&g)[NS_REG], F f) {
     __shared__ float sh[32];
     float v[NS_REG];
-    rms_row_load<NS_REG>(ns.x, n, v);
-    const float inv = rms_row_inv<NS_REG>(v, ns.x, n, ns.eps, sh);
+    rms_row_load<NS_REG, false>(ns.x, n, v); /* the residual: earlier launches wrote it */
+    const float inv = rms_row_inv<NS_REG, false>(v, ns.x, n, ns.eps, sh);
     uint16_t *xn = blockIdx.x == 0 && blockIdx.y == 0 ? ns.xn : nullptr;
-    rms_row_out<NS_REG>(v, g, ns.x, ns.gain, n, inv, [&](int i, float o) {
+    rms_row_out<NS_REG, false>(v, g, ns.x, ns.gain, n, inv, [&](int i, float o) {
         f(i, o);
         if (xn) xn[i] = f2bf(o);
     });

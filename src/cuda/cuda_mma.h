@@ -242,10 +242,40 @@ __device__ __forceinline__ void sk_group_sums_by(const uint16_t *xs, int n, size
         if (i1 < total) xsum[r1 * ldsum + g1] = s1;
     }
 }
-/* ... by every thread of the block */
+/* ... by every thread of the block. Where the block has 4 threads a (row, group) sum, they
+ * share it: thread c of the four sums the group's chunks 2c and 2c + 1 (and rearranges
+ * that pair, PERM), then the first folds the 8 chunk sums in chunk order from the others
+ * by shuffles — sk_group_sum's operations in its order, so the same bits. One thread a
+ * group read its 8 chunks 128 bytes apart from its neighbours' (an 8-way bank conflict on
+ * every load and store) and added 64 values in one chain: ~1 µs between a one-token
+ * projection's staged x and its products (H200 timeline, session 24). */
 template <bool PERM = false>
 __device__ __forceinline__ void sk_group_sums(const uint16_t *xs, int n, size_t stride, int G, float *xsum) {
-    sk_group_sums_by<PERM>(xs, n, stride, G, xsum, threadIdx.x, blockDim.x, G);
+    const int total = n * G, tid = threadIdx.x, lane = tid & 31;
+    if (4 * total > (int)blockDim.x) {
+        sk_group_sums_by<PERM>(xs, n, stride, G, xsum, tid, blockDim.x, G);
+        return;
+    }
+    const int i = tid >> 2, c = tid & 3, r = n == 1 ? 0 : i % n, g = n == 1 ? i : i / n; /* rows fastest, as _by */
+    float s_lo = 0.0f, s_hi = 0.0f;
+    if (i < total) {
+        uint4 *wp = reinterpret_cast<uint4 *>(const_cast<uint16_t *>(xs + (size_t)r * stride + g * QGROUP));
+        uint4 lo = wp[2 * c], hi = wp[2 * c + 1];
+        s_lo = sk_chunk_sum(lo);
+        s_hi = sk_chunk_sum(hi);
+        if (PERM) {
+            sk_bperm(lo, hi);
+            wp[2 * c] = lo;
+            wp[2 * c + 1] = hi;
+        }
+    }
+    float sum = 0.0f; /* every lane folds (the shuffles take the whole warp); lane c = 0 stores */
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        sum += __shfl_sync(0xffffffffu, s_lo, (lane & ~3) + q);
+        sum += __shfl_sync(0xffffffffu, s_hi, (lane & ~3) + q);
+    }
+    if (i < total && c == 0) xsum[r * G + g] = sum;
 }
 
 /* ---- a lane's groups of a tile staged in shared memory (cuda_skinny.cu, cuda_skinny_pipe.cu) ---- */

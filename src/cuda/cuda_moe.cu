@@ -288,7 +288,7 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
             else rt_round<8>(m, r, lane, true, rr);
         }
         float g[NS_REG];
-        rms_row_load<NS_REG>(ns.gain, router.cols, g);
+        rms_row_load<NS_REG, false>(ns.gain, router.cols, g);
         pdl_wait();
         norm_src_row(ns, router.cols, g, [&](int i, float o) { *const_cast<float *>(rt_xs_at(rt_xs, router.cols, 0, i)) = o; });
         __syncthreads();
@@ -800,7 +800,7 @@ static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *_
     TRACE_KERNEL();
     pdl_trigger();
     float g[NS_REG];
-    rms_row_load<NS_REG>(gain, H, g);
+    rms_row_load<NS_REG, false>(gain, H, g);
     pdl_wait();
     const int t = blockIdx.x;
     const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));

@@ -62,7 +62,7 @@ static __global__ void rmsnorm_kernel(const float *x, const float *gain, int n, 
 static __global__ void __launch_bounds__(256) rmsnorm_row_kernel(cuda_norm_src ns, int n, const int32_t *rows) {
     TRACE_KERNEL();
     float g[NS_REG];
-    rms_row_load<NS_REG>(ns.gain, n, g);
+    rms_row_load<NS_REG, false>(ns.gain, n, g);
     pdl_trigger();
     pdl_wait();
     if (rows) ns.x += (size_t)rows[0] * n;

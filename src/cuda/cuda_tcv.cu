@@ -99,6 +99,7 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, const 
             gnorm128_warp(yv[j], zv[j], wv, gn.eps, xs + h * 128);
         }
     }
+    trace_mark(TRACE_MARK6); /* (warp 0's) normalised heads written: before the barrier and group sums */
     __syncthreads();
     sk_group_sums<true>(xs, 1, K, K / QGROUP, xsum); /* and rearranged, as tcv_stage */
     __syncthreads();
@@ -109,6 +110,7 @@ __device__ __forceinline__ void tcv_stage_gnorm(const cuda_tcv_gnorm &gn, const 
 __device__ __forceinline__ void tcv_stage_norm(const cuda_norm_src &ns, int K, const float (&g)[NS_REG], uint16_t *xs,
                                                float *xsum) {
     norm_src_row(ns, K, g, [&](int i, float o) { xs[i] = f2bf(o); });
+    trace_mark(TRACE_MARK6); /* normalised values written: before the barrier and group sums */
     __syncthreads();
     sk_group_sums<true>(xs, 1, K, K / QGROUP, xsum); /* and rearranged, as tcv_stage */
     __syncthreads();
@@ -148,7 +150,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_dense_kerne
         cpa_commit();
     }
     float g[NS_REG], gw[4]; /* the norms' gains, before the wait */
-    if (STAGE == TCV_NORM) rms_row_load<NS_REG>(a.ns.gain, K, g);
+    if (STAGE == TCV_NORM) rms_row_load<NS_REG, false>(a.ns.gain, K, g);
     if (STAGE == TCV_GNORM) gnorm128_gains(a.gn.w, gw);
     pdl_wait();
     if (STAGE == TCV_GNORM) tcv_stage_gnorm(a.gn, gw, K, xs, xsum);
@@ -457,11 +459,11 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 3) tcv_gateup_kern
              * starts only after every block here triggered (trap 13); the others need only
              * their pick (no weights: topk_block<, false>) */
             if (blk == 0 && p == 0) {
-                topk_block<true>(ts.logits, ts.E, K, ts.renorm, ts.ids, ts.w, tk);
+                topk_block<false>(ts.logits, ts.E, K, ts.renorm, ts.ids, ts.w, tk);
                 __threadfence();
                 __syncthreads();
             } else {
-                topk_block<true, false>(ts.logits, ts.E, K, ts.renorm, nullptr, nullptr, tk);
+                topk_block<false, false>(ts.logits, ts.E, K, ts.renorm, nullptr, nullptr, tk);
             }
             e = tk.sel[p];
         } else {

@@ -75,7 +75,9 @@ struct topk_scratch {
     float mx, sum;
 };
 /* W = false: the picks only (s.sel[0..K), rank order, after the block's last barrier here);
- * no softmax statistics, no weights, ids and w untouched. */
+ * no softmax statistics, no weights, ids and w untouched. CG: the logits were written by
+ * other blocks of this launch (the router's tail: through L2); false: by an earlier launch,
+ * read after pdl_wait (the gate/up pairs: a plain load). */
 template <bool CG, bool W = true>
 __device__ __forceinline__ void topk_block(const float *l, int E, int K, int renorm, int32_t *ids, float *w,
                                            topk_scratch &s) {
