@@ -620,8 +620,8 @@ __device__ __forceinline__ float rms_row_inv(const float (&v)[NR], const float *
 /* A row's first NR values of lane threadIdx.x (i = lane + k·L) into v; past n (or past the
  * L lanes) 0. CG: written by other blocks of this launch, so through L2 (__ldcg); false:
  * written by earlier launches (read after pdl_wait, whose acquire makes them visible) or
- * constants — plain loads, which ptxas issues together: its strong __ldcg loads went one,
- * then the other seven, a round trip each (SASS of the in-projection, session 24). */
+ * constants — plain loads, unpredicated, so ptxas issues all NR before the first use
+ * (docs/ARCHITECTURE.md, trap 47). */
 template <int NR, bool CG = true>
 __device__ __forceinline__ void rms_row_load(const float *xr, int n, float (&v)[NR]) {
     const int L = blockDim.x < TN_LANES ? blockDim.x : TN_LANES;
@@ -632,9 +632,9 @@ __device__ __forceinline__ void rms_row_load(const float *xr, int n, float (&v)[
             v[k] = (int)threadIdx.x < L && i < n ? __ldcg(xr + i) : 0.0f;
         }
     } else {
-        /* every load unpredicated (an index past the row reads its last value, then dropped),
-         * so ptxas issues all NR before the first use: predicated, it put the first sum
-         * between the first load and the rest — two round trips (SASS, session 24) */
+        /* an index past the row reads the row's last value, dropped below: predicated loads
+         * (strong or plain) had the first sum scheduled between the first load and the other
+         * seven — two L2 round trips after every wait (SASS, session 24) */
         float raw[NR];
 #pragma unroll
         for (int k = 0; k < NR; k++) raw[k] = xr[min((int)threadIdx.x + k * L, n - 1)];
