@@ -246,6 +246,16 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
         } else {
             for (int tt = warp; tt < n; tt += 8) {
                 const float *row_in = conv_out + (size_t)(c0 + tt) * C;
+                /* The token's v rows and gates are requested with its q and k, unpredicated
+                 * (clamped indices, the extra values dropped), so all of the warp's loads are
+                 * one L2 round trip: after the norms, v and then the gates were two more on
+                 * every layer's chain at batch 1 (docs/ARCHITECTURE.md, trap 47). */
+                constexpr int VR = (ROWS + 31) / 32;
+                float vv[VR];
+#pragma unroll
+                for (int u = 0; u < VR; u++)
+                    vv[u] = row_in[2 * key_dim + h * Dv + min(rb * ROWS + min(lane + 32 * u, ROWS - 1), Dv - 1)];
+                const float ga_t = ga[(size_t)(c0 + tt) * ldab + h], gb_t = gb[(size_t)(c0 + tt) * ldab + h];
                 float sq = 0.0f, sk = 0.0f;
                 for (int j = lane; j < DK; j += 32) {
                     const float q = row_in[kh * DK + j], k = row_in[key_dim + kh * DK + j];
@@ -259,12 +269,13 @@ static __global__ void __launch_bounds__(256) gdn_scan_kernel(const float *conv_
                     qs[tt][j] = row_in[kh * DK + j] * iq;
                     ks[tt][j] = row_in[key_dim + kh * DK + j] * ik;
                 }
-                for (int r = lane; r < ROWS; r += 32) {
-                    const int rr = rb * ROWS + r;
-                    vs[tt][r] = rr < Dv ? row_in[2 * key_dim + h * Dv + rr] : 0.0f;
+#pragma unroll
+                for (int u = 0; u < VR; u++) {
+                    const int r = lane + 32 * u;
+                    if (r < ROWS) vs[tt][r] = rb * ROWS + r < Dv ? vv[u] : 0.0f;
                 }
+                const float2 g = gdn_gates(ga_t, gb_t, dtb, A); /* on every lane: its loads are not sunk into a branch */
                 if (lane == 0) {
-                    const float2 g = gdn_gates(ga[(size_t)(c0 + tt) * ldab + h], gb[(size_t)(c0 + tt) * ldab + h], dtb, A);
                     al[tt] = g.x;
                     be[tt] = g.y;
                 }
