@@ -20,9 +20,10 @@ then, with --blocks OP (repeatable), the blocks of every launch named OP: how ma
 lifetimes (start → end; p10 / p50 / p90 / max, and of the blocks that lived over 1 µs, the
 rest being early exits) and the mean blocks resident per SM over the launch's span.
 
-and, with --phases OP (repeatable), where a block of OP spends its life: the blocks that
-passed all of the kernel's marks 4..7, the p50 and mean µs of start → mark 4 → 5 → 6 → 7
-→ end (what each mark means is written beside its trace_mark call).
+and, with --phases OP (repeatable), where a block of OP spends its life: over the blocks
+that set marks, the p50 / p90 / mean µs of the previous launch's end → its wait release,
+then start → wait → each mark all of them set, in time order → end (what each mark means
+is written beside its trace_mark call).
 
   tools/trace_report.py trace_T1.csv [--summary] [--blocks OP ...] [--phases OP ...]
 """
@@ -68,24 +69,31 @@ def block_stats(op, groups):
     print(f"  resident blocks per SM over the launch (mean of launches): {sum(resid) / max(1, len(resid)):.2f}")
 
 
-def phase_stats(op, groups):
-    """groups: the block lists of the launches named op; phases between the block's start,
-    its wait release (where it waits), the kernel's marks 4.. that every such block passed
-    (a kernel may set fewer than four) and its end"""
+def phase_stats(op, groups, prev_ends):
+    """groups: the block lists of the launches named op, prev_ends: the end of the launch
+    before each. Phases between the block's start, its wait release (where it waits), every
+    mark 4..7 that most of its marked blocks set — in the order of their median times, which
+    need not be the marks' numbers (a helper's mark may come before the kernel's own) — and
+    its end; and the boundary: the launch before's end → this block's wait release."""
     allb = [b for g in groups for b in g]
-    k_last = 6
-    while k_last < 10 and allb and all(b[k_last + 1] for b in allb if b[7]):
-        k_last += 1
-    bs = [b for b in allb if all(b[k] for k in range(7, k_last + 1))]
-    print(f"\nphases of {op}: {len(bs)} blocks with marks 4..{k_last - 3} (of {len(allb)})")
-    if not bs or k_last < 7:
+    marked = [b for b in allb if any(b[k] for k in range(7, 11))]
+    # the marks most marked blocks set (some blocks take other paths: the shared expert's
+    # gate/up skips the top-k, the first layer's in-projection the norm), and those blocks
+    ks = [k for k in range(7, 11) if 2 * sum(1 for b in marked if b[k]) > len(marked)]
+    bs = [b for b in marked if all(b[k] for k in ks)] if ks else allb
+    print(f"\nphases of {op}: {len(bs)} blocks" + (f" with marks {', '.join(str(k - 3) for k in ks)}" if ks else "")
+          + f" (of {len(allb)})")
+    if not bs:
         return
+    ks.sort(key=lambda k: quantile([b[k] - b[3] for b in bs], .5))
     # record columns: 3 start, 5 wait release, 7.. marks 4.., 11 end
-    cuts = [3] + ([5] if all(b[5] for b in bs) else []) + list(range(7, k_last + 1)) + [11]
+    cuts = [3] + ([5] if all(b[5] for b in bs) else []) + ks + [11]
     name = {3: "start", 5: "wait", 11: "end"}
-    for a, z in zip(cuts, cuts[1:]):
-        lab = f"{name.get(a, f'm{a - 3}')}>{name.get(z, f'm{z - 3}')}"
-        d = [(b[z] - b[a]) / 1e3 for b in bs]
+    rows = [(f"{name.get(a, f'm{a - 3}')}>{name.get(z, f'm{z - 3}')}", [(b[z] - b[a]) / 1e3 for b in bs])
+            for a, z in zip(cuts, cuts[1:])]
+    if 5 in cuts:
+        rows.insert(0, ("prev>wait", [(b[5] - pe) / 1e3 for g, pe in zip(groups, prev_ends) for b in g if b in bs]))
+    for lab, d in rows:
         print(f"  {lab:10} p50 {quantile(d, .5):6.2f}  p90 {quantile(d, .9):6.2f}  mean {sum(d) / len(d):6.2f} µs")
 
 
@@ -152,9 +160,13 @@ def main():
               f"{a[6]/n:7.2f} {a[6]:8.1f}")
     for flag, op in wants:  # --blocks / --phases OP, in the order given
         what, stats = ("blocks", block_stats) if flag == "--blocks" else ("phases", phase_stats)
-        groups = [l["bs"] for i, l in enumerate(launches) if named and names[i] == op]
+        idx = [i for i in range(len(launches)) if named and names[i] == op]
+        groups = [launches[i]["bs"] for i in idx]
         if groups:
-            stats(op, groups)
+            if flag == "--blocks":
+                stats(op, groups)
+            else:
+                stats(op, groups, [launches[i - 1]["end"] if i else launches[i]["start"] for i in idx])
         else:
             print(f"\n{what} of {op}: no launch of that name")
 
