@@ -22,7 +22,7 @@ rest being early exits) and the mean blocks resident per SM over the launch's sp
 
 and, with --phases OP (repeatable), where a block of OP spends its life: over the blocks
 that set marks, the p50 / p90 / mean µs of the previous launch's end → its wait release,
-then start → wait → each mark all of them set, in time order → end (what each mark means
+then start → wait → each mark most of them set, in time order → end (what each mark means
 is written beside its trace_mark call).
 
   tools/trace_report.py trace_T1.csv [--summary] [--blocks OP ...] [--phases OP ...]
@@ -92,7 +92,8 @@ def phase_stats(op, groups, prev_ends):
     rows = [(f"{name.get(a, f'm{a - 3}')}>{name.get(z, f'm{z - 3}')}", [(b[z] - b[a]) / 1e3 for b in bs])
             for a, z in zip(cuts, cuts[1:])]
     if 5 in cuts:
-        rows.insert(0, ("prev>wait", [(b[5] - pe) / 1e3 for g, pe in zip(groups, prev_ends) for b in g if b in bs]))
+        kept = {id(b) for b in bs}
+        rows.insert(0, ("prev>wait", [(b[5] - pe) / 1e3 for g, pe in zip(groups, prev_ends) for b in g if id(b) in kept]))
     for lab, d in rows:
         print(f"  {lab:10} p50 {quantile(d, .5):6.2f}  p90 {quantile(d, .9):6.2f}  mean {sum(d) / len(d):6.2f} µs")
 
@@ -121,6 +122,8 @@ def main():
     if not launches:
         print("no launches")
         return
+    for i, l in enumerate(launches):  # the launch before's end (the first: its own start)
+        l["prev_end"] = launches[i - 1]["end"] if i else l["start"]
     t0 = launches[0]["start"]
     total = (max(l["end"] for l in launches) - t0) / 1e3
     # ops that are not one launch: "metadata" (a copy), attention (+ its split combine),
@@ -143,10 +146,10 @@ def main():
         nw = (nxt["w1"] or nxt["start"]) if nxt else l["end"]
         step, body = (nw - w) / 1e3, (l["end"] - w) / 1e3
         tail = (l["end"] - l["tail"]) / 1e3 if l["tail"] else 0.0
-        lead = ((launches[i - 1]["end"] if i else l["start"]) - l["start"]) / 1e3
+        lead = (l["prev_end"] - l["start"]) / 1e3
         nm = names[i] if named else "?"
         a = agg[nm]
-        e2e = (l["end"] - (launches[i - 1]["end"] if i else l["start"])) / 1e3
+        e2e = (l["end"] - l["prev_end"]) / 1e3
         a[0] += 1; a[1] += step; a[2] += body; a[3] += lead; a[4] += l["blocks"]; a[5] += tail; a[6] += e2e
         if not summary:
             print(f"{i:4d} {nm[:24]:24} {l['blocks']:5d} {l['sms']:4d} {rel(l['start']):8.1f} {rel(l['w0']):8.1f} "
@@ -159,16 +162,14 @@ def main():
         print(f"{nm[:26]:26} {n:4d} {a[1]/n:7.2f} {a[2]/n:7.2f} {a[5]/n:6.2f} {a[3]/n:7.2f} {a[4]/n:7.0f} {a[1]:9.1f} "
               f"{a[6]/n:7.2f} {a[6]:8.1f}")
     for flag, op in wants:  # --blocks / --phases OP, in the order given
-        what, stats = ("blocks", block_stats) if flag == "--blocks" else ("phases", phase_stats)
-        idx = [i for i in range(len(launches)) if named and names[i] == op]
-        groups = [launches[i]["bs"] for i in idx]
-        if groups:
-            if flag == "--blocks":
-                stats(op, groups)
-            else:
-                stats(op, groups, [launches[i - 1]["end"] if i else launches[i]["start"] for i in idx])
+        mine = [l for i, l in enumerate(launches) if named and names[i] == op]
+        groups = [l["bs"] for l in mine]
+        if not groups:
+            print(f"\n{flag[2:]} of {op}: no launch of that name")
+        elif flag == "--blocks":
+            block_stats(op, groups)
         else:
-            print(f"\n{what} of {op}: no launch of that name")
+            phase_stats(op, groups, [l["prev_end"] for l in mine])
 
 
 if __name__ == "__main__":
