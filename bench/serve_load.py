@@ -8,9 +8,14 @@ prefix cache, issue 6). Standard library only (http.client + threads).
     extension, so a random model cannot stop early; the actual completion tokens from
     `usage` are counted anyway). Measured per level: aggregate decode tok/s (completion
     tokens / (last token − first token of the level)), aggregate end-to-end tok/s
-    (completion tokens / level wall time), p50/p99 time to first token, p50/p99
+    (completion tokens / level wall time), p50/p99 time to first token, p50/p99/mean
     inter-token latency (gaps between streamed chunks of one request, each chunk counted
-    as carrying completion_tokens / chunks of its request). With --serial-url (or
+    as carrying completion_tokens / chunks of its request); the rate while every request
+    of the level decodes (tokens streamed between the last first token and the first last
+    token, over that span: the batched decode without the prefills that overlap the first
+    figure's start) and the first tokens' spread; and, from the server's /metrics, the
+    scheduler's steps in the level: mean step wall time and the part of it on the host
+    outside the model's forwards. With --serial-url (or
     --serial, which starts a second server with --parallel 1) the same requests are also
     served one at a time, side by side: levels in --serial-levels.
 (b) Multi-turn replay: one conversation of --turns turns (default 20) on a system prompt of
@@ -119,21 +124,43 @@ def request(url, method, path, body, timeout=600):
         c.close()
 
 
-def cache_metrics(url):
-    """The server's orchid_prefix_cache_* lines of /metrics after the sweep (what the prefix
-    cache did under that load: saves, evictions, host blocks pinned and the time they took)."""
+def metrics_lines(url, prefix):
+    """The server's /metrics lines whose names start with prefix, as {name: value}."""
     try:
         status, body = request(url, "GET", "/metrics", None, timeout=30)
-    except OSError as e:
+    except (OSError, http.client.HTTPException) as e:
         return {"error": str(e)}
     if status != 200:
         return {"error": "status %d" % status}
     got = {}
     for line in body.decode(errors="replace").splitlines():
-        if line.startswith("orchid_prefix_cache"):
+        if line.startswith(prefix) and "{" not in line:
             name, _, value = line.rpartition(" ")
             got[name] = float(value)
-    if got:
+    return got
+
+
+SCHED = ("orchid_scheduler_steps_total", "orchid_scheduler_forward_seconds_total", "orchid_scheduler_host_seconds_total")
+
+
+def sched_delta(before, after):
+    """What the scheduler did between two metrics_lines(url, "orchid_scheduler_") reads: steps,
+    mean step wall time, and its split into model forwards and host work around them (the
+    model idles during the latter). Empty when the server does not report them."""
+    if any(k not in before or k not in after for k in SCHED):
+        return {}
+    steps, fwd, host = (after[k] - before[k] for k in SCHED)
+    if steps <= 0:
+        return {}
+    return {"sched_steps": int(steps), "sched_step_ms": (fwd + host) / steps * 1e3,
+            "sched_forward_ms": fwd / steps * 1e3, "sched_host_ms": host / steps * 1e3}
+
+
+def cache_metrics(url):
+    """The server's orchid_prefix_cache_* lines of /metrics after the sweep (what the prefix
+    cache did under that load: saves, evictions, host blocks pinned and the time they took)."""
+    got = metrics_lines(url, "orchid_prefix_cache")
+    if got and "error" not in got:
         print("  prefix cache after the sweep: " + ", ".join("%s %g" % (k[len("orchid_prefix_cache_"):], v)
                                                            for k, v in got.items()))
     return got
@@ -233,6 +260,16 @@ def summarize(rs, wall):
     first = min((r["chunks"][0] for r in ok), default=0.0)
     last = max((r["chunks"][-1] for r in ok), default=0.0)
     decode_span = last - first
+    # The span in which every request of the level is decoding: from the last first token
+    # to the first last token. agg_decode_tok_s above also holds the prompts still being
+    # prefilled at its start and the stragglers at its end; this is the batched decode alone.
+    all_a = max((r["chunks"][0] for r in ok), default=0.0)
+    all_b = min((r["chunks"][-1] for r in ok), default=0.0)
+    in_all = 0.0
+    for r in ok:
+        n = r["completion_tokens"] if r["completion_tokens"] is not None else len(r["chunks"])
+        per = n / len(r["chunks"])
+        in_all += per * sum(1 for t in r["chunks"] if all_a < t <= all_b)
     return {
         "requests": len(rs), "ok": len(ok), "errors": errors[:5], "n_errors": len(errors),
         "completion_tokens": toks, "wall_s": wall,
@@ -240,6 +277,10 @@ def summarize(rs, wall):
         "agg_e2e_tok_s": toks / wall if wall > 0 else float("nan"),
         "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
         "itl_p50_ms": pct(itl, 50) * 1e3, "itl_p99_ms": pct(itl, 99) * 1e3,
+        "itl_mean_ms": sum(itl) / len(itl) * 1e3 if itl else float("nan"),
+        "first_token_spread_s": all_a - first,
+        "all_decoding_s": all_b - all_a,
+        "all_decoding_tok_s": in_all / (all_b - all_a) if all_b > all_a else float("nan"),
         "finish_reasons": sorted(set(str(r["finish_reason"]) for r in ok)),
     }
 
@@ -261,10 +302,13 @@ def sweep(args, url, levels, label, serial):
     for n in levels:
         prompts = make_prompts(n, args.prompt_tokens, 1000 + n, args.vocab_lo, args.vocab_hi)
         print("  %s: N=%d ..." % (label, n), file=sys.stderr, flush=True)
+        before = metrics_lines(url, "orchid_scheduler_")
         r = run_level(url, prompts, args.gen_tokens, 1 if serial else n)
+        r.update(sched_delta(before, metrics_lines(url, "orchid_scheduler_")))
         res[str(n)] = r
         print("    %s" % json.dumps({k: r[k] for k in ("ok", "n_errors", "completion_tokens", "wall_s", "agg_decode_tok_s",
-                                                    "ttft_p50_s", "itl_p50_ms")}), file=sys.stderr, flush=True)
+                                                    "all_decoding_tok_s", "ttft_p50_s", "itl_p50_ms", "sched_step_ms",
+                                                    "sched_host_ms") if k in r}), file=sys.stderr, flush=True)
     return res
 
 
@@ -377,17 +421,20 @@ def main():
                 s.stop()
     save()
 
-    print("\n| streams | batched decode tok/s | batched e2e tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) |"
-          " one-at-a-time e2e tok/s | one-at-a-time TTFT p50 / p99 (s) | tokens | errors |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| streams | batched decode tok/s | all decoding tok/s | batched e2e tok/s | TTFT p50 / p99 (s) |"
+          " ITL p50 / p99 / mean (ms) | step ms (host) | one-at-a-time e2e tok/s | one-at-a-time TTFT p50 / p99 (s) |"
+          " tokens | errors |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in levels:
         b = out["batched"].get(str(n))
         sr = out["serial"].get(str(n))
         if not b:
             continue
-        print("| %d | %s | %s | %s / %s | %s / %s | %s | %s | %d | %d |" % (
-            n, fmt(b["agg_decode_tok_s"], "%.0f"), fmt(b["agg_e2e_tok_s"], "%.0f"), fmt(b["ttft_p50_s"], "%.3f"),
-            fmt(b["ttft_p99_s"], "%.3f"), fmt(b["itl_p50_ms"]), fmt(b["itl_p99_ms"]),
+        print("| %d | %s | %s | %s | %s / %s | %s / %s / %s | %s (%s) | %s | %s | %d | %d |" % (
+            n, fmt(b["agg_decode_tok_s"], "%.0f"), fmt(b.get("all_decoding_tok_s"), "%.0f"),
+            fmt(b["agg_e2e_tok_s"], "%.0f"), fmt(b["ttft_p50_s"], "%.3f"),
+            fmt(b["ttft_p99_s"], "%.3f"), fmt(b["itl_p50_ms"]), fmt(b["itl_p99_ms"]), fmt(b.get("itl_mean_ms")),
+            fmt(b.get("sched_step_ms"), "%.2f"), fmt(b.get("sched_host_ms"), "%.2f"),
             fmt(sr["agg_e2e_tok_s"], "%.0f") if sr else "–",
             (fmt(sr["ttft_p50_s"], "%.2f") + " / " + fmt(sr["ttft_p99_s"], "%.2f")) if sr else "–",
             b["completion_tokens"], b["n_errors"] + (sr["n_errors"] if sr else 0)))

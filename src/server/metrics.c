@@ -1,7 +1,8 @@
 /* server/metrics.c — the /metrics state (see metrics.h): request counts by
  * endpoint and status, token totals (argmax-only ones too), cancellations,
  * queue/running gauges, the prefix cache's state and costs (when there is
- * one) and latency histograms (time to first token, inter-token latency,
+ * one), the scheduler's steps (time in forwards and on the host around them)
+ * and latency histograms (time to first token, inter-token latency, step,
  * end to end). */
 #include "server/metrics.h"
 
@@ -36,6 +37,8 @@ static struct {
     long req[EP_COUNT][MAX_STATUSES];
     long prompt, completion, cached, cancelled, argmax, dsampled;
     long fwd_calls, fwd_tokens;
+    long steps;                   /* scheduler steps (metrics_step) */
+    double step_fwd_s, step_host_s;
     int queued, running;
     long kv_used, kv_capacity;
     struct { /* the prefix cache (metrics_prefix_cache); `on` once reported */
@@ -43,14 +46,17 @@ static struct {
         long entries, bytes, max_bytes, pooled, saves, evictions, allocs, frees;
         double save_s, restore_s, alloc_s;
     } pc;
-    struct hist ttft, itl, e2e;
+    struct hist ttft, itl, e2e, step;
 } M = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void observe_locked(struct hist *h, double v);
 
 void metrics_init(void) {
     pthread_mutex_lock(&M.mu);
     M.ttft.bounds = k_lat_bounds;
     M.e2e.bounds = k_lat_bounds;
     M.itl.bounds = k_itl_bounds;
+    M.step.bounds = k_itl_bounds;
     pthread_mutex_unlock(&M.mu);
 }
 
@@ -97,6 +103,15 @@ void metrics_forward(long calls, long tokens) {
     pthread_mutex_unlock(&M.mu);
 }
 
+void metrics_step(double forward_s, double host_s) {
+    pthread_mutex_lock(&M.mu);
+    M.steps++;
+    M.step_fwd_s += forward_s;
+    M.step_host_s += host_s;
+    observe_locked(&M.step, forward_s + host_s);
+    pthread_mutex_unlock(&M.mu);
+}
+
 void metrics_queue(int queued, int running) {
     pthread_mutex_lock(&M.mu);
     M.queued = queued;
@@ -128,14 +143,18 @@ void metrics_prefix_cache(const struct metrics_cache_stats *st) {
     pthread_mutex_unlock(&M.mu);
 }
 
-static void observe(struct hist *h, double v) {
-    pthread_mutex_lock(&M.mu);
-    if (!h->bounds) h->bounds = h == &M.itl ? k_itl_bounds : k_lat_bounds;
+static void observe_locked(struct hist *h, double v) {
+    if (!h->bounds) h->bounds = h == &M.itl || h == &M.step ? k_itl_bounds : k_lat_bounds;
     int b = 0;
     while (b < NB && v > h->bounds[b]) b++;
     h->counts[b]++;
     h->sum += v;
     h->n++;
+}
+
+static void observe(struct hist *h, double v) {
+    pthread_mutex_lock(&M.mu);
+    observe_locked(h, v);
     pthread_mutex_unlock(&M.mu);
 }
 
@@ -154,6 +173,7 @@ long metrics_get(const char *name) {
     else if (!strcmp(name, "device_sampled_tokens")) v = M.dsampled;
     else if (!strcmp(name, "forward_calls")) v = M.fwd_calls;
     else if (!strcmp(name, "forward_tokens")) v = M.fwd_tokens;
+    else if (!strcmp(name, "steps")) v = M.steps;
     pthread_mutex_unlock(&M.mu);
     return v;
 }
@@ -234,6 +254,15 @@ int metrics_render(char **out, size_t *len) {
              "rows; tokens / forwards = the mean batch).\n"
              "# TYPE orchid_model_forward_tokens_total counter\norchid_model_forward_tokens_total %ld\n",
          M.fwd_tokens);
+    outf(&o, "# HELP orchid_scheduler_steps_total Scheduler steps (one batch over every running request).\n"
+             "# TYPE orchid_scheduler_steps_total counter\norchid_scheduler_steps_total %ld\n", M.steps);
+    outf(&o, "# HELP orchid_scheduler_forward_seconds_total Wall time of the steps inside model forwards "
+             "(host preparation and the device's work).\n# TYPE orchid_scheduler_forward_seconds_total counter\n"
+             "orchid_scheduler_forward_seconds_total %.6f\n", M.step_fwd_s);
+    outf(&o, "# HELP orchid_scheduler_host_seconds_total Wall time of the steps outside model forwards (admission, "
+             "batching, host sampling, token hand-off, checkpoint saves): the model idles meanwhile.\n"
+             "# TYPE orchid_scheduler_host_seconds_total counter\norchid_scheduler_host_seconds_total %.6f\n",
+         M.step_host_s);
     outf(&o, "# HELP orchid_requests_cancelled_total Generations cancelled (client gone or shutdown).\n"
              "# TYPE orchid_requests_cancelled_total counter\norchid_requests_cancelled_total %ld\n", M.cancelled);
     outf(&o, "# HELP orchid_queue_depth Requests waiting for the scheduler.\n"
@@ -278,6 +307,8 @@ int metrics_render(char **out, size_t *len) {
     hist_out(&o, "orchid_time_to_first_token_seconds", "Time from request arrival to the first generated token.",
              &M.ttft);
     hist_out(&o, "orchid_inter_token_latency_seconds", "Time between consecutive generated tokens.", &M.itl);
+    hist_out(&o, "orchid_scheduler_step_seconds", "Wall time of one scheduler step (forwards and host work).",
+             &M.step);
     hist_out(&o, "orchid_request_duration_seconds", "Generation request duration, arrival to last token.", &M.e2e);
     pthread_mutex_unlock(&M.mu);
     if (o.oom) {

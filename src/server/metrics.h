@@ -27,6 +27,11 @@ void metrics_argmax_tokens(long n);
 void metrics_device_sampled_tokens(long n);
 /* One scheduler step's model forwards and the tokens they carried. */
 void metrics_forward(long calls, long tokens);
+/* One scheduler step's wall time, split: forward_s inside the model's forward calls (host
+ * preparation and the device's work, which the scheduler waits for), host_s the rest of the
+ * step on the scheduler thread (admission, batch building, host sampling, handing tokens
+ * to their requests, checkpoint saves) — time the device sits idle between forwards. */
+void metrics_step(double forward_s, double host_s);
 void metrics_queue(int queued, int running);
 /* Tokens held by all sessions (running and kept for prefix reuse) and their capacity. */
 void metrics_kv(long used, long capacity);
@@ -52,7 +57,7 @@ void metrics_ttft(double seconds);
 void metrics_itl(double seconds);
 void metrics_e2e(double seconds);
 /* Reads a counter (tests): "cancelled", "completion_tokens", "prompt_tokens", "cached_tokens",
- * "argmax_tokens", "device_sampled_tokens", "forward_calls", "forward_tokens". */
+ * "argmax_tokens", "device_sampled_tokens", "forward_calls", "forward_tokens", "steps". */
 long metrics_get(const char *name);
 /* Renders the exposition text; *out malloc'd. Returns 0 or ST_NOMEM. */
 int metrics_render(char **out, size_t *len);

@@ -448,6 +448,7 @@ static void *sched_main(void *arg) {
             pthread_mutex_unlock(&S->mu);
             break;
         }
+        const double t_step = now_seconds(); /* the step's wall time starts here, idle waits excluded */
         /* Drop cancelled queued jobs; admit into free slots, in order. */
         int w = 0, n = S->q_len;
         struct job **keep = S->tmp;
@@ -527,6 +528,7 @@ static void *sched_main(void *arg) {
         for (int k = 0; k < nb; k++) step_tokens += S->batch[k].n_tokens;
         err[0] = 0;
         int rc = 0;
+        const double t_fwd = now_seconds();
         if (!split) {
             rc = S->port.forward(S->port.ctx, S->batch, nb, err, sizeof err);
             metrics_forward(1, step_tokens);
@@ -537,6 +539,7 @@ static void *sched_main(void *arg) {
                 rc = S->port.forward(S->port.ctx, S->batch + k, S->group_len[g], err, sizeof err);
             metrics_forward(ng, step_tokens);
         }
+        const double fwd_s = now_seconds() - t_fwd;
         if (rc) {
             fprintf(stderr, "request failed: forward: %s\n", err);
             for (int k = 0; k < nb; k++) {
@@ -593,6 +596,7 @@ static void *sched_main(void *arg) {
             if (sl->job != S->saves[i].job) continue;
             if (S->port.cache_save(S->port.ctx, sl->s, err, sizeof err)) fprintf(stderr, "prefix cache: save failed: %s\n", err);
         }
+        metrics_step(fwd_s, now_seconds() - t_step - fwd_s);
     }
     /* stopping: cancel everything */
     pthread_mutex_lock(&S->mu);

@@ -243,11 +243,33 @@ int main(void) {
     api_request_free(&r);
 
     /* script, long prompt (several prefill chunks) */
+    const long steps0 = metrics_get("steps");
     struct job *j = make_job(p, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxSCRIPT:hello there<|im_end|>", 50);
     CHECK(sched_submit(S, j) == 0, "submit");
     CHECK(!strcmp(run_job(j), "hello there") && j->finish == FIN_STOP && j->n_gen == 12, "script: '%s' %d",
           run_job(j), j->n_gen);
+    const int prompt_steps = (j->n_prompt - j->cached + so.prefill_chunk - 1) / so.prefill_chunk;
     job_release(j);
+    /* a step a prompt chunk of 16 tokens (the last one also gives the first token), then a
+     * step a further token: each counted once, its time split forward / host */
+    const long steps = metrics_get("steps") - steps0;
+    CHECK(steps == prompt_steps + 11, "steps of a 12-token job: %ld (prompt chunks %d)", steps, prompt_steps);
+    {
+        char *txt = NULL;
+        size_t tlen = 0;
+        CHECK(metrics_render(&txt, &tlen) == 0, "metrics render");
+        char want[96];
+        snprintf(want, sizeof want, "orchid_scheduler_steps_total %ld\n", metrics_get("steps"));
+        CHECK(txt && strstr(txt, want), "steps in /metrics");
+        snprintf(want, sizeof want, "orchid_scheduler_step_seconds_count %ld\n", metrics_get("steps"));
+        CHECK(txt && strstr(txt, want), "step histogram counts every step");
+        const char *f = txt ? strstr(txt, "\norchid_scheduler_forward_seconds_total ") : NULL;
+        const char *h = txt ? strstr(txt, "\norchid_scheduler_host_seconds_total ") : NULL;
+        /* the mock's forward sleeps ORCHID_MOCK_STEP_MS (1 ms here) a call */
+        CHECK(f && h && atof(strchr(f + 1, ' ')) >= 0.001 * (double)steps && atof(strchr(h + 1, ' ')) >= 0.0,
+              "forward / host seconds: %.40s / %.40s", f ? f + 1 : "-", h ? h + 1 : "-");
+        free(txt);
+    }
 
     /* stop string + max_tokens */
     j = make_job(p, "SCRIPT:one two three<|im_end|>", 50);
