@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# scripts/gpu_run.sh — one device call's measurements (docs/PERFORMANCE.md's method: build
+# here with scripts/gpu_pack.sh, carry .cache/dev, run everything in one call, results
+# under $OUT). Runs on the device machine from the repo root:
+#
+#   bash scripts/gpu_run.sh PACK [PACK_B]
+#
+# PACK (and PACK_B, a second build for an A/B) name .cache/dev/PACK.txz. Each arm is a
+# (pack, environment) pair: with PACK_B the arms are A = PACK and B = PACK_B; with CONFIGS
+# (';'-separated environment assignments, '' = none, e.g. CONFIGS=';ORCHID_X=1') each
+# config is an arm of PACK. Arms alternate within every round, so drift hits them alike.
+#
+# PHASES (default "tests contract batch"): any of
+#   tests     test_cuda_ops, test_cuda_model (the carried tiny model), test_cuda_sample of
+#             the last arm's pack (the candidate), with that arm's environment
+#   contract  orchid bench --synth 35b-a3b --backend cuda at CONTEXTS (default 512),
+#             ROUNDS (default 2) rounds, every arm, fresh process each
+#   batch     bench_batch_decode --ctx 512 --batches BATCHES (default 1,8,32,64), every arm,
+#             ROUNDS rounds (TRACE=1: plus the trace build's timelines, when packed)
+#   serve     orchid synth 35b-a3b to /tmp/og_m once, then bench/serve_load.py (python3,
+#             stdlib) against each arm's server: LEVELS (default 1,8,32,64), SERVE_SKIP
+#             (default 'serial,replay'; '' = the issue's full set), SERVE_ARGS (more
+#             serve_load flags, e.g. '--prompt-tokens 64'); SERVE_SHAPE / SERVE_BACKEND
+#             (default 35b-a3b / cuda; tiny / cpu try the script without a GPU)
+# Writes $OUT/summary.txt (one line a measurement) and $OUT/res.txz (every log and JSON).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?gpu_run: OUT must name the results folder (the device tool sets it)}"
+PHASES=${PHASES:-tests contract batch}
+CONTEXTS=${CONTEXTS:-512}
+ROUNDS=${ROUNDS:-2}
+BATCHES=${BATCHES:-1,8,32,64}
+LEVELS=${LEVELS:-1,8,32,64}
+SERVE_SKIP=${SERVE_SKIP-serial,replay}
+SERVE_SHAPE=${SERVE_SHAPE:-35b-a3b}
+SERVE_BACKEND=${SERVE_BACKEND:-cuda}
+SERVE_ARGS=${SERVE_ARGS:-}
+dev=.cache/dev
+root=/tmp/og
+res=$root/res
+mkdir -p "$res"
+summary=$OUT/summary.txt
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+unpack() { # $1: pack name → $root/$1
+    [ -d "$root/$1" ] && return 0
+    [ -f "$dev/$1.txz" ] || { note "missing $dev/$1.txz"; return 1; }
+    mkdir -p "$root/$1" && xz -dc "$dev/$1.txz" | tar -C "$root/$1" -xf -
+}
+for p in lib tok tiny; do unpack "$p" || exit 1; done
+export LD_LIBRARY_PATH=$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[ -f "$root/tiny/config.json" ] && export ORCHID_GPU_TINY=$root/tiny
+
+packs=() envs=() names=()
+if [ $# -ge 2 ]; then
+    packs=("$1" "$2") envs=("" "") names=(A B)
+else
+    IFS=';' read -r -a cfgs <<<"${CONFIGS:-}"
+    [ ${#cfgs[@]} -eq 0 ] && cfgs=("")
+    for i in "${!cfgs[@]}"; do packs+=("$1"); envs+=("${cfgs[$i]}"); names+=("c$i"); done
+fi
+for p in "${packs[@]}"; do unpack "$p" || exit 1; done
+for i in "${!packs[@]}"; do
+    note "arm ${names[$i]}: pack ${packs[$i]} ($(head -1 "$root/${packs[$i]}/commit")) env '${envs[$i]}'"
+done
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader >>"$summary" 2>/dev/null ||
+    note "no nvidia-smi"
+
+arm() { # $1: arm index, then the command (its binary relative to the pack): runs it with the arm's environment
+    local i=$1
+    shift
+    env ${envs[$i]} "$@"
+}
+
+last=$((${#packs[@]} - 1))
+for phase in $PHASES; do
+    case $phase in
+    tests)
+        bin=$root/${packs[$last]}/bin
+        for t in test_cuda_ops test_cuda_model test_cuda_sample; do
+            arm "$last" "$bin/$t" >"$res/$t.log" 2>&1
+            rc=$?
+            note "$t (${names[$last]}): $(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$res/$t.log" | tail -1) (exit $rc)"
+            grep -m5 FAIL "$res/$t.log" >>"$summary"
+        done
+        ;;
+    contract)
+        for ((r = 0; r < ROUNDS; r++)); do
+            for n in $CONTEXTS; do
+                for i in "${!packs[@]}"; do
+                    j=$res/contract_${names[$i]}_${n}_r$r.json
+                    arm "$i" "$root/${packs[$i]}/bin/orchid" bench --synth 35b-a3b --backend cuda --prompt-len "$n" \
+                        --decode-steps 64 --json-out "$j" >"$j.log" 2>&1
+                    if [ -f "$j" ]; then
+                        note "contract ${names[$i]} ctx $n round $r: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"]; print("prefill %.0f decode %.1f digest %s" % (r["prefill"]["tok_s"], r["decode"]["tok_s"], r["decode"]["token_digest"]))' "$j" 2>&1)"
+                    else
+                        note "contract ${names[$i]} ctx $n round $r failed: $(tail -1 "$j.log")"
+                    fi
+                done
+            done
+        done
+        ;;
+    batch)
+        for ((r = 0; r < ROUNDS; r++)); do
+            for i in "${!packs[@]}"; do
+                l=$res/batch_${names[$i]}_r$r.log
+                arm "$i" "$root/${packs[$i]}/bin/bench_batch_decode" --ctx 512 --batches "$BATCHES" >"$l" 2>&1
+                note "batch ${names[$i]} round $r: $(grep -c -E '^\| *[0-9]+ \|' "$l") rows$(grep -q -E '^\| *[0-9]+ \|' "$l" || echo ", failed: $(tail -1 "$l")")"
+                grep -E '^\| *[0-9]+ \|' "$l" | head -8 >>"$summary"
+            done
+        done
+        if [ "${TRACE:-0}" = 1 ]; then
+            for i in "${!packs[@]}"; do
+                tb=$root/${packs[$i]}/tr/bench_batch_decode
+                [ -x "$tb" ] || continue
+                mkdir -p "$res/trace_${names[$i]}"
+                arm "$i" "$tb" --ctx 512 --batches "$BATCHES" --trace "$res/trace_${names[$i]}" >"$res/trace_${names[$i]}.log" 2>&1
+                note "trace ${names[$i]}: $(ls "$res/trace_${names[$i]}" | tr '\n' ' ')"
+            done
+        fi
+        ;;
+    serve)
+        m=/tmp/og_m_$SERVE_SHAPE
+        if [ ! -f "$m/config.json" ]; then
+            "$root/${packs[0]}/bin/orchid" synth --out "$m" --shape "$SERVE_SHAPE" --tokenizer "$root/tok" --quiet >"$res/synth.log" 2>&1 ||
+                { note "synth failed: $(tail -2 "$res/synth.log")"; continue; }
+        fi
+        for i in "${!packs[@]}"; do
+            j=$res/serve_${names[$i]}.json
+            mkdir -p "$res/serve_${names[$i]}"
+            arm "$i" python3 bench/serve_load.py --orchid "$root/${packs[$i]}/bin/orchid" --model "$m" \
+                --backend "$SERVE_BACKEND" --levels "$LEVELS" --skip "$SERVE_SKIP" --log-dir "$res/serve_${names[$i]}" \
+                --json "$j" $SERVE_ARGS >"$j.log" 2>&1
+            note "serve ${names[$i]}:"
+            grep -E '^\| *[0-9]+ \|' "$j.log" >>"$summary"
+        done
+        ;;
+    *) note "unknown phase $phase" ;;
+    esac
+done
+cp "$summary" "$res/"
+tar -C "$root" -cf - res | xz -1 -T0 >"$OUT/res.txz"
+cat "$summary"
