@@ -36,6 +36,7 @@ static struct {
     int n_statuses;
     long req[EP_COUNT][MAX_STATUSES];
     long prompt, completion, cached, cancelled, argmax, dsampled;
+    long generations, hit_generations; /* finished generations; those that reused cached tokens */
     long fwd_calls, fwd_tokens;
     long steps;                   /* scheduler steps (metrics_step) */
     double step_fwd_s, step_host_s;
@@ -43,7 +44,7 @@ static struct {
     long kv_used, kv_capacity;
     struct { /* the prefix cache (metrics_prefix_cache); `on` once reported */
         int on;
-        long entries, bytes, max_bytes, pooled, saves, evictions, allocs, frees;
+        long entries, bytes, max_bytes, pooled, lookups, hits, saves, evictions, allocs, frees;
         double save_s, restore_s, alloc_s;
     } pc;
     struct hist ttft, itl, e2e, step;
@@ -75,6 +76,8 @@ void metrics_tokens(long prompt, long completion, long cached) {
     M.prompt += prompt;
     M.completion += completion;
     M.cached += cached;
+    M.generations++;
+    M.hit_generations += cached > 0;
     pthread_mutex_unlock(&M.mu);
 }
 
@@ -133,6 +136,8 @@ void metrics_prefix_cache(const struct metrics_cache_stats *st) {
     M.pc.bytes = st->bytes;
     M.pc.max_bytes = st->max_bytes;
     M.pc.pooled = st->pooled;
+    M.pc.lookups = st->lookups;
+    M.pc.hits = st->hits;
     M.pc.saves = st->saves;
     M.pc.evictions = st->evictions;
     M.pc.allocs = st->host_allocs;
@@ -169,6 +174,8 @@ long metrics_get(const char *name) {
     else if (!strcmp(name, "completion_tokens")) v = M.completion;
     else if (!strcmp(name, "prompt_tokens")) v = M.prompt;
     else if (!strcmp(name, "cached_tokens")) v = M.cached;
+    else if (!strcmp(name, "generations")) v = M.generations;
+    else if (!strcmp(name, "hit_generations")) v = M.hit_generations;
     else if (!strcmp(name, "argmax_tokens")) v = M.argmax;
     else if (!strcmp(name, "device_sampled_tokens")) v = M.dsampled;
     else if (!strcmp(name, "forward_calls")) v = M.fwd_calls;
@@ -242,6 +249,12 @@ int metrics_render(char **out, size_t *len) {
     outf(&o, "# HELP orchid_prefix_cache_hit_tokens_total Prompt tokens reused from the prefix cache.\n"
              "# TYPE orchid_prefix_cache_hit_tokens_total counter\norchid_prefix_cache_hit_tokens_total %ld\n",
          M.cached);
+    outf(&o, "# HELP orchid_generations_total Finished generations (stopped or at their length).\n"
+             "# TYPE orchid_generations_total counter\norchid_generations_total %ld\n", M.generations);
+    outf(&o, "# HELP orchid_prefix_cache_hit_generations_total Finished generations whose prompt reused cached "
+             "tokens (the slot's own session or a checkpoint); / orchid_generations_total = the hit rate.\n"
+             "# TYPE orchid_prefix_cache_hit_generations_total counter\norchid_prefix_cache_hit_generations_total %ld\n",
+         M.hit_generations);
     outf(&o, "# HELP orchid_argmax_only_tokens_total Generated tokens taken from the model's argmax (greedy, "
              "no logprobs or penalties) without copying their logits to the host.\n"
              "# TYPE orchid_argmax_only_tokens_total counter\norchid_argmax_only_tokens_total %ld\n", M.argmax);
@@ -282,6 +295,11 @@ int metrics_render(char **out, size_t *len) {
                  "# TYPE orchid_prefix_cache_max_bytes gauge\norchid_prefix_cache_max_bytes %ld\n", M.pc.max_bytes);
         outf(&o, "# HELP orchid_prefix_cache_pooled_bytes Free host blocks the prefix cache keeps for reuse.\n"
                  "# TYPE orchid_prefix_cache_pooled_bytes gauge\norchid_prefix_cache_pooled_bytes %ld\n", M.pc.pooled);
+        outf(&o, "# HELP orchid_prefix_cache_lookups_total Checkpoint lookups (requests whose slot held no usable "
+                 "prefix).\n# TYPE orchid_prefix_cache_lookups_total counter\norchid_prefix_cache_lookups_total %ld\n",
+             M.pc.lookups);
+        outf(&o, "# HELP orchid_prefix_cache_hits_total Checkpoint lookups that restored a checkpoint.\n"
+                 "# TYPE orchid_prefix_cache_hits_total counter\norchid_prefix_cache_hits_total %ld\n", M.pc.hits);
         outf(&o, "# HELP orchid_prefix_cache_saves_total Checkpoints saved.\n"
                  "# TYPE orchid_prefix_cache_saves_total counter\norchid_prefix_cache_saves_total %ld\n", M.pc.saves);
         outf(&o, "# HELP orchid_prefix_cache_evictions_total Checkpoints evicted to make room.\n"

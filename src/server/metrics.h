@@ -19,6 +19,8 @@ enum metrics_endpoint {
 
 void metrics_init(void);
 void metrics_request(enum metrics_endpoint ep, int status);
+/* One finished generation (stop or length): its prompt, completion and reused (cached)
+ * tokens; counted as a prefix hit when cached > 0. */
 void metrics_tokens(long prompt, long completion, long cached);
 void metrics_cancelled(void);
 /* Tokens chosen from the backend's argmax, with no logits row copied to the host. */
@@ -42,6 +44,8 @@ struct metrics_cache_stats {
     long bytes;          /* host bytes those checkpoints hold (bytes) */
     long max_bytes;      /* the cache's budget: checkpoints + pooled blocks (bytes) */
     long pooled;         /* free host blocks kept for reuse (bytes) */
+    long lookups;        /* checkpoint lookups: requests whose slot held no usable prefix (count) */
+    long hits;           /* ... that restored a checkpoint (count) */
     long saves;          /* checkpoints saved (count) */
     long evictions;      /* checkpoints evicted to make room (count) */
     long host_allocs;    /* host blocks allocated, not taken from the pool, prewarm's too (count) */
@@ -57,6 +61,7 @@ void metrics_ttft(double seconds);
 void metrics_itl(double seconds);
 void metrics_e2e(double seconds);
 /* Reads a counter (tests): "cancelled", "completion_tokens", "prompt_tokens", "cached_tokens",
+ * "generations", "hit_generations",
  * "argmax_tokens", "device_sampled_tokens", "forward_calls", "forward_tokens", "steps". */
 long metrics_get(const char *name);
 /* Renders the exposition text; *out malloc'd. Returns 0 or ST_NOMEM. */

@@ -73,6 +73,8 @@ void port_publish_cache_stats(const prefix_cache *pc) {
         .bytes = (long)st.bytes,
         .max_bytes = (long)st.max_bytes,
         .pooled = (long)st.pooled,
+        .lookups = (long)st.lookups,
+        .hits = (long)st.hits,
         .saves = (long)st.saves,
         .evictions = (long)st.evictions,
         .host_allocs = (long)st.host_allocs,

@@ -66,8 +66,13 @@ def cached_srv():
 
 @pytest.mark.parametrize("thinking", [False, True])
 def test_every_turn_after_the_first_hits(cached_srv, thinking):
+    gens0 = cached_srv.metric("orchid_generations_total")
+    hits0 = cached_srv.metric("orchid_prefix_cache_hit_generations_total")
     turns = conversation(cached_srv.client(timeout=120), system(f"multi-{thinking}"), thinking, 5, "m")
     assert turns[0][1] == 0, "a new system prompt cannot hit"
+    # /metrics' hit rate counts the same turns
+    assert cached_srv.metric("orchid_generations_total") - gens0 == len(turns)
+    assert cached_srv.metric("orchid_prefix_cache_hit_generations_total") - hits0 == len(turns) - 1
     for k in range(1, len(turns)):
         prev_prompt, (prompt, cached, _) = turns[k - 1][0], turns[k]
         assert cached == prev_prompt - GEN_PROMPT_TOKENS[thinking], (k, turns)
@@ -107,6 +112,11 @@ def test_outputs_identical_without_cache_and_under_eviction(cached_srv):
         assert s.metric("orchid_prefix_cache_max_bytes") == int(0.0006 * (1 << 30))
         assert s.metric("orchid_prefix_cache_saves_total") > 0
         assert s.metric("orchid_prefix_cache_evictions_total") > 0
+        # the hit rate's two counters: every finished generation, and those that reused tokens
+        assert s.metric("orchid_generations_total") == len(evicting)
+        assert s.metric("orchid_prefix_cache_hit_generations_total") == sum(c > 0 for _, c in evicting)
+        assert 0 <= s.metric("orchid_prefix_cache_hits_total") <= s.metric("orchid_prefix_cache_lookups_total")
+        assert s.metric("orchid_prefix_cache_lookups_total") <= len(evicting)
     assert [t for t, _ in with_cache] == [t for t, _ in without] == [t for t, _ in evicting]
     assert all(c == 0 for _, c in without)
     assert sum(c > 0 for _, c in with_cache) >= 6  # turns 2 and 3 of every conversation
