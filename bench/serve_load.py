@@ -304,6 +304,7 @@ def sweep(args, url, levels, label, serial):
         print("  %s: N=%d ..." % (label, n), file=sys.stderr, flush=True)
         before = metrics_lines(url, "orchid_scheduler_")
         r = run_level(url, prompts, args.gen_tokens, 1 if serial else n)
+        time.sleep(0.1)  # a step is counted at its end, just after its tokens went out
         r.update(sched_delta(before, metrics_lines(url, "orchid_scheduler_")))
         res[str(n)] = r
         print("    %s" % json.dumps({k: r[k] for k in ("ok", "n_errors", "completion_tokens", "wall_s", "agg_decode_tok_s",

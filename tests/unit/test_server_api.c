@@ -251,8 +251,15 @@ int main(void) {
     const int prompt_steps = (j->n_prompt - j->cached + so.prefill_chunk - 1) / so.prefill_chunk;
     job_release(j);
     /* a step a prompt chunk of 16 tokens (the last one also gives the first token), then a
-     * step a further token: each counted once, its time split forward / host */
-    const long steps = metrics_get("steps") - steps0;
+     * step a further token: each counted once, its time split forward / host. A step is
+     * recorded at its end, after its tokens were handed over: the job can be done a moment
+     * before its last step is counted, so wait for it (bounded) */
+    long steps = metrics_get("steps") - steps0;
+    for (int k = 0; k < 2000 && steps < prompt_steps + 11; k++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+        steps = metrics_get("steps") - steps0;
+    }
     CHECK(steps == prompt_steps + 11, "steps of a 12-token job: %ld (prompt chunks %d)", steps, prompt_steps);
     {
         char *txt = NULL;
