@@ -22,7 +22,7 @@ static void usage(FILE *f) {
             "usage: orchid serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--max-seq N]\n"
             "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend auto|cpu|cuda]\n"
             "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N | --cache-mem GiB] [--cache-interval N]\n"
-            "                    [--thinking on|off] [--batch-invariant on|off]\n"
+            "                    [--thinking on|off] [--batch-invariant on|off] [--max-prefill-tokens N]\n"
             "                    [--quiet] [--mock]\n"
             "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"
             "  --max-seq N     context per sequence, prompt + completion (default 8192)\n"
@@ -39,6 +39,11 @@ static void usage(FILE *f) {
             "                  whatever runs beside it (on CUDA prompt chunks then get forwards of\n"
             "                  their own); off: pack prompt chunks with decoding rows (faster\n"
             "                  prompt intake, results may differ in the last bits)\n"
+            "  --max-prefill-tokens N  with --batch-invariant on, on CUDA: prompt tokens one step\n"
+            "                  prefills at most over all new requests, whole 512-token chunks, oldest\n"
+            "                  request first (default: one forward's worth, 4096); running streams\n"
+            "                  get a token every step meanwhile; 0 = no bound (off and on the CPU a\n"
+            "                  step takes 512 prompt tokens)\n"
             "  --quiet         no per-request log lines\n"
             "  --mock          serve the scripted test model instead of a checkpoint (tests only)\n");
 }
@@ -58,7 +63,7 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, long *ou
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("ORCHID_API_KEY"), *backend = NULL;
     long port = 8000, max_seq = 8192, max_queue = 256, parallel = 4, threads = 0, max_body = 8L << 20;
-    long cache_mb = 2048, cache_interval = 4096;
+    long cache_mb = 2048, cache_interval = 4096, max_prefill = -1; /* -1: the default */
     double cache_gib = -1; /* --cache-mem, when given (the last of the two flags wins) */
     int thinking = -1;
     bool invariant = true;
@@ -92,6 +97,7 @@ int cmd_serve(int argc, char **argv) {
             cache_gib = -1;
         }
         else if (!strcmp(a, "--cache-interval")) bad = parse_int(a, v, 0, 1L << 24, &cache_interval);
+        else if (!strcmp(a, "--max-prefill-tokens")) bad = parse_int(a, v, 0, 1L << 24, &max_prefill);
         else if (!strcmp(a, "--cache-mem")) { /* the same budget in GiB (fractions allowed) */
             char *end;
             double gib = strtod(v, &end);
@@ -140,6 +146,7 @@ int cmd_serve(int argc, char **argv) {
     so.max_queue = (int)max_queue;
     so.max_seq = (int)max_seq;
     so.prefill_chunk = 512;
+    so.max_step_prompt = max_prefill < 0 ? 0 : max_prefill == 0 ? -1 : (int)max_prefill; /* sched.h's 0 / < 0 */
     so.cache_interval = (int)cache_interval;
     so.batch_invariant = invariant;
     so.open = mock ? port_open_mock : port_open_engine;

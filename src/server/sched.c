@@ -18,7 +18,11 @@
  * chunks of more than invariant_tokens tokens of one step into shared forwards
  * (sched_plan_invariant): a 512-token chunk alone leaves the prefill GEMMs and the
  * sequential GDN scan mostly idle. ORCHID_NO_PREFILL_PACK=1 (read once at start) gives
- * every chunk its own forward again (A/B measurements). */
+ * every chunk its own forward again (A/B measurements). In that mode a chunk keeps its
+ * alone size (so its bits), so a step's prompt tokens are bounded by taking whole chunks,
+ * oldest request first, up to max_step_prompt (default one forward's worth): 64 prompts
+ * arriving at once were eight packed forwards in one step (~0.9 s on the H200), every
+ * running stream waiting through all of them for its next token. */
 #include "server/sched.h"
 
 #include <errno.h>
@@ -65,11 +69,13 @@ struct sched {
     int *batch_slot;
     threadpool *pool;            /* samples the running sequences in parallel */
     int *samp_slot;              /* [n_slots] slots to sample on the host this step */
+    int *prompt_slot;            /* [n_slots] slots feeding prompt tokens this step, oldest job first */
     int *group_len;              /* [n_slots] entries of each batch-invariant forward this step */
     struct pending_save *saves;  /* [n_slots] checkpoints this step owes, taken after its tokens */
     bool device_argmax;          /* argmax-only rows for plain greedy jobs (see the top) */
     bool device_sampling;        /* device-drawn tokens for plain sampling jobs (see the top) */
     bool pack_prompts;           /* batch-invariant mode packs long prompt chunks (see the top) */
+    int step_prompt;             /* that mode's prompt tokens a step at most (0: no bound) */
 };
 
 /* A checkpoint a step's forward made due (its slot and the job it ran for): saved after the
@@ -403,9 +409,10 @@ static int load(struct sched *S) {
         }
     }
     S->samp_slot = calloc((size_t)S->n_slots, sizeof *S->samp_slot);
+    S->prompt_slot = calloc((size_t)S->n_slots, sizeof *S->prompt_slot);
     S->group_len = calloc((size_t)S->n_slots, sizeof *S->group_len);
     S->saves = calloc((size_t)S->n_slots, sizeof *S->saves);
-    if (!S->samp_slot || !S->group_len || !S->saves) {
+    if (!S->samp_slot || !S->prompt_slot || !S->group_len || !S->saves) {
         rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for scheduler slots");
         goto fail;
     }
@@ -421,6 +428,10 @@ static int load(struct sched *S) {
     S->device_sampling = S->port.device_sampling && !env_set("ORCHID_NO_DEVICE_SAMPLING");
     if (S->port.device_sampling && !S->device_sampling)
         fprintf(stderr, "ORCHID_NO_DEVICE_SAMPLING: sampled tokens are drawn on the host from their logits\n");
+    /* the split mode's prompt tokens a step: one forward's worth unless told (< 0: none) */
+    S->step_prompt = S->opt.max_step_prompt > 0 ? S->opt.max_step_prompt
+                     : S->opt.max_step_prompt < 0 ? 0
+                     : S->port.max_batch_tokens;
     S->pack_prompts = !env_set("ORCHID_NO_PREFILL_PACK");
     if (!S->pack_prompts) fprintf(stderr, "ORCHID_NO_PREFILL_PACK: every prompt chunk gets a forward of its own\n");
     pthread_mutex_lock(&S->mu);
@@ -479,48 +490,67 @@ static void *sched_main(void *arg) {
         pthread_mutex_unlock(&S->mu);
 
         /* Build one batch over every running job: the decoding ones (one token each) first,
-         * then prompt chunks (their tokens shared out of prefill_chunk in slot order). With
-         * batch invariance asked for on a backend that has it only for some batches
-         * (port.invariant_tokens > 0: CUDA), each prompt chunk gets the whole budget, as
-         * alone, and sched_plan_invariant cuts the batch into forwards that keep every
-         * sequence's alone bits (long prompt chunks packed, short ones alone, one-token
-         * rows at most invariant_tokens a forward). */
+         * then prompt chunks, oldest job first (their tokens shared out of prefill_chunk).
+         * With batch invariance asked for on a backend that has it only for some batches
+         * (port.invariant_tokens > 0: CUDA), each prompt chunk gets the whole chunk, as
+         * alone, whole chunks are taken while the step's prompt tokens stay within
+         * step_prompt (the rest wait for the next step: a burst of new prompts must not
+         * hold the running streams' next token for all of its prefill), and
+         * sched_plan_invariant cuts the batch into forwards that keep every sequence's
+         * alone bits (long prompt chunks packed, short ones alone, one-token rows at most
+         * invariant_tokens a forward). */
         const bool split = S->opt.batch_invariant && S->port.invariant_tokens > 0;
-        int nb = 0, budget = S->opt.prefill_chunk;
-        for (int pass = 0; pass < 2; pass++)
+        int nb = 0, np = 0, budget = S->opt.prefill_chunk;
         for (int i = 0; i < S->n_slots; i++) {
             struct slot *sl = &S->slots[i];
             struct job *j = sl->job;
             if (!j) continue;
-            /* cancellations are taken in the first pass only: a job already in the batch
-             * (decoding, pass 0) must not be finished — freed — before its forward */
-            if (pass == 0 && atomic_load(&j->cancel)) {
+            /* cancellations are taken here only: a job already in the batch (decoding)
+             * must not be finished — freed — before its forward */
+            if (atomic_load(&j->cancel)) {
                 finish_job(S, sl, j, FIN_CANCELLED, NULL);
                 continue;
             }
-            if ((j->n_fed < j->n_prompt) != (pass == 1)) continue;
+            if (j->n_fed < j->n_prompt) {
+                int k = np++; /* insertion by job id: the oldest request's prompt goes first */
+                while (k > 0 && S->slots[S->prompt_slot[k - 1]].job->id > j->id) {
+                    S->prompt_slot[k] = S->prompt_slot[k - 1];
+                    k--;
+                }
+                S->prompt_slot[k] = i;
+                continue;
+            }
             struct batch_seq *b = &S->batch[nb];
             b->s = sl->s;
             b->all_logits = false;
-            if (j->n_fed < j->n_prompt) {
-                int left = j->n_prompt - j->n_fed;
-                const int room = split ? S->opt.prefill_chunk : budget;
-                int take = left < room ? left : room;
-                const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
-                if (ck && j->n_fed + take > ck) take = ck - j->n_fed; /* stop there to save it */
-                if (take <= 0) continue;
-                if (!split) budget -= take;
-                b->tokens = j->prompt + j->n_fed;
-                b->n_tokens = take;
-                b->logits = NULL;
-                b->argmax = NULL;
-                b->sampling = NULL;
-                if (take == left) want_token(S, sl, b);
-            } else {
-                b->tokens = &j->next_tok;
-                b->n_tokens = 1;
-                want_token(S, sl, b);
-            }
+            b->tokens = &j->next_tok;
+            b->n_tokens = 1;
+            want_token(S, sl, b);
+            S->batch_slot[nb++] = i;
+        }
+        int step_prompt = 0; /* split: prompt tokens taken this step */
+        for (int k = 0; k < np; k++) {
+            const int i = S->prompt_slot[k];
+            struct slot *sl = &S->slots[i];
+            struct job *j = sl->job;
+            int left = j->n_prompt - j->n_fed;
+            const int room = split ? S->opt.prefill_chunk : budget;
+            int take = left < room ? left : room;
+            const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
+            if (ck && j->n_fed + take > ck) take = ck - j->n_fed; /* stop there to save it */
+            if (take <= 0) continue;
+            if (split && S->step_prompt > 0 && step_prompt > 0 && step_prompt + take > S->step_prompt) break;
+            if (!split) budget -= take;
+            step_prompt += take;
+            struct batch_seq *b = &S->batch[nb];
+            b->s = sl->s;
+            b->all_logits = false;
+            b->tokens = j->prompt + j->n_fed;
+            b->n_tokens = take;
+            b->logits = NULL;
+            b->argmax = NULL;
+            b->sampling = NULL;
+            if (take == left) want_token(S, sl, b);
             S->batch_slot[nb++] = i;
         }
         if (nb == 0) continue;
@@ -722,6 +752,7 @@ void sched_free(struct sched *S) {
     free(S->batch_slot);
     threadpool_destroy(S->pool);
     free(S->samp_slot);
+    free(S->prompt_slot);
     free(S->group_len);
     free(S->saves);
     free(S->q);

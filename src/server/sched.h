@@ -95,7 +95,12 @@ struct sched_options {
     int parallel;      /* slots = concurrently running sequences */
     int max_queue;     /* pending jobs beyond the running ones */
     int max_seq;       /* session capacity (prompt + completion); clamped to the model's */
-    int prefill_chunk; /* prompt tokens fed per step, over all sequences */
+    int prefill_chunk; /* prompt tokens fed per step, over all sequences (with batch
+                          invariance on a partially invariant backend: a prompt chunk's
+                          size, as alone; the step's total is max_step_prompt below) */
+    int max_step_prompt; /* that mode's prompt tokens a step at most, over all sequences,
+                            whole chunks (the first always fits): 0 = the port's
+                            max_batch_tokens (one forward), < 0 = no bound */
     int cache_interval; /* also checkpoint long prompts every this many tokens (0: never) */
     bool batch_invariant; /* each sequence gets the bits it would get alone (port.invariant_tokens) */
     port_open_fn open;

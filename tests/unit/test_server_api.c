@@ -376,6 +376,69 @@ int main(void) {
         sched_shutdown(S);
         sched_free(S);
     }
+    /* a burst of prompts beside a running stream (same mock contract): with the step's
+     * prompt tokens bounded (default: one forward's worth, 40 here, so two 16-token chunks
+     * a step) the running job gets a token every step while the burst's 20 chunks take ten
+     * steps, and the burst's first tokens come oldest request first; unbounded, all five
+     * prompts' chunks share each step and the running job waits through their forwards */
+    setenv("ORCHID_MOCK_STEP_MS", "4", 1);
+    int gained[2] = {0, 0};
+    for (int bounded = 1; bounded >= 0; bounded--) {
+        so.parallel = 6;
+        so.max_queue = 8;
+        so.batch_invariant = true;
+        so.max_step_prompt = bounded ? 0 : -1;
+        CHECK(sched_start(&S, &so, err, sizeof err) == 0, "%s", err);
+        CHECK(sched_wait_loaded(S, err, sizeof err) == SCHED_READY, "load: %s", err);
+        p = sched_port(S);
+        struct job *run = make_job(p, "noise", 1000), *burst[5];
+        CHECK(sched_submit(S, run) == 0, "submit the running job");
+        for (int k = 0; k < 5000; k++) {
+            pthread_mutex_lock(&run->mu);
+            const int g = run->n_gen;
+            pthread_mutex_unlock(&run->mu);
+            if (g > 0) break;
+            struct timespec ts = {0, 200000L};
+            nanosleep(&ts, NULL);
+        }
+        static const char *btexts[5] = {
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaSCRIPT:one<|im_end|>",
+            "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbSCRIPT:two<|im_end|>",
+            "ccccccccccccccccccccccccccccccccccccccccccccccccccccSCRIPT:six<|im_end|>",
+            "ddddddddddddddddddddddddddddddddddddddddddddddddddddSCRIPT:ten<|im_end|>",
+            "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeSCRIPT:won<|im_end|>"};
+        pthread_mutex_lock(&run->mu);
+        const int g0 = run->n_gen;
+        pthread_mutex_unlock(&run->mu);
+        for (int i = 0; i < 5; i++) {
+            burst[i] = make_job(p, btexts[i], 1);
+            CHECK(sched_submit(S, burst[i]) == 0, "submit burst %d", i);
+        }
+        for (int i = 0; i < 5; i++) run_job(burst[i]); /* one token each: done at its first token */
+        pthread_mutex_lock(&run->mu);
+        gained[bounded] = run->n_gen - g0;
+        pthread_mutex_unlock(&run->mu);
+        int whole = 0, in_order = 1;
+        for (int i = 0; i < 5; i++) {
+            whole += burst[i]->finish == FIN_LENGTH && burst[i]->n_prompt > 48;
+            /* two jobs finishing their prompts in one step get their tokens microseconds
+             * apart, in batch order: out of order means a step (>= 4 ms) later */
+            if (i && burst[i]->t_first + 0.002 < burst[i - 1]->t_first) in_order = 0;
+        }
+        CHECK(whole == 5, "burst (%s): %d of 5 prompts of 4 chunks done", bounded ? "bounded" : "unbounded", whole);
+        if (bounded) CHECK(in_order, "bounded burst: first tokens oldest request first (%.4f %.4f %.4f %.4f %.4f)", burst[0]->t_first, burst[1]->t_first, burst[2]->t_first, burst[3]->t_first, burst[4]->t_first);
+        atomic_store(&run->cancel, 1);
+        run_job(run);
+        for (int i = 0; i < 5; i++) job_release(burst[i]);
+        job_release(run);
+        sched_shutdown(S);
+        sched_free(S);
+    }
+    CHECK(gained[1] >= 9, "bounded: the running job got %d tokens during the burst's ten steps", gained[1]);
+    CHECK(gained[0] <= gained[1] - 3, "unbounded: the running job got %d tokens during the burst (bounded %d)", gained[0],
+          gained[1]);
+    so.max_step_prompt = 0;
+    setenv("ORCHID_MOCK_STEP_MS", "1", 1);
     unsetenv("ORCHID_MOCK_INVARIANT_TOKENS");
     unsetenv("ORCHID_MOCK_MAX_BATCH_TOKENS");
     return check_summary();
