@@ -43,7 +43,7 @@ static void usage(FILE *f) {
             "                  prefills at most over all new requests, whole 512-token chunks, oldest\n"
             "                  request first (default: one forward's worth, 4096); running streams\n"
             "                  get a token every step meanwhile; 0 = no bound (off and on the CPU a\n"
-            "                  step takes 512 prompt tokens)\n"
+            "                  step takes 512 prompt tokens; $ORCHID_MAX_PREFILL_TOKENS when not given)\n"
             "  --quiet         no per-request log lines\n"
             "  --mock          serve the scripted test model instead of a checkpoint (tests only)\n");
 }
@@ -130,6 +130,10 @@ int cmd_serve(int argc, char **argv) {
         if (takes) i++;
     }
     if (!model) model = "models/tiny";
+    /* the flag's value from the environment when not given (A/B runs: arms differ by env) */
+    const char *mp_env = getenv("ORCHID_MAX_PREFILL_TOKENS");
+    if (max_prefill < 0 && mp_env && *mp_env && parse_int("ORCHID_MAX_PREFILL_TOKENS", mp_env, 0, 1L << 24, &max_prefill))
+        return 2;
 
     /* Every thread inherits this mask; the main thread takes the signals with sigwait. */
     sigset_t set;

@@ -6,6 +6,7 @@ SIGINT/SIGTERM with work in flight exit 0.
 """
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -289,6 +290,12 @@ def test_port_in_use_fails_cleanly():
         assert p.returncode == 1 and b"cannot listen" in p.stderr
         p = subprocess.run([orchid_bin(), "serve", "--bogus"], capture_output=True, timeout=20)
         assert p.returncode == 2
+        # the prompt budget a step, by flag or environment: a bad value names its source
+        p = subprocess.run([orchid_bin(), "serve", "--mock", "--max-prefill-tokens", "-1"], capture_output=True, timeout=20)
+        assert p.returncode == 2 and b"--max-prefill-tokens" in p.stderr
+        env = dict(os.environ, ORCHID_MAX_PREFILL_TOKENS="lots")
+        p = subprocess.run([orchid_bin(), "serve", "--mock"], capture_output=True, timeout=20, env=env)
+        assert p.returncode == 2 and b"ORCHID_MAX_PREFILL_TOKENS" in p.stderr
         p = subprocess.run([orchid_bin(), "serve", "--port", "0", "--model", "/nonexistent/model"],
                            capture_output=True, timeout=20)
         assert p.returncode == 1 and b"/nonexistent/model" in p.stderr
