@@ -245,6 +245,11 @@ static int copy_kv(prefix_cache *pc, session *s, const struct entry *x, bool sav
     return 0;
 }
 
+int prefix_cache_match(prefix_cache *pc, const int32_t *tokens, int n) {
+    const struct entry *best = n > 1 ? longest_prefix(pc, tokens, n, n - 1) : NULL;
+    return best ? best->n : 0;
+}
+
 static int restore(prefix_cache *pc, session *s, const int32_t *tokens, int n, int *matched, char *err, size_t errlen) {
     *matched = 0;
     pc->st.lookups++;

@@ -47,6 +47,10 @@ void prefix_cache_free(prefix_cache *pc);
  * receives its length; 0 means none, and s is reset. On error s is reset too. */
 int prefix_cache_restore(prefix_cache *pc, session *s, const int32_t *tokens, int n, int *matched, char *err, size_t errlen);
 
+/* The length of the checkpoint prefix_cache_restore would restore for tokens[0, n) now
+ * (0: none), without restoring it or counting a lookup. */
+int prefix_cache_match(prefix_cache *pc, const int32_t *tokens, int n);
+
 /* Saves s's current state unless a checkpoint of exactly these tokens exists (then it
  * is only marked as recently used). Not saving for lack of memory is not an error. */
 int prefix_cache_save(prefix_cache *pc, session *s, char *err, size_t errlen);

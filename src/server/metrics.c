@@ -37,6 +37,7 @@ static struct {
     long req[EP_COUNT][MAX_STATUSES];
     long prompt, completion, cached, cancelled, argmax, dsampled;
     long generations, hit_generations; /* finished generations; those that reused cached tokens */
+    long shared_waits;                 /* requests queued for another's checkpoint of a shared prefix */
     long fwd_calls, fwd_tokens;
     long steps;                   /* scheduler steps (metrics_step) */
     double step_fwd_s, step_host_s;
@@ -84,6 +85,12 @@ void metrics_tokens(long prompt, long completion, long cached) {
 void metrics_cancelled(void) {
     pthread_mutex_lock(&M.mu);
     M.cancelled++;
+    pthread_mutex_unlock(&M.mu);
+}
+
+void metrics_shared_prefix_wait(void) {
+    pthread_mutex_lock(&M.mu);
+    M.shared_waits++;
     pthread_mutex_unlock(&M.mu);
 }
 
@@ -176,6 +183,7 @@ long metrics_get(const char *name) {
     else if (!strcmp(name, "cached_tokens")) v = M.cached;
     else if (!strcmp(name, "generations")) v = M.generations;
     else if (!strcmp(name, "hit_generations")) v = M.hit_generations;
+    else if (!strcmp(name, "shared_prefix_waits")) v = M.shared_waits;
     else if (!strcmp(name, "argmax_tokens")) v = M.argmax;
     else if (!strcmp(name, "device_sampled_tokens")) v = M.dsampled;
     else if (!strcmp(name, "forward_calls")) v = M.fwd_calls;
@@ -255,6 +263,10 @@ int metrics_render(char **out, size_t *len) {
              "tokens (the slot's own session or a checkpoint); / orchid_generations_total = the hit rate.\n"
              "# TYPE orchid_prefix_cache_hit_generations_total counter\norchid_prefix_cache_hit_generations_total %ld\n",
          M.hit_generations);
+    outf(&o, "# HELP orchid_prefix_cache_shared_waits_total Requests held in the queue until a running request "
+             "checkpointed the prompt prefix they share (then restored instead of prefilled again).\n"
+             "# TYPE orchid_prefix_cache_shared_waits_total counter\norchid_prefix_cache_shared_waits_total %ld\n",
+         M.shared_waits);
     outf(&o, "# HELP orchid_argmax_only_tokens_total Generated tokens taken from the model's argmax (greedy, "
              "no logprobs or penalties) without copying their logits to the host.\n"
              "# TYPE orchid_argmax_only_tokens_total counter\norchid_argmax_only_tokens_total %ld\n", M.argmax);

@@ -23,6 +23,8 @@ void metrics_request(enum metrics_endpoint ep, int status);
  * tokens; counted as a prefix hit when cached > 0. */
 void metrics_tokens(long prompt, long completion, long cached);
 void metrics_cancelled(void);
+/* A request held in the queue for a running request's checkpoint of their shared prefix. */
+void metrics_shared_prefix_wait(void);
 /* Tokens chosen from the backend's argmax, with no logits row copied to the host. */
 void metrics_argmax_tokens(long n);
 /* Tokens drawn by the device sampler, with no logits row copied to the host. */
@@ -61,7 +63,7 @@ void metrics_ttft(double seconds);
 void metrics_itl(double seconds);
 void metrics_e2e(double seconds);
 /* Reads a counter (tests): "cancelled", "completion_tokens", "prompt_tokens", "cached_tokens",
- * "generations", "hit_generations",
+ * "generations", "hit_generations", "shared_prefix_waits",
  * "argmax_tokens", "device_sampled_tokens", "forward_calls", "forward_tokens", "steps". */
 long metrics_get(const char *name);
 /* Renders the exposition text; *out malloc'd. Returns 0 or ST_NOMEM. */

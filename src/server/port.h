@@ -66,6 +66,9 @@ struct model_port {
     int (*cache_restore)(void *ctx, session *s, const int32_t *tokens, int n, int *matched, char *err,
                          size_t errlen);
     int (*cache_save)(void *ctx, session *s, char *err, size_t errlen);
+    /* Optional with them: the length restore would match for tokens[0, n) now (no side
+     * effects). */
+    int (*cache_match)(void *ctx, const int32_t *tokens, int n);
     /* Optional (NULL: malloc/free): host buffers for logits that the model fills fastest. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);

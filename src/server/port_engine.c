@@ -101,6 +101,10 @@ static int ep_cache_save(void *ctx, session *s, char *err, size_t errlen) {
     return rc;
 }
 
+static int ep_cache_match(void *ctx, const int32_t *tokens, int n) {
+    return prefix_cache_match(((struct engine_port *)ctx)->pc, tokens, n);
+}
+
 static void *ep_host_alloc(void *ctx, size_t bytes) { return engine_host_alloc(((struct engine_port *)ctx)->e, bytes); }
 static void ep_host_free(void *ctx, void *ptr) { engine_host_free(((struct engine_port *)ctx)->e, ptr); }
 
@@ -197,6 +201,7 @@ int port_open_engine(struct model_port *mp, const struct port_options *opt, char
     if (p->pc) {
         mp->cache_restore = ep_cache_restore;
         mp->cache_save = ep_cache_save;
+        mp->cache_match = ep_cache_match;
     }
     return ST_OK;
 }

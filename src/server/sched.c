@@ -18,7 +18,9 @@
  * chunks of more than invariant_tokens tokens of one step into shared forwards
  * (sched_plan_invariant): a 512-token chunk alone leaves the prefill GEMMs and the
  * sequential GDN scan mostly idle. ORCHID_NO_PREFILL_PACK=1 (read once at start) gives
- * every chunk its own forward again (A/B measurements). In that mode a chunk keeps its
+ * every chunk its own forward again (A/B measurements). ORCHID_NO_SHARED_PREFIX_WAIT=1
+ * admits a request at once even while a running one is about to checkpoint the prompt
+ * prefix they share (wait_for_shared_prefix; A/B). In that mode a chunk keeps its
  * alone size (so its bits), so a step's prompt tokens are bounded by taking whole chunks,
  * oldest request first, up to max_step_prompt (default one forward's worth): 64 prompts
  * arriving at once were eight packed forwards in one step (~0.9 s on the H200), every
@@ -76,6 +78,7 @@ struct sched {
     bool device_sampling;        /* device-drawn tokens for plain sampling jobs (see the top) */
     bool pack_prompts;           /* batch-invariant mode packs long prompt chunks (see the top) */
     int step_prompt;             /* that mode's prompt tokens a step at most (0: no bound) */
+    bool shared_wait;            /* queued jobs wait for a running job's checkpoint of a shared prefix */
 };
 
 /* A checkpoint a step's forward made due (its slot and the job it ran for): saved after the
@@ -348,6 +351,66 @@ static int next_checkpoint(const struct sched *S, const struct job *j) {
     return best;
 }
 
+/* Prompt tokens a queued job must stand to gain before it waits for another job's
+ * checkpoint (below): a short shared prefix is cheaper to prefill again than a step. */
+#define SHARED_PREFIX_MIN 128
+
+/* The longest session prefix a free slot holds for j (pick_slot's test), 0 if none. */
+static int free_slot_prefix(const struct sched *S, const struct job *j) {
+    int best = 0;
+    for (int i = 0; i < S->n_slots; i++) {
+        const struct slot *sl = &S->slots[i];
+        if (sl->job) continue;
+        const int L = S->port.seq_length(S->port.ctx, sl->s);
+        const int32_t *t = S->port.seq_tokens(S->port.ctx, sl->s);
+        if (L > best && L < j->n_prompt && memcmp(t, j->prompt, (size_t)L * sizeof *t) == 0) best = L;
+    }
+    return best;
+}
+
+/* The furthest checkpoint a running job a still has to save at or before position lim:
+ * next_checkpoint's positions past a->n_fed (turn starts, multiples of cache_interval
+ * inside the prompt) and, for a prompt without chat turns, its end; 0 if none. */
+static int checkpoint_ahead(const struct sched *S, const struct job *a, int lim) {
+    int c = 0;
+    const int iv = S->opt.cache_interval;
+    if (iv > 0) {
+        const int k = lim / iv * iv;
+        if (k > a->n_fed && k < a->n_prompt) c = k;
+    }
+    const int turns[2] = {a->turn_first, a->turn_last};
+    for (int i = 0; i < 2; i++)
+        if (turns[i] > a->n_fed && turns[i] < a->n_prompt && turns[i] <= lim && turns[i] > c) c = turns[i];
+    if (!a->turn_last && a->n_prompt <= lim && a->n_prompt > a->n_fed && a->n_prompt > a->cached) c = a->n_prompt;
+    return c;
+}
+
+/* Whether queued job j should stay queued this step: a running job is prefilling a prefix
+ * of j's prompt and will checkpoint it (at least SHARED_PREFIX_MIN tokens beyond what j
+ * would restore now), so j admitted after that save restores it instead of prefilling the
+ * same tokens beside it. Agents fan out requests that share a long system prompt: each
+ * prefilled it again, the first one's checkpoint not yet saved when the rest arrived. A
+ * wait ends when that job saves, passes the position, finishes or is cancelled. */
+static bool wait_for_shared_prefix(const struct sched *S, const struct job *j) {
+    if (!S->shared_wait || !S->port.cache_save || !S->port.cache_match || j->n_prompt < 2) return false;
+    int have = -1;
+    for (int i = 0; i < S->n_slots; i++) {
+        const struct job *a = S->slots[i].job;
+        if (!a || a->n_fed >= a->n_prompt) continue;
+        const int lim = a->n_prompt < j->n_prompt - 1 ? a->n_prompt : j->n_prompt - 1;
+        int P = 0;
+        while (P < lim && a->prompt[P] == j->prompt[P]) P++;
+        if (P < SHARED_PREFIX_MIN) continue;
+        if (have < 0) {
+            have = S->port.cache_match(S->port.ctx, j->prompt, j->n_prompt);
+            const int fs = free_slot_prefix(S, j);
+            if (fs > have) have = fs;
+        }
+        if (checkpoint_ahead(S, a, P) >= have + SHARED_PREFIX_MIN) return true;
+    }
+    return false;
+}
+
 /* Picks the free slot for a prompt: longest strict-prefix session, else LRU. */
 static int pick_slot(struct sched *S, const struct job *j) {
     int best = -1, best_len = -1;
@@ -432,6 +495,8 @@ static int load(struct sched *S) {
     S->step_prompt = S->opt.max_step_prompt > 0 ? S->opt.max_step_prompt
                      : S->opt.max_step_prompt < 0 ? 0
                      : S->port.max_batch_tokens;
+    S->shared_wait = !env_set("ORCHID_NO_SHARED_PREFIX_WAIT");
+    if (!S->shared_wait) fprintf(stderr, "ORCHID_NO_SHARED_PREFIX_WAIT: requests sharing a prompt prefix prefill it side by side\n");
     S->pack_prompts = !env_set("ORCHID_NO_PREFILL_PACK");
     if (!S->pack_prompts) fprintf(stderr, "ORCHID_NO_PREFILL_PACK: every prompt chunk gets a forward of its own\n");
     pthread_mutex_lock(&S->mu);
@@ -477,8 +542,14 @@ static void *sched_main(void *arg) {
         for (int i = 0; i < nk; i++) {
             struct job *j = keep[i];
             int si = pick_slot(S, j);
-            if (si < 0) {
-                S->q[w++] = j; /* no free slot: stays queued, in order */
+            if (si < 0 || wait_for_shared_prefix(S, j)) {
+                /* no free slot, or a running job is about to checkpoint j's prefix: stays
+                 * queued, in order */
+                if (si >= 0 && !j->waited_prefix) {
+                    j->waited_prefix = true;
+                    metrics_shared_prefix_wait();
+                }
+                S->q[w++] = j;
                 continue;
             }
             int rc = admit(S, j, si);

@@ -71,6 +71,7 @@ struct job {
     int n_recs;
     int n_gen;          /* generated ids, stop id included */
     int cached;         /* prompt tokens reused from the prefix cache */
+    bool waited_prefix; /* held in the queue for a running job's checkpoint of a shared prefix */
     int turn_first, turn_last; /* prompt positions of the first turn start after the
                                   system turn and of the last (the generation prompt);
                                   checkpoints are saved there (0: none) */

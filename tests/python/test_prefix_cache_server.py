@@ -8,14 +8,16 @@ generation prompt. These tests pin the consequences:
   generation prompt (thinking on and off);
 - two conversations that branch from one system prompt both reuse it;
 - greedy outputs are identical with and without the cache;
-- a tiny cache budget (constant eviction) changes nothing but the hit counts.
+- a tiny cache budget (constant eviction) changes nothing but the hit counts;
+- requests that arrive together with one long system prompt prefill it once: the others
+  wait in the queue for the first one's checkpoint, then restore it.
 """
 import subprocess
 
 import pytest
 
 from models import ORCHID, model_dir
-from serverproc import MODEL, Server
+from serverproc import MODEL, Server, run_together
 
 # "<|im_start|>assistant\n<think>\n\n</think>\n\n" (thinking off) and "<|im_start|>assistant\n<think>\n" (on)
 GEN_PROMPT_TOKENS = {False: 7, True: 5}
@@ -122,3 +124,32 @@ def test_outputs_identical_without_cache_and_under_eviction(cached_srv):
     assert sum(c > 0 for _, c in with_cache) >= 6  # turns 2 and 3 of every conversation
     # six checkpoints need more than the 0.6 MiB budget: some hits must have been evicted
     assert sum(c for _, c in evicting) < sum(c for _, c in with_cache)
+
+
+def test_concurrent_requests_prefill_a_shared_system_prompt_once():
+    """An agent's fan-out: four requests at once, one ~1,500-token system prompt (three
+    prefill steps of 512 on the CPU), different questions. The first prefills the system
+    turn and checkpoints it; the others wait in the queue for that checkpoint and restore
+    it (cached = the system turn) instead of prefilling it beside it. Greedy texts are
+    those of the same requests alone without a cache."""
+    sys_prompt = "[fan-out] You are a careful assistant who answers briefly and checks every step. " * 90
+    sys_turn = n_tokens("<|im_start|>system\n" + sys_prompt.strip() + "<|im_end|>\n")
+    assert sys_turn > 1024
+
+    def ask(client, k):
+        msgs = [{"role": "system", "content": sys_prompt}, {"role": "user", "content": f"question {k}: {k} plus {k}?"}]
+        r = chat(client, msgs, False)
+        return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens
+
+    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "4096", "--parallel", "4"]) as s:
+        client = s.client(timeout=300)
+        got = run_together({k: (lambda k=k: ask(client, k)) for k in range(4)}, timeout=300)
+        waits = s.metric("orchid_prefix_cache_shared_waits_total")
+    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "4096", "--prefix-cache-mb", "0"]) as s:
+        client = s.client(timeout=300)
+        alone = {k: ask(client, k) for k in range(4)}
+    cached = sorted(c for _, c in got.values())
+    assert cached == [0, sys_turn, sys_turn, sys_turn], (cached, sys_turn, waits)
+    assert waits >= 1
+    assert {k: t for k, (t, _) in got.items()} == {k: t for k, (t, _) in alone.items()}
+    assert all(c == 0 for _, c in alone.values())

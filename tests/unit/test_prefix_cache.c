@@ -227,6 +227,15 @@ int main(void) {
     fresh_logits(branch, 60, b);
     CHECK(rel_err(a, b, V) < 1e-5, "branch resumed vs fresh: %.3g", rel_err(a, b, V));
 
+    /* prefix_cache_match: what restore would give, without restoring or counting */
+    prefix_cache_get_stats(pc, &st);
+    const uint64_t lookups0 = st.lookups;
+    CHECK(prefix_cache_match(pc, branch, 60) == 40 && prefix_cache_match(pc, toks, 48) == 40 &&
+              prefix_cache_match(pc, toks, 49) == 48 && prefix_cache_match(pc, toks, 1) == 0,
+          "match: branch %d, exact 48 %d, 49 %d", prefix_cache_match(pc, branch, 60), prefix_cache_match(pc, toks, 48),
+          prefix_cache_match(pc, toks, 49));
+    prefix_cache_get_stats(pc, &st);
+    CHECK(st.lookups == lookups0, "match counted as a lookup");
     /* an exact match is never returned whole: one token must be left to feed */
     int matched;
     CHECK(prefix_cache_restore(pc, s, toks, 48, &matched, err, sizeof err) == 0 && matched == 40, "exact 48 → %d", matched);
