@@ -401,12 +401,14 @@ static bool wait_for_shared_prefix(const struct sched *S, const struct job *j) {
         int P = 0;
         while (P < lim && a->prompt[P] == j->prompt[P]) P++;
         if (P < SHARED_PREFIX_MIN) continue;
-        if (have < 0) {
+        const int c = checkpoint_ahead(S, a, P);
+        if (c < SHARED_PREFIX_MIN) continue;
+        if (have < 0) { /* only now (a scan of the store): most steps have no checkpoint ahead */
             have = S->port.cache_match(S->port.ctx, j->prompt, j->n_prompt);
             const int fs = free_slot_prefix(S, j);
             if (fs > have) have = fs;
         }
-        if (checkpoint_ahead(S, a, P) >= have + SHARED_PREFIX_MIN) return true;
+        if (c >= have + SHARED_PREFIX_MIN) return true;
     }
     return false;
 }
