@@ -24,6 +24,9 @@ prefix cache, issue 6). Standard library only (http.client + threads).
     exact; the model's own reply is not fed back), generating --turn-gen tokens. TTFT per
     turn and usage.prompt_tokens_details.cached_tokens, with the prefix cache on and off
     (the off server runs with --prefix-cache-mb 0).
+(c) Fan-out: --fanout chat requests at once sharing one system prompt of about
+    --system-tokens tokens, different questions: TTFT p50 / max, wall, cached tokens of each
+    (a request that waited for the first one's checkpoint of the system turn reuses it).
 
 Servers: --url uses a running server (the on/off and serial comparisons then need
 --url-nocache / --serial-url), otherwise `build/orchid serve` is started with --model,
@@ -338,6 +341,71 @@ def multiturn(args, url, label):
     return turns
 
 
+FANOUT_SENTENCE = "You are a careful assistant who answers briefly and checks every step of your work. "
+
+
+def fanout(args, url, label):
+    """An agent's fan-out: --fanout chat requests at once, one system prompt of about
+    --system-tokens tokens (a sentence of ~16 repeated, behind a tag new to this server so
+    no earlier checkpoint matches), each its own question, --turn-gen tokens each, streamed.
+    Returns TTFT p50 / max, the wall until the last finished, and each request's cached
+    tokens (with the prefix cache, all but one should reuse the system turn)."""
+    tag = "[fan-out %d.%d] " % (os.getpid(), int(time.time() * 1e6))
+    system = tag + FANOUT_SENTENCE * max(1, args.system_tokens // 16)
+    t0 = time.time()
+    res = [None] * args.fanout
+
+    def one(k):
+        body = {"model": model_id(url), "messages": [{"role": "system", "content": system},
+                                                   {"role": "user", "content": "question %d: what is %d plus %d?" % (k, k, k)}],
+                "max_tokens": args.turn_gen, "stream": True, "stream_options": {"include_usage": True},
+                "chat_template_kwargs": {"enable_thinking": False}, **SAMPLING}
+        u = urllib.parse.urlparse(url)
+        c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=1200)
+        r = {"ttft": None, "cached": None, "error": None}
+        try:
+            c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                      headers={"Content-Type": "application/json"})
+            resp = c.getresponse()
+            if resp.status != 200:
+                r["error"] = "HTTP %d" % resp.status
+            while r["error"] is None:
+                line = resp.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                ev = json.loads(line[5:])
+                ch = ev.get("choices") or []
+                if ch and r["ttft"] is None and ((ch[0].get("delta") or {}).get("content") or
+                                                 (ch[0].get("delta") or {}).get("reasoning_content")):
+                    r["ttft"] = time.time() - t0
+                if ev.get("usage"):
+                    r["cached"] = (ev["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+                    r["prompt_tokens"] = ev["usage"].get("prompt_tokens")
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            r["error"] = repr(e)
+        finally:
+            c.close()
+        r["end"] = time.time() - t0
+        res[k] = r
+
+    th = [threading.Thread(target=one, args=(k,)) for k in range(args.fanout)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    ok = [r for r in res if not r["error"]]
+    ttft = [r["ttft"] if r["ttft"] is not None else r["end"] for r in ok]
+    out = {"requests": args.fanout, "ok": len(ok), "errors": [r["error"] for r in res if r["error"]][:3],
+           "prompt_tokens": ok[0].get("prompt_tokens") if ok else None,
+           "ttft_p50_s": pct(ttft, 50), "ttft_max_s": max(ttft) if ttft else float("nan"),
+           "wall_s": max((r["end"] for r in ok), default=float("nan")), "cached": sorted(r["cached"] or 0 for r in ok)}
+    print("  %s: %s" % (label, json.dumps(out)), file=sys.stderr, flush=True)
+    return out
+
+
 def fmt(x, f="%.1f"):
     return "–" if x is None or x != x else f % x
 
@@ -364,7 +432,8 @@ def main():
     ap.add_argument("--turn-gen", type=int, default=16)
     ap.add_argument("--vocab-lo", type=int, default=1000)
     ap.add_argument("--vocab-hi", type=int, default=150000)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: sweep,serial,replay,nocache")
+    ap.add_argument("--fanout", type=int, default=8, help="requests of the fan-out part (one system prompt)")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: sweep,serial,replay,nocache,fanout")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request (0 = greedy)")
     ap.add_argument("--top-p", type=float, default=None, help="top_p of every request (default: not sent)")
     ap.add_argument("--top-k", type=int, default=None, help="top_k of every request (default: not sent)")
@@ -381,14 +450,14 @@ def main():
     skip = set(s for s in args.skip.split(",") if s)
     levels = [int(x) for x in args.levels.split(",") if x]
     serial_levels = [int(x) for x in args.serial_levels.split(",") if x]
-    out = {"config": vars(args), "batched": {}, "serial": {}, "replay_cache_on": [], "replay_cache_off": []}
+    out = {"config": vars(args), "batched": {}, "serial": {}, "replay_cache_on": [], "replay_cache_off": [], "fanout": {}}
 
     def save():
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
 
     # batched server, prefix cache on: the sweep, then the replay
-    if not ({"sweep", "replay"} <= skip):
+    if not ({"sweep", "replay", "fanout"} <= skip):
         s = Server(args, args.port, ["--parallel", str(args.parallel)] + args.server_args.split(), "serve_batched.log",
                    args.url)
         try:
@@ -398,6 +467,9 @@ def main():
                 save()
             if "replay" not in skip:
                 out["replay_cache_on"] = multiturn(args, s.url, "replay, cache on")
+                save()
+            if "fanout" not in skip:
+                out["fanout"] = fanout(args, s.url, "fan-out")
                 save()
         finally:
             s.stop()
@@ -449,6 +521,13 @@ def main():
             print("| %d | %s | %s | %s | %s |" % (k + 1, a.get("prompt_tokens", b.get("prompt_tokens", "–")),
                                                  a.get("cached_tokens", "–"), fmt(a.get("ttft_s"), "%.3f"),
                                                  fmt(b.get("ttft_s"), "%.3f")))
+    fo = out["fanout"]
+    if fo:
+        print("\n| fan-out requests | prompt tokens | TTFT p50 / max (s) | wall (s) | cached tokens | errors |")
+        print("|---:|---:|---:|---:|---|---:|")
+        print("| %d | %s | %s / %s | %s | %s | %d |" % (fo["requests"], fo["prompt_tokens"], fmt(fo["ttft_p50_s"], "%.3f"),
+                                                    fmt(fo["ttft_max_s"], "%.3f"), fmt(fo["wall_s"], "%.3f"),
+                                                    ", ".join(str(c) for c in fo["cached"]), fo["requests"] - fo["ok"]))
     print("\nwritten: %s" % args.json)
 
 

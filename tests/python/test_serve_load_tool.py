@@ -77,3 +77,19 @@ def test_sweep_on_mock(tmp_path):
         # no level outruns its steps: a token a stream a >= 20 ms step
         assert lv["all_decoding_tok_s"] <= int(n) / 0.020 * 1.05, lv
     assert "| 4 |" in r.stdout
+
+
+def test_fanout_part_on_mock(tmp_path):
+    # the mock has no prefix cache: every request of the fan-out prefills (cached 0); the
+    # part's shape is what is checked here (the cache's effect: test_prefix_cache_server.py)
+    with Server(mock=True, args=["--parallel", "4", "--quiet"]) as srv:
+        out = tmp_path / "fanout.json"
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "serve_load.py"), "--url", srv.url, "--fanout", "3",
+                            "--system-tokens", "64", "--turn-gen", "4", "--skip", "sweep,serial,replay,nocache",
+                            "--json", str(out)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    fo = json.loads(out.read_text())["fanout"]
+    assert fo["requests"] == 3 and fo["ok"] == 3 and fo["errors"] == [], fo
+    assert fo["cached"] == [0, 0, 0] and fo["prompt_tokens"] > 64
+    assert 0 < fo["ttft_p50_s"] <= fo["ttft_max_s"] <= fo["wall_s"], fo
+    assert "| 3 |" in r.stdout
