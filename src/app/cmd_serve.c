@@ -23,6 +23,7 @@ static void usage(FILE *f) {
             "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend auto|cpu|cuda]\n"
             "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N | --cache-mem GiB] [--cache-interval N]\n"
             "                    [--thinking on|off] [--batch-invariant on|off] [--max-prefill-tokens N]\n"
+            "                    [--prefill-chunk N]\n"
             "                    [--quiet] [--mock]\n"
             "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"
             "  --max-seq N     context per sequence, prompt + completion (default 8192)\n"
@@ -43,7 +44,11 @@ static void usage(FILE *f) {
             "                  prefills at most over all new requests, whole 512-token chunks, oldest\n"
             "                  request first (default: one forward's worth, 4096); running streams\n"
             "                  get a token every step meanwhile; 0 = no bound (off and on the CPU a\n"
-            "                  step takes 512 prompt tokens; $ORCHID_MAX_PREFILL_TOKENS when not given)\n"
+            "                  step takes --prefill-chunk prompt tokens; $ORCHID_MAX_PREFILL_TOKENS when\n"
+            "                  not given)\n"
+            "  --prefill-chunk N  prompt tokens a request feeds a step at most (default 512; with\n"
+            "                  --batch-invariant on, on CUDA, the size of its chunks whatever runs\n"
+            "                  beside it; $ORCHID_PREFILL_CHUNK when not given)\n"
             "  --quiet         no per-request log lines\n"
             "  --mock          serve the scripted test model instead of a checkpoint (tests only)\n");
 }
@@ -63,7 +68,7 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, long *ou
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("ORCHID_API_KEY"), *backend = NULL;
     long port = 8000, max_seq = 8192, max_queue = 256, parallel = 4, threads = 0, max_body = 8L << 20;
-    long cache_mb = 2048, cache_interval = 4096, max_prefill = -1; /* -1: the default */
+    long cache_mb = 2048, cache_interval = 4096, max_prefill = -1, prefill_chunk = -1; /* -1: the default */
     double cache_gib = -1; /* --cache-mem, when given (the last of the two flags wins) */
     int thinking = -1;
     bool invariant = true;
@@ -98,6 +103,7 @@ int cmd_serve(int argc, char **argv) {
         }
         else if (!strcmp(a, "--cache-interval")) bad = parse_int(a, v, 0, 1L << 24, &cache_interval);
         else if (!strcmp(a, "--max-prefill-tokens")) bad = parse_int(a, v, 0, 1L << 24, &max_prefill);
+        else if (!strcmp(a, "--prefill-chunk")) bad = parse_int(a, v, 16, 1L << 20, &prefill_chunk);
         else if (!strcmp(a, "--cache-mem")) { /* the same budget in GiB (fractions allowed) */
             char *end;
             double gib = strtod(v, &end);
@@ -130,10 +136,13 @@ int cmd_serve(int argc, char **argv) {
         if (takes) i++;
     }
     if (!model) model = "models/tiny";
-    /* the flag's value from the environment when not given (A/B runs: arms differ by env) */
-    const char *mp_env = getenv("ORCHID_MAX_PREFILL_TOKENS");
+    /* the flags' values from the environment when not given (A/B runs: arms differ by env) */
+    const char *mp_env = getenv("ORCHID_MAX_PREFILL_TOKENS"), *pc_env = getenv("ORCHID_PREFILL_CHUNK");
     if (max_prefill < 0 && mp_env && *mp_env && parse_int("ORCHID_MAX_PREFILL_TOKENS", mp_env, 0, 1L << 24, &max_prefill))
         return 2;
+    if (prefill_chunk < 0 && pc_env && *pc_env && parse_int("ORCHID_PREFILL_CHUNK", pc_env, 16, 1L << 20, &prefill_chunk))
+        return 2;
+    if (prefill_chunk < 0) prefill_chunk = 512;
 
     /* Every thread inherits this mask; the main thread takes the signals with sigwait. */
     sigset_t set;
@@ -149,7 +158,7 @@ int cmd_serve(int argc, char **argv) {
     so.parallel = (int)parallel;
     so.max_queue = (int)max_queue;
     so.max_seq = (int)max_seq;
-    so.prefill_chunk = 512;
+    so.prefill_chunk = (int)prefill_chunk;
     so.max_step_prompt = max_prefill < 0 ? 0 : max_prefill == 0 ? -1 : (int)max_prefill; /* sched.h's 0 / < 0 */
     so.cache_interval = (int)cache_interval;
     so.batch_invariant = invariant;

@@ -296,6 +296,11 @@ def test_port_in_use_fails_cleanly():
         env = dict(os.environ, ORCHID_MAX_PREFILL_TOKENS="lots")
         p = subprocess.run([orchid_bin(), "serve", "--mock"], capture_output=True, timeout=20, env=env)
         assert p.returncode == 2 and b"ORCHID_MAX_PREFILL_TOKENS" in p.stderr
+        p = subprocess.run([orchid_bin(), "serve", "--mock", "--prefill-chunk", "8"], capture_output=True, timeout=20)
+        assert p.returncode == 2 and b"--prefill-chunk" in p.stderr
+        env = dict(os.environ, ORCHID_PREFILL_CHUNK="4k")
+        p = subprocess.run([orchid_bin(), "serve", "--mock"], capture_output=True, timeout=20, env=env)
+        assert p.returncode == 2 and b"ORCHID_PREFILL_CHUNK" in p.stderr
         p = subprocess.run([orchid_bin(), "serve", "--port", "0", "--model", "/nonexistent/model"],
                            capture_output=True, timeout=20)
         assert p.returncode == 1 and b"/nonexistent/model" in p.stderr
