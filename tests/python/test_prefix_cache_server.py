@@ -153,3 +153,47 @@ def test_concurrent_requests_prefill_a_shared_system_prompt_once():
     assert waits >= 1
     assert {k: t for k, (t, _) in got.items()} == {k: t for k, (t, _) in alone.items()}
     assert all(c == 0 for _, c in alone.values())
+
+
+def test_a_cancelled_request_releases_those_waiting_for_its_checkpoint():
+    """The first request of a fan-out disconnects while it prefills the shared system
+    prompt, with a second one waiting in the queue for its checkpoint: the second is
+    admitted all the same (it reuses what the first fed, left in its slot) and completes."""
+    import http.client
+    import json
+    import socket
+    import time
+
+    def wait_metric(srv, name, want, timeout=5.0):
+        end = time.time() + timeout
+        while time.time() < end and srv.metric(name) != want:
+            time.sleep(0.02)
+        return srv.metric(name) == want
+
+    sys_prompt = "[cancel] You are a careful assistant who answers briefly and checks every step. " * 90
+
+    def send(port, user):
+        body = json.dumps({"model": MODEL, "max_tokens": 3, "temperature": 0, "messages": [
+            {"role": "system", "content": sys_prompt}, {"role": "user", "content": user}],
+            "chat_template_kwargs": {"enable_thinking": False}})
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        return c
+
+    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "4096", "--parallel", "4"]) as s:
+        a = send(s.port, "first")
+        b = send(s.port, "second")
+        waited = False
+        for _ in range(200):  # b queued behind a's checkpoint (a prefills 1.5k tokens, 512 a step)
+            if s.metric("orchid_prefix_cache_shared_waits_total") == 1:
+                waited = True
+                break
+            time.sleep(0.005)
+        a.sock.shutdown(socket.SHUT_RDWR)  # cancelled within a step, before or after its checkpoint
+        a.close()
+        r = b.getresponse()
+        reply = json.loads(r.read())
+        b.close()
+        assert waited, "the second request never waited for the first one's checkpoint"
+        assert r.status == 200 and reply["choices"][0]["finish_reason"] in ("stop", "length"), reply
+        assert wait_metric(s, "orchid_requests_cancelled_total", 1)
