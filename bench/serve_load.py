@@ -10,7 +10,7 @@ prefix cache, issue 6). Standard library only (http.client + threads).
     tokens / (last token − first token of the level)), aggregate end-to-end tok/s
     (completion tokens / level wall time), p50/p99 time to first token, p50/p99/mean
     inter-token latency (gaps between streamed chunks of one request, each chunk counted
-    as carrying completion_tokens / chunks of its request); the rate while every request
+    as carrying completion_tokens / chunks of its request) and the longest gap; the rate while every request
     of the level decodes (tokens streamed between the last first token and the first last
     token, over that span: the batched decode without the prefills that overlap the first
     figure's start) and the first tokens' spread; and, from the server's /metrics, the
@@ -281,6 +281,7 @@ def summarize(rs, wall):
         "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
         "itl_p50_ms": pct(itl, 50) * 1e3, "itl_p99_ms": pct(itl, 99) * 1e3,
         "itl_mean_ms": sum(itl) / len(itl) * 1e3 if itl else float("nan"),
+        "itl_max_ms": max(itl) * 1e3 if itl else float("nan"),
         "first_token_spread_s": all_a - first,
         "all_decoding_s": all_b - all_a,
         "all_decoding_tok_s": in_all / (all_b - all_a) if all_b > all_a else float("nan"),
@@ -495,7 +496,7 @@ def main():
     save()
 
     print("\n| streams | batched decode tok/s | all decoding tok/s | batched e2e tok/s | TTFT p50 / p99 (s) |"
-          " ITL p50 / p99 / mean (ms) | step ms (host) | one-at-a-time e2e tok/s | one-at-a-time TTFT p50 / p99 (s) |"
+          " ITL p50 / p99 / mean / max (ms) | step ms (host) | one-at-a-time e2e tok/s | one-at-a-time TTFT p50 / p99 (s) |"
           " tokens | errors |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in levels:
@@ -503,10 +504,11 @@ def main():
         sr = out["serial"].get(str(n))
         if not b:
             continue
-        print("| %d | %s | %s | %s | %s / %s | %s / %s / %s | %s (%s) | %s | %s | %d | %d |" % (
+        print("| %d | %s | %s | %s | %s / %s | %s / %s / %s / %s | %s (%s) | %s | %s | %d | %d |" % (
             n, fmt(b["agg_decode_tok_s"], "%.0f"), fmt(b.get("all_decoding_tok_s"), "%.0f"),
             fmt(b["agg_e2e_tok_s"], "%.0f"), fmt(b["ttft_p50_s"], "%.3f"),
             fmt(b["ttft_p99_s"], "%.3f"), fmt(b["itl_p50_ms"]), fmt(b["itl_p99_ms"]), fmt(b.get("itl_mean_ms")),
+            fmt(b.get("itl_max_ms")),
             fmt(b.get("sched_step_ms"), "%.2f"), fmt(b.get("sched_host_ms"), "%.2f"),
             fmt(sr["agg_e2e_tok_s"], "%.0f") if sr else "–",
             (fmt(sr["ttft_p50_s"], "%.2f") + " / " + fmt(sr["ttft_p99_s"], "%.2f")) if sr else "–",

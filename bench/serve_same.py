@@ -55,6 +55,8 @@ def main():
     ap.add_argument("--max-seq", type=int, default=2048)
     ap.add_argument("--invariant", default="on", choices=("on", "off"))
     ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--lengths", default="17,90,33,250,8,120,61,400,5,70,45,160",
+                    help="prompt lengths, comma-separated (the first --requests of them)")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--stagger-ms", type=int, default=40)
     ap.add_argument("--expect-same", action="store_true")
@@ -63,7 +65,7 @@ def main():
     ap.add_argument("--log-dir", default=".")
     args = ap.parse_args()
     rnd = random.Random(7)
-    lengths = [17, 90, 33, 250, 8, 120, 61, 400, 5, 70, 45, 160][: args.requests]
+    lengths = [int(x) for x in args.lengths.split(",") if x][: args.requests]
     prompts = [[rnd.randrange(1000, 150000) for _ in range(n)] for n in lengths]
     srv = Server(args, args.port, ["--parallel", str(args.requests), "--prefix-cache-mb", "0", "--batch-invariant",
                                    args.invariant], "serve_same_%s.log" % args.invariant)

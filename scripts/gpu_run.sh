@@ -22,6 +22,9 @@
 #             (default 'serial,replay'; '' = the issue's full set), SERVE_ARGS (more
 #             serve_load flags, e.g. '--prompt-tokens 64'); SERVE_SHAPE / SERVE_BACKEND
 #             (default 35b-a3b / cuda; tiny / cpu try the script without a GPU)
+#   same      bench/serve_same.py (batch invariance end to end: requests together and alone,
+#             bitwise) against each arm's server on the same synthetic checkpoint; SAME_ARGS
+#             (e.g. '--lengths 17,600,4100 --max-seq 8192 --expect-same')
 # Writes $OUT/summary.txt (one line a measurement) and $OUT/res.txz (every log and JSON).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +38,7 @@ SERVE_SKIP=${SERVE_SKIP-serial,replay}
 SERVE_SHAPE=${SERVE_SHAPE:-35b-a3b}
 SERVE_BACKEND=${SERVE_BACKEND:-cuda}
 SERVE_ARGS=${SERVE_ARGS:-}
+SAME_ARGS=${SAME_ARGS:-}
 dev=.cache/dev
 root=/tmp/og
 res=$root/res
@@ -134,6 +138,19 @@ for phase in $PHASES; do
                 --json "$j" $SERVE_ARGS >"$j.log" 2>&1
             note "serve ${names[$i]}:"
             grep -E '^\| *[0-9]+ \|' "$j.log" >>"$summary"
+        done
+        ;;
+    same)
+        m=/tmp/og_m_$SERVE_SHAPE
+        if [ ! -f "$m/config.json" ]; then
+            "$root/${packs[0]}/bin/orchid" synth --out "$m" --shape "$SERVE_SHAPE" --tokenizer "$root/tok" --quiet >"$res/synth.log" 2>&1 ||
+                { note "synth failed: $(tail -2 "$res/synth.log")"; continue; }
+        fi
+        for i in "${!packs[@]}"; do
+            l=$res/same_${names[$i]}.log
+            arm "$i" python3 bench/serve_same.py --orchid "$root/${packs[$i]}/bin/orchid" --model "$m" \
+                --backend "$SERVE_BACKEND" --log-dir "$res" $SAME_ARGS >"$l" 2>&1
+            note "same ${names[$i]} (exit $?): $(grep -E 'completions differ' "$l" | tail -1)"
         done
         ;;
     *) note "unknown phase $phase" ;;

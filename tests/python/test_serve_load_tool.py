@@ -33,7 +33,7 @@ def test_summary_spans():
     assert math.isclose(s["all_decoding_s"], 0.4)
     # in (1.5, 1.9]: a's 1.6, 1.7, 1.8, 1.9 and b's 1.6 .. 1.9 (b's first token at 1.5 is the span's start)
     assert math.isclose(s["all_decoding_tok_s"], 8 / 0.4)
-    assert math.isclose(s["itl_mean_ms"], 100.0)
+    assert math.isclose(s["itl_mean_ms"], 100.0) and math.isclose(s["itl_max_ms"], 100.0)
     # chunks that carry two tokens each count twice
     s2 = serve_load.summarize([req(a["chunks"], 20), req(b["chunks"], 20)], wall=2.5)
     assert math.isclose(s2["all_decoding_tok_s"], 16 / 0.4)
