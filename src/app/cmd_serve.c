@@ -46,9 +46,10 @@ static void usage(FILE *f) {
             "                  get a token every step meanwhile; 0 = no bound (off and on the CPU a\n"
             "                  step takes --prefill-chunk prompt tokens; $ORCHID_MAX_PREFILL_TOKENS when\n"
             "                  not given)\n"
-            "  --prefill-chunk N  prompt tokens a request feeds a step at most (default 512; with\n"
-            "                  --batch-invariant on, on CUDA, the size of its chunks whatever runs\n"
-            "                  beside it; $ORCHID_PREFILL_CHUNK when not given)\n"
+            "  --prefill-chunk N  prompt tokens a request feeds a step at most (with --batch-invariant\n"
+            "                  on, on CUDA, the size of its chunks whatever runs beside it: default\n"
+            "                  4096, one forward's worth; otherwise 512; $ORCHID_PREFILL_CHUNK when\n"
+            "                  not given)\n"
             "  --quiet         no per-request log lines\n"
             "  --mock          serve the scripted test model instead of a checkpoint (tests only)\n");
 }
@@ -142,7 +143,7 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     if (prefill_chunk < 0 && pc_env && *pc_env && parse_int("ORCHID_PREFILL_CHUNK", pc_env, 16, 1L << 20, &prefill_chunk))
         return 2;
-    if (prefill_chunk < 0) prefill_chunk = 512;
+    if (prefill_chunk < 0) prefill_chunk = 0; /* the scheduler's default (sched.h) */
 
     /* Every thread inherits this mask; the main thread takes the signals with sigwait. */
     sigset_t set;

@@ -78,6 +78,7 @@ struct sched {
     bool device_sampling;        /* device-drawn tokens for plain sampling jobs (see the top) */
     bool pack_prompts;           /* batch-invariant mode packs long prompt chunks (see the top) */
     int step_prompt;             /* that mode's prompt tokens a step at most (0: no bound) */
+    int chunk;                   /* prompt tokens a job feeds a step at most (opt.prefill_chunk resolved) */
     bool shared_wait;            /* queued jobs wait for a running job's checkpoint of a shared prefix */
 };
 
@@ -493,6 +494,13 @@ static int load(struct sched *S) {
     S->device_sampling = S->port.device_sampling && !env_set("ORCHID_NO_DEVICE_SAMPLING");
     if (S->port.device_sampling && !S->device_sampling)
         fprintf(stderr, "ORCHID_NO_DEVICE_SAMPLING: sampled tokens are drawn on the host from their logits\n");
+    /* a prompt's chunk: in the split mode one forward's worth unless told (a lone long prompt
+     * then prefills at the backend's best rate: H200, a 4,096-token prompt's first token
+     * 0.307 -> 0.130 s, docs/PERFORMANCE.md session 25), else 512 */
+    const bool split_mode = S->opt.batch_invariant && S->port.invariant_tokens > 0;
+    S->chunk = S->opt.prefill_chunk > 0 ? S->opt.prefill_chunk
+               : split_mode && S->port.max_batch_tokens > 0 ? S->port.max_batch_tokens
+               : 512;
     /* the split mode's prompt tokens a step: one forward's worth unless told (< 0: none) */
     S->step_prompt = S->opt.max_step_prompt > 0 ? S->opt.max_step_prompt
                      : S->opt.max_step_prompt < 0 ? 0
@@ -573,7 +581,7 @@ static void *sched_main(void *arg) {
          * alone bits (long prompt chunks packed, short ones alone, one-token rows at most
          * invariant_tokens a forward). */
         const bool split = S->opt.batch_invariant && S->port.invariant_tokens > 0;
-        int nb = 0, np = 0, budget = S->opt.prefill_chunk;
+        int nb = 0, np = 0, budget = S->chunk;
         for (int i = 0; i < S->n_slots; i++) {
             struct slot *sl = &S->slots[i];
             struct job *j = sl->job;
@@ -607,7 +615,7 @@ static void *sched_main(void *arg) {
             struct slot *sl = &S->slots[i];
             struct job *j = sl->job;
             int left = j->n_prompt - j->n_fed;
-            const int room = split ? S->opt.prefill_chunk : budget;
+            const int room = split ? S->chunk : budget;
             int take = left < room ? left : room;
             const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
             if (ck && j->n_fed + take > ck) take = ck - j->n_fed; /* stop there to save it */
@@ -718,7 +726,7 @@ int sched_start(struct sched **out, const struct sched_options *opt, char *err, 
     *out = NULL;
     if (opt->parallel < 1 || opt->parallel > 256) return errorf(err, errlen, ST_INVALID, "--parallel must be in [1, 256]");
     if (opt->max_queue < 1) return errorf(err, errlen, ST_INVALID, "--max-queue must be >= 1");
-    if (opt->prefill_chunk < 1) return errorf(err, errlen, ST_INVALID, "prefill chunk must be >= 1");
+    if (opt->prefill_chunk < 0) return errorf(err, errlen, ST_INVALID, "prefill chunk must be >= 0 (0: the default)");
     struct sched *S = calloc(1, sizeof *S);
     if (!S) return errorf(err, errlen, ST_NOMEM, "out of memory");
     S->opt = *opt;

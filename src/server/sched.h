@@ -98,7 +98,9 @@ struct sched_options {
     int max_seq;       /* session capacity (prompt + completion); clamped to the model's */
     int prefill_chunk; /* prompt tokens fed per step, over all sequences (with batch
                           invariance on a partially invariant backend: a prompt chunk's
-                          size, as alone; the step's total is max_step_prompt below) */
+                          size, as alone; the step's total is max_step_prompt below);
+                          0 = the default: in that mode the port's max_batch_tokens (one
+                          forward's worth), else 512 */
     int max_step_prompt; /* that mode's prompt tokens a step at most, over all sequences,
                             whole chunks (the first always fits): 0 = the port's
                             max_batch_tokens (one forward), < 0 = no bound */
