@@ -77,6 +77,16 @@ arm() { # $1: arm index, then the command (its binary relative to the pack): run
     env ${envs[$i]} "$@"
 }
 
+# The serve and same phases' checkpoint: SERVE_SHAPE written once to m by the first pack.
+m=/tmp/og_m_$SERVE_SHAPE
+synth_model() {
+    [ -f "$m/config.json" ] && return 0
+    "$root/${packs[0]}/bin/orchid" synth --out "$m" --shape "$SERVE_SHAPE" --tokenizer "$root/tok" --quiet \
+        >"$res/synth.log" 2>&1 && return 0
+    note "synth failed: $(tail -2 "$res/synth.log")"
+    return 1
+}
+
 last=$((${#packs[@]} - 1))
 for phase in $PHASES; do
     case $phase in
@@ -125,11 +135,7 @@ for phase in $PHASES; do
         fi
         ;;
     serve)
-        m=/tmp/og_m_$SERVE_SHAPE
-        if [ ! -f "$m/config.json" ]; then
-            "$root/${packs[0]}/bin/orchid" synth --out "$m" --shape "$SERVE_SHAPE" --tokenizer "$root/tok" --quiet >"$res/synth.log" 2>&1 ||
-                { note "synth failed: $(tail -2 "$res/synth.log")"; continue; }
-        fi
+        synth_model || continue
         for i in "${!packs[@]}"; do
             j=$res/serve_${names[$i]}.json
             mkdir -p "$res/serve_${names[$i]}"
@@ -141,11 +147,7 @@ for phase in $PHASES; do
         done
         ;;
     same)
-        m=/tmp/og_m_$SERVE_SHAPE
-        if [ ! -f "$m/config.json" ]; then
-            "$root/${packs[0]}/bin/orchid" synth --out "$m" --shape "$SERVE_SHAPE" --tokenizer "$root/tok" --quiet >"$res/synth.log" 2>&1 ||
-                { note "synth failed: $(tail -2 "$res/synth.log")"; continue; }
-        fi
+        synth_model || continue
         for i in "${!packs[@]}"; do
             l=$res/same_${names[$i]}.log
             arm "$i" python3 bench/serve_same.py --orchid "$root/${packs[$i]}/bin/orchid" --model "$m" \

@@ -66,6 +66,14 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, long *ou
     return 0;
 }
 
+/* *v from the environment variable name when the flag left it unset (< 0) and the variable
+ * is set; a bad value is the same error as the flag's. */
+static int env_int(const char *name, long lo, long hi, long *v) {
+    const char *e = getenv(name);
+    if (*v >= 0 || !e || !*e) return 0;
+    return parse_int(name, e, lo, hi, v);
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("ORCHID_API_KEY"), *backend = NULL;
     long port = 8000, max_seq = 8192, max_queue = 256, parallel = 4, threads = 0, max_body = 8L << 20;
@@ -138,10 +146,8 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!model) model = "models/tiny";
     /* the flags' values from the environment when not given (A/B runs: arms differ by env) */
-    const char *mp_env = getenv("ORCHID_MAX_PREFILL_TOKENS"), *pc_env = getenv("ORCHID_PREFILL_CHUNK");
-    if (max_prefill < 0 && mp_env && *mp_env && parse_int("ORCHID_MAX_PREFILL_TOKENS", mp_env, 0, 1L << 24, &max_prefill))
-        return 2;
-    if (prefill_chunk < 0 && pc_env && *pc_env && parse_int("ORCHID_PREFILL_CHUNK", pc_env, 16, 1L << 20, &prefill_chunk))
+    if (env_int("ORCHID_MAX_PREFILL_TOKENS", 0, 1L << 24, &max_prefill) ||
+        env_int("ORCHID_PREFILL_CHUNK", 16, 1L << 20, &prefill_chunk))
         return 2;
     if (prefill_chunk < 0) prefill_chunk = 0; /* the scheduler's default (sched.h) */
 

@@ -18,13 +18,15 @@
  * chunks of more than invariant_tokens tokens of one step into shared forwards
  * (sched_plan_invariant): a 512-token chunk alone leaves the prefill GEMMs and the
  * sequential GDN scan mostly idle. ORCHID_NO_PREFILL_PACK=1 (read once at start) gives
- * every chunk its own forward again (A/B measurements). ORCHID_NO_SHARED_PREFIX_WAIT=1
- * admits a request at once even while a running one is about to checkpoint the prompt
- * prefix they share (wait_for_shared_prefix; A/B). In that mode a chunk keeps its
+ * every chunk its own forward again (A/B measurements). In that mode a chunk keeps its
  * alone size (so its bits), so a step's prompt tokens are bounded by taking whole chunks,
  * oldest request first, up to max_step_prompt (default one forward's worth): 64 prompts
  * arriving at once were eight packed forwards in one step (~0.9 s on the H200), every
- * running stream waiting through all of them for its next token. */
+ * running stream waiting through all of them for its next token.
+ *
+ * ORCHID_NO_SHARED_PREFIX_WAIT=1 (read once at start) admits a request at once even while
+ * a running one is about to checkpoint the prompt prefix they share
+ * (wait_for_shared_prefix; A/B). */
 #include "server/sched.h"
 
 #include <errno.h>
@@ -77,6 +79,7 @@ struct sched {
     bool device_argmax;          /* argmax-only rows for plain greedy jobs (see the top) */
     bool device_sampling;        /* device-drawn tokens for plain sampling jobs (see the top) */
     bool pack_prompts;           /* batch-invariant mode packs long prompt chunks (see the top) */
+    bool split;                  /* batch invariance asked for on a partially invariant backend (CUDA) */
     int step_prompt;             /* that mode's prompt tokens a step at most (0: no bound) */
     int chunk;                   /* prompt tokens a job feeds a step at most (opt.prefill_chunk resolved) */
     bool shared_wait;            /* queued jobs wait for a running job's checkpoint of a shared prefix */
@@ -356,19 +359,6 @@ static int next_checkpoint(const struct sched *S, const struct job *j) {
  * checkpoint (below): a short shared prefix is cheaper to prefill again than a step. */
 #define SHARED_PREFIX_MIN 128
 
-/* The longest session prefix a free slot holds for j (pick_slot's test), 0 if none. */
-static int free_slot_prefix(const struct sched *S, const struct job *j) {
-    int best = 0;
-    for (int i = 0; i < S->n_slots; i++) {
-        const struct slot *sl = &S->slots[i];
-        if (sl->job) continue;
-        const int L = S->port.seq_length(S->port.ctx, sl->s);
-        const int32_t *t = S->port.seq_tokens(S->port.ctx, sl->s);
-        if (L > best && L < j->n_prompt && memcmp(t, j->prompt, (size_t)L * sizeof *t) == 0) best = L;
-    }
-    return best;
-}
-
 /* The furthest checkpoint a running job a still has to save at or before position lim:
  * next_checkpoint's positions past a->n_fed (turn starts, multiples of cache_interval
  * inside the prompt) and, for a prompt without chat turns, its end; 0 if none. */
@@ -388,11 +378,11 @@ static int checkpoint_ahead(const struct sched *S, const struct job *a, int lim)
 
 /* Whether queued job j should stay queued this step: a running job is prefilling a prefix
  * of j's prompt and will checkpoint it (at least SHARED_PREFIX_MIN tokens beyond what j
- * would restore now), so j admitted after that save restores it instead of prefilling the
+ * would restore now: held, its slot's session prefix (pick_slot), or the store's match), so j admitted after that save restores it instead of prefilling the
  * same tokens beside it. Agents fan out requests that share a long system prompt: each
  * prefilled it again, the first one's checkpoint not yet saved when the rest arrived. A
  * wait ends when that job saves, passes the position, finishes or is cancelled. */
-static bool wait_for_shared_prefix(const struct sched *S, const struct job *j) {
+static bool wait_for_shared_prefix(const struct sched *S, const struct job *j, int held) {
     if (!S->shared_wait || !S->port.cache_save || !S->port.cache_match || j->n_prompt < 2) return false;
     int have = -1;
     for (int i = 0; i < S->n_slots; i++) {
@@ -406,16 +396,16 @@ static bool wait_for_shared_prefix(const struct sched *S, const struct job *j) {
         if (c < SHARED_PREFIX_MIN) continue;
         if (have < 0) { /* only now (a scan of the store): most steps have no checkpoint ahead */
             have = S->port.cache_match(S->port.ctx, j->prompt, j->n_prompt);
-            const int fs = free_slot_prefix(S, j);
-            if (fs > have) have = fs;
+            if (held > have) have = held;
         }
         if (c >= have + SHARED_PREFIX_MIN) return true;
     }
     return false;
 }
 
-/* Picks the free slot for a prompt: longest strict-prefix session, else LRU. */
-static int pick_slot(struct sched *S, const struct job *j) {
+/* Picks the free slot for a prompt: longest strict-prefix session, else LRU; *held: the
+ * prefix of j's prompt that slot's session holds (0: none). */
+static int pick_slot(struct sched *S, const struct job *j, int *held) {
     int best = -1, best_len = -1;
     uint64_t best_used = 0;
     for (int i = 0; i < S->n_slots; i++) {
@@ -432,6 +422,7 @@ static int pick_slot(struct sched *S, const struct job *j) {
             best_used = sl->last_used;
         }
     }
+    *held = best_len > 0 ? best_len : 0;
     return best;
 }
 
@@ -497,9 +488,9 @@ static int load(struct sched *S) {
     /* a prompt's chunk: in the split mode one forward's worth unless told (a lone long prompt
      * then prefills at the backend's best rate: H200, a 4,096-token prompt's first token
      * 0.307 -> 0.130 s, docs/PERFORMANCE.md session 25), else 512 */
-    const bool split_mode = S->opt.batch_invariant && S->port.invariant_tokens > 0;
+    S->split = S->opt.batch_invariant && S->port.invariant_tokens > 0;
     S->chunk = S->opt.prefill_chunk > 0 ? S->opt.prefill_chunk
-               : split_mode && S->port.max_batch_tokens > 0 ? S->port.max_batch_tokens
+               : S->split && S->port.max_batch_tokens > 0 ? S->port.max_batch_tokens
                : 512;
     /* the split mode's prompt tokens a step: one forward's worth unless told (< 0: none) */
     S->step_prompt = S->opt.max_step_prompt > 0 ? S->opt.max_step_prompt
@@ -551,8 +542,9 @@ static void *sched_main(void *arg) {
         S->q_len = 0;
         for (int i = 0; i < nk; i++) {
             struct job *j = keep[i];
-            int si = pick_slot(S, j);
-            if (si < 0 || wait_for_shared_prefix(S, j)) {
+            int held;
+            const int si = pick_slot(S, j, &held);
+            if (si < 0 || wait_for_shared_prefix(S, j, held)) {
                 /* no free slot, or a running job is about to checkpoint j's prefix: stays
                  * queued, in order */
                 if (si >= 0 && !j->waited_prefix) {
@@ -580,7 +572,7 @@ static void *sched_main(void *arg) {
          * sched_plan_invariant cuts the batch into forwards that keep every sequence's
          * alone bits (long prompt chunks packed, short ones alone, one-token rows at most
          * invariant_tokens a forward). */
-        const bool split = S->opt.batch_invariant && S->port.invariant_tokens > 0;
+        const bool split = S->split;
         int nb = 0, np = 0, budget = S->chunk;
         for (int i = 0; i < S->n_slots; i++) {
             struct slot *sl = &S->slots[i];
