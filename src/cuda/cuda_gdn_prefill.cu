@@ -8,10 +8,13 @@
 //      beta = sigmoid(b)). Before, every block of the scan redid this for its head
 //      (8 blocks per head) in the prologue of each 32-token chunk, with dependent global
 //      loads: ~12 µs per chunk, more than half of the scan (docs/PERFORMANCE.md).
-//   2. gdn_scan_prefill: the recurrence of cuda_gdn.cu (same state layout, same per-lane
-//      split of a value row over Dk/8 lanes, same arithmetic order, so results match
-//      the decode form bit for bit) with the next chunk's q, k, v and gates fetched by
-//      cp.async into the other half of a double buffer while the current chunk runs.
+//   2. gdn_scan_prefill: the recurrence of cuda_gdn.cu (same state layout, same math per
+//      token) with the next chunk's q, k, v and gates fetched by cp.async into the other
+//      half of a double buffer while the current chunk runs. A value row is spread over
+//      Dk/8 lanes as in the decode form (same bits), or with ORCHID_GDNP_LPR=4 (prepared,
+//      not yet measured) over 4, so each lane's per-token overhead covers 4× the elements;
+//      its sums are then ordered differently (gdnp_lpr_for: other bits, still independent
+//      of what else is in the batch).
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
@@ -47,19 +50,86 @@ static __global__ void __launch_bounds__(256) gdn_prep_kernel(const float *conv_
 
 /* ---- 2. the scan with a double-buffered chunk ---- */
 
-template <int DK>
+/* Lanes a value row (LPR; the lane keeps E = DK / LPR of the row's state). The one-launch
+ * scan (cuda_gdn.cu) spreads a row over DK / 8 = 16 lanes: per token and lane 8 elements
+ * × 4 operations (decay, S·k, update, S·q) against 2 × 4 shuffle-and-add levels, 4 loads
+ * and the token's bookkeeping — ~64 instructions for 8 elements, and the prefill's scan
+ * was issue-bound (H200, a pack of 8 × 512 tokens: ~1.06 ms a GDN layer, 27 % of the pack).
+ * With 4 lanes a row the same ~20 instructions of overhead cover 32 elements: ~170 for 32
+ * (a row's token 31 → ~21 warp instructions). The order of the sums then differs from the
+ * decode form (its bits are not these), which is allowed: a prompt chunk of more than
+ * `invariant_tokens` tokens takes the GEMMs (other bits than the decode kernels) anyway;
+ * what must hold is that a sequence's bits do not depend on what else is packed, and a
+ * row's arithmetic here depends on nothing but its own tokens (the LPR is a constant, not
+ * the batch's). Opt-in until measured on the card: ORCHID_GDNP_LPR=4 (the default keeps the
+ * decode form's split and bits, and the GPU test then expects the one-launch scan bitwise). */
+static int gdnp_lpr_for(int DK) {
+    static const int env = [] {
+        const char *e = getenv("ORCHID_GDNP_LPR");
+        return e && atoi(e) == 4 ? 4 : 16;
+    }();
+    return env == 16 ? DK / 8 : (DK / 8 < 4 ? DK / 8 : 4);
+}
+
+/* One token for a value row over LPR lanes, E = DK / LPR elements a lane (lane `sub` holds
+ * j = 4·sub + 4·LPR·u + 0..3, u < E / 4: a warp's float4 reads of k and q are contiguous and
+ * the row groups of a warp read the same addresses). Four partial sums a dot product
+ * (the chains interleave), summed (0 + 1) + (2 + 3), then across the row's lanes by xor
+ * shuffles. Where LPR = DK / 8 it is gdn_token itself (the decode form's bits). */
+template <int DK, int LPR>
+__device__ __forceinline__ float gdnp_token(float (&st)[DK / LPR], const float *k, const float *q, int sub, float v, float a,
+                                            float beta) {
+    constexpr int E = DK / LPR;
+    if constexpr (E == 8) {
+        return gdn_token<LPR>(st, k, q, sub, v, a, beta);
+    } else {
+        float kv[E];
+#pragma unroll
+        for (int u = 0; u < E / 4; u++) {
+            const float4 k4 = *reinterpret_cast<const float4 *>(k + 4 * LPR * u + 4 * sub);
+            kv[4 * u] = k4.x; kv[4 * u + 1] = k4.y; kv[4 * u + 2] = k4.z; kv[4 * u + 3] = k4.w;
+        }
+        float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            st[e] *= a;
+            m[e & 3] = fmaf(st[e], kv[e], m[e & 3]);
+        }
+        float mk = (m[0] + m[1]) + (m[2] + m[3]);
+#pragma unroll
+        for (int o = LPR / 2; o > 0; o >>= 1) mk += __shfl_xor_sync(0xffffffffu, mk, o);
+        const float delta = (v - mk) * beta;
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int u = 0; u < E / 4; u++) {
+            const float4 q4 = *reinterpret_cast<const float4 *>(q + 4 * LPR * u + 4 * sub);
+            const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                st[4 * u + i] = fmaf(kv[4 * u + i], delta, st[4 * u + i]);
+                p[i] = fmaf(st[4 * u + i], qv[i], p[i]);
+            }
+        }
+        float o = (p[0] + p[1]) + (p[2] + p[3]);
+#pragma unroll
+        for (int off = LPR / 2; off > 0; off >>= 1) o += __shfl_xor_sync(0xffffffffu, o, off);
+        return o;
+    }
+}
+
+template <int DK, int LPR>
 struct gdnp_buf {
     float q[GDNP_CH][DK];
     float k[GDNP_CH][DK];
-    float v[GDNP_CH][256 / (DK / 8)];
+    float v[GDNP_CH][256 / LPR];
     float g[GDNP_CH][2];
 };
 
 /* Issues the copies of chunk [c0, c0 + n) of head h / row block rb into buffer b. */
-template <int DK>
-__device__ __forceinline__ void gdnp_fetch(gdnp_buf<DK> &b, const float *qk, const float *conv_out, const float *gates,
+template <int DK, int LPR>
+__device__ __forceinline__ void gdnp_fetch(gdnp_buf<DK, LPR> &b, const float *qk, const float *conv_out, const float *gates,
                                            int c0, int n, int T, int kh, int h, int rb, int Hk, int Hv, int Dv) {
-    constexpr int ROWS = 256 / (DK / 8), Q4 = DK / 4, V4 = ROWS / 4;
+    constexpr int ROWS = 256 / LPR, Q4 = DK / 4, V4 = ROWS / 4;
     const int key_dim = Hk * DK, C = 2 * key_dim + Hv * Dv;
     for (int i = threadIdx.x; i < n * 2 * Q4; i += blockDim.x) { /* q then k rows of each token */
         const int tt = i / (2 * Q4), r = i % (2 * Q4), is_k = r / Q4, j = (r % Q4) * 4;
@@ -73,16 +143,19 @@ __device__ __forceinline__ void gdnp_fetch(gdnp_buf<DK> &b, const float *qk, con
     cpa_commit();
 }
 
-template <int DK>
+/* Block = 256 threads over ROWS = 256 / LPR value rows of one head of one sequence, all of
+ * the sequence's tokens of this batch in chunks of GDNP_CH (the next chunk's copies in
+ * flight while this one runs). */
+template <int DK, int LPR>
 static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const float *qk, const float *conv_out,
                                                                       const float *gates, const cuda_seq *seqs,
                                                                       int layer_ord, int T, int Hk, int Hv, int Dv,
                                                                       float *y) {
     TRACE_KERNEL();
-    constexpr int LPR = DK / 8, ROWS = 256 / LPR;
+    constexpr int ROWS = 256 / LPR, E = DK / LPR;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    gdnp_buf<DK> *buf = reinterpret_cast<gdnp_buf<DK> *>(smem_raw);
-    float(*ys)[ROWS] = reinterpret_cast<float(*)[ROWS]>(smem_raw + 2 * sizeof(gdnp_buf<DK>));
+    gdnp_buf<DK, LPR> *buf = reinterpret_cast<gdnp_buf<DK, LPR> *>(smem_raw);
+    float(*ys)[ROWS] = reinterpret_cast<float(*)[ROWS]>(smem_raw + 2 * sizeof(gdnp_buf<DK, LPR>));
     const int rblocks = Dv / ROWS;
     const int h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks;
     const int kh = h / (Hv / Hk);
@@ -91,28 +164,29 @@ static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const floa
     const int rloc = tid / LPR, sub = tid % LPR;
     const int row = rb * ROWS + rloc;
     float *S = s.state + (((size_t)layer_ord * Hv + h) * Dv + row) * DK;
-    float st[8];
+    float st[E];
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
+    for (int u = 0; u < E / 4; u++) {
         const float4 v4 = *reinterpret_cast<const float4 *>(S + 4 * LPR * u + 4 * sub);
         st[4 * u] = v4.x; st[4 * u + 1] = v4.y; st[4 * u + 2] = v4.z; st[4 * u + 3] = v4.w;
     }
-    if (s.t0 < s.t1) gdnp_fetch<DK>(buf[0], qk, conv_out, gates, s.t0, min(GDNP_CH, s.t1 - s.t0), T, kh, h, rb, Hk, Hv, Dv);
+    if (s.t0 < s.t1)
+        gdnp_fetch<DK, LPR>(buf[0], qk, conv_out, gates, s.t0, min(GDNP_CH, s.t1 - s.t0), T, kh, h, rb, Hk, Hv, Dv);
     int cur = 0;
     for (int c0 = s.t0; c0 < s.t1; c0 += GDNP_CH, cur ^= 1) {
         const int n = min(GDNP_CH, s.t1 - c0);
         __syncthreads(); /* everyone is done with buffer cur^1 (the chunk before) and ys */
         if (c0 + GDNP_CH < s.t1) {
-            gdnp_fetch<DK>(buf[cur ^ 1], qk, conv_out, gates, c0 + GDNP_CH, min(GDNP_CH, s.t1 - c0 - GDNP_CH), T, kh, h, rb,
-                           Hk, Hv, Dv);
+            gdnp_fetch<DK, LPR>(buf[cur ^ 1], qk, conv_out, gates, c0 + GDNP_CH, min(GDNP_CH, s.t1 - c0 - GDNP_CH), T, kh, h,
+                                rb, Hk, Hv, Dv);
             cpa_wait<1>();
         } else {
             cpa_wait<0>();
         }
         __syncthreads();
-        const gdnp_buf<DK> &b = buf[cur];
+        const gdnp_buf<DK, LPR> &b = buf[cur];
         for (int tt = 0; tt < n; tt++) {
-            const float o = gdn_token<LPR>(st, b.k[tt], b.q[tt], sub, b.v[tt][rloc], b.g[tt][0], b.g[tt][1]);
+            const float o = gdnp_token<DK, LPR>(st, b.k[tt], b.q[tt], sub, b.v[tt][rloc], b.g[tt][0], b.g[tt][1]);
             if (sub == 0) ys[tt][rloc] = o;
         }
         __syncthreads();
@@ -122,28 +196,53 @@ static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const floa
         }
     }
 #pragma unroll
-    for (int u = 0; u < 2; u++)
-        *reinterpret_cast<float4 *>(S + 4 * LPR * u + 4 * sub) = make_float4(st[4 * u], st[4 * u + 1], st[4 * u + 2], st[4 * u + 3]);
+    for (int u = 0; u < E / 4; u++)
+        *reinterpret_cast<float4 *>(S + 4 * LPR * u + 4 * sub) =
+            make_float4(st[4 * u], st[4 * u + 1], st[4 * u + 2], st[4 * u + 3]);
 }
 
-template <int DK>
+template <int DK, int LPR>
 static size_t gdnp_smem() {
-    return 2 * sizeof(gdnp_buf<DK>) + (size_t)GDNP_CH * (256 / (DK / 8)) * 4;
+    return 2 * sizeof(gdnp_buf<DK, LPR>) + (size_t)GDNP_CH * (256 / LPR) * 4;
+}
+
+/* The instances: DK 128 / 64 with 4 lanes a row or the decode form's DK / 8; DK 32 has
+ * DK / 8 = 4 either way. */
+template <int DK, int LPR>
+static cudaError_t gdnp_attr() {
+    return cudaFuncSetAttribute(gdn_scan_prefill_kernel<DK, LPR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)gdnp_smem<DK, LPR>());
 }
 
 extern "C" int cuda_gdn_prefill_init(char *err, size_t errlen) {
-    cudaError_t e = cudaFuncSetAttribute(gdn_scan_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdnp_smem<128>());
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gdn_scan_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdnp_smem<64>());
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(gdn_scan_prefill_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdnp_smem<32>());
+    cudaError_t e = gdnp_attr<128, 4>();
+    if (e == cudaSuccess) e = gdnp_attr<128, 16>();
+    if (e == cudaSuccess) e = gdnp_attr<64, 4>();
+    if (e == cudaSuccess) e = gdnp_attr<64, 8>();
+    if (e == cudaSuccess) e = gdnp_attr<32, 4>();
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gdn prefill: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     return 0;
 }
 
+/* Lanes a value row the prefill form uses for this key dim (DK / 8: the decode form's bits). */
+extern "C" int cuda_gdn_prefill_lanes(int Dk) { return gdnp_lpr_for(Dk); }
+
 /* Which shapes the two-launch form takes (the rest use cuda_gdn_scan). */
 extern "C" int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv) {
-    return (Dk == 128 || Dk == 64 || Dk == 32) && Hv % Hk == 0 && Dv % (256 / (Dk / 8)) == 0;
+    return (Dk == 128 || Dk == 64 || Dk == 32) && Hv % Hk == 0 && Dv % (256 / gdnp_lpr_for(Dk)) == 0;
+}
+
+template <int DK, int LPR>
+static int gdnp_launch(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
+                       const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
+                       int T, int Hk, int Hv, int Dv, float *qk, float *gates, float *y) {
+    gdn_prep_kernel<DK><<<T, 256, 0, cstream(c)>>>(conv_out, a, b, ldab, A_log, dt_bias, T, Hk, Hv, Dv, qk, gates);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return errorf(c->err, c->errlen, ST_DEVICE, "CUDA launch of gdn_prep failed: %s", cudaGetErrorString(e));
+    const dim3 grid(Hv * (Dv / (256 / LPR)), n_seqs);
+    gdn_scan_prefill_kernel<DK, LPR><<<grid, 256, gdnp_smem<DK, LPR>(), cstream(c)>>>(qk, conv_out, gates, seqs, layer_ord, T,
+                                                                                      Hk, Hv, Dv, y);
+    LAUNCH_CHECK(c, "gdn_scan_prefill");
 }
 
 extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
@@ -152,22 +251,14 @@ extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv
     if (n_seqs <= 0 || T <= 0) return 0;
     if (!cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn prefill: Hk %d Hv %d Dk %d Dv %d", Hk, Hv, Dk, Dv);
-    const int rows = 256 / (Dk / 8);
-    const dim3 grid(Hv * (Dv / rows), n_seqs);
-#define GDNP_LAUNCH(DK)                                                                                                \
-    do {                                                                                                               \
-        gdn_prep_kernel<DK><<<T, 256, 0, cstream(c)>>>(conv_out, a, b, ldab, A_log, dt_bias, T, Hk, Hv, Dv, qk, gates); \
-        cudaError_t e_ = cudaGetLastError();                                                                           \
-        if (e_ != cudaSuccess)                                                                                         \
-            return errorf(c->err, c->errlen, ST_DEVICE, "CUDA launch of gdn_prep failed: %s", cudaGetErrorString(e_)); \
-        gdn_scan_prefill_kernel<DK><<<grid, 256, gdnp_smem<DK>(), cstream(c)>>>(qk, conv_out, gates, seqs, layer_ord, T, Hk, \
-                                                                               Hv, Dv, y);                             \
-    } while (0)
-    if (Dk == 128) GDNP_LAUNCH(128);
-    else if (Dk == 64) GDNP_LAUNCH(64);
-    else GDNP_LAUNCH(32);
-#undef GDNP_LAUNCH
-    LAUNCH_CHECK(c, "gdn_scan_prefill");
+    const bool narrow = gdnp_lpr_for(Dk) == 4;
+    if (Dk == 128)
+        return narrow ? gdnp_launch<128, 4>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y)
+                      : gdnp_launch<128, 16>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
+    if (Dk == 64)
+        return narrow ? gdnp_launch<64, 4>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y)
+                      : gdnp_launch<64, 8>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
+    return gdnp_launch<32, 4>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
 }
 
 CUDA_TRACE_TU(gdn_prefill)

@@ -198,9 +198,12 @@ int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *
                   int Hk, int Hv, int Dk, int Dv, int one_token, int pdl, float *y);
 /* The same recurrence for prefill chunks (cuda_gdn_prefill.cu): a parallel preparation
  * launch (l2-normalised q, k into qk [T][Hk][2][Dk], gates into [Hv][T][2]) and the scan
- * with double-buffered chunks; results equal cuda_gdn_scan bit for bit. */
+ * with double-buffered chunks; the same math as cuda_gdn_scan, summed in another order
+ * (cuda_gdn_prefill_lanes Dk / 8, the default: bit for bit; 4: within 1e-4 of it). */
 int cuda_gdn_prefill_init(char *err, size_t errlen);
 int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv);
+/* lanes a value row in the prefill scan (Dk / 8 by default: the decode form's bits; 4 with ORCHID_GDNP_LPR=4) */
+int cuda_gdn_prefill_lanes(int Dk);
 int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                           const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
                           int T, int Hk, int Hv, int Dk, int Dv, float *qk, float *gates, float *y);
