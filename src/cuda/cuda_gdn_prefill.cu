@@ -64,11 +64,11 @@ static __global__ void __launch_bounds__(256) gdn_prep_kernel(const float *conv_
  * the batch's). Opt-in until measured on the card: ORCHID_GDNP_LPR=4 (the default keeps the
  * decode form's split and bits, and the GPU test then expects the one-launch scan bitwise). */
 static int gdnp_lpr_for(int DK) {
-    static const int env = [] {
+    static const bool narrow = [] {
         const char *e = getenv("ORCHID_GDNP_LPR");
-        return e && atoi(e) == 4 ? 4 : 16;
+        return e && atoi(e) == 4;
     }();
-    return env == 16 ? DK / 8 : (DK / 8 < 4 ? DK / 8 : 4);
+    return narrow && DK / 8 > 4 ? 4 : DK / 8;
 }
 
 /* One token for a value row over LPR lanes, E = DK / LPR elements a lane (lane `sub` holds
@@ -251,14 +251,12 @@ extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv
     if (n_seqs <= 0 || T <= 0) return 0;
     if (!cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn prefill: Hk %d Hv %d Dk %d Dv %d", Hk, Hv, Dk, Dv);
+    /* the instance for (Dk, lanes a row): gdnp_lpr_for gives 4 or Dk / 8 (Dk 32: both 4) */
     const bool narrow = gdnp_lpr_for(Dk) == 4;
-    if (Dk == 128)
-        return narrow ? gdnp_launch<128, 4>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y)
-                      : gdnp_launch<128, 16>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
-    if (Dk == 64)
-        return narrow ? gdnp_launch<64, 4>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y)
-                      : gdnp_launch<64, 8>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
-    return gdnp_launch<32, 4>(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
+    const auto launch = Dk == 128 ? (narrow ? gdnp_launch<128, 4> : gdnp_launch<128, 16>)
+                        : Dk == 64 ? (narrow ? gdnp_launch<64, 4> : gdnp_launch<64, 8>)
+                                   : gdnp_launch<32, 4>;
+    return launch(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
 }
 
 CUDA_TRACE_TU(gdn_prefill)
