@@ -11,18 +11,23 @@
 //   2. gdn_scan_prefill: the recurrence of cuda_gdn.cu (same state layout, same math per
 //      token) with the next chunk's q, k, v and gates fetched by cp.async into the other
 //      half of a double buffer while the current chunk runs. A value row is spread over
-//      Dk/8 lanes as in the decode form (same bits), or with ORCHID_GDNP_LPR=4 or 8 (prepared,
-//      being measured) over 4 or 8, so each lane's per-token overhead covers more elements;
-//      its sums are then ordered differently (gdnp_lpr_for: other bits, still independent
-//      of what else is in the batch).
+//      4 lanes (the decode form spreads it over Dk/8: 16 at Dk 128), so each lane's
+//      per-token overhead covers 4x the elements; its sums are ordered differently from
+//      the decode form's (gdnp_lpr_for: other bits, still independent of what else is in
+//      the batch). H100, a pack of 8 x 512 tokens: the scan 1,082 -> 732 us a GDN layer,
+//      the pack 117.4 -> 107.0 ms (docs/PERFORMANCE.md, session 27).
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
 
-/* Tokens a staged chunk. 16: a block's two buffers then take ~36 KB, six blocks an SM (40
- * registers a thread), where 32 (~71 KB) allowed three: a packed prefill of 8 × 512 tokens
- * has 2,048 blocks of 512 sequential tokens each, bound by how many run at once. */
+/* Tokens a staged chunk. 16: with the decode form's split a block's two buffers take ~36
+ * KB, six blocks an SM (40 registers a thread), where 32 (~71 KB) allowed three: a packed
+ * prefill of 8 × 512 tokens has 2,048 blocks of 512 sequential tokens each, bound by how
+ * many run at once. With 4 lanes a row (512 blocks, ~44 KB each) the registers allow two
+ * an SM either way. (-DGDNP_CH=32: the A/B build.) */
+#ifndef GDNP_CH
 #define GDNP_CH 16
+#endif
 
 /* ---- 1. preparation ---- */
 
@@ -53,26 +58,24 @@ static __global__ void __launch_bounds__(256) gdn_prep_kernel(const float *conv_
 /* Lanes a value row (LPR; the lane keeps E = DK / LPR of the row's state). The one-launch
  * scan (cuda_gdn.cu) spreads a row over DK / 8 = 16 lanes: per token and lane 8 elements
  * × 4 operations (decay, S·k, update, S·q) against 2 × 4 shuffle-and-add levels, 4 loads
- * and the token's bookkeeping — ~64 instructions for 8 elements, and the prefill's scan
- * was issue-bound (H200, a pack of 8 × 512 tokens: ~1.06 ms a GDN layer, 27 % of the pack).
- * With 4 lanes a row the same ~20 instructions of overhead cover 32 elements: ~170 for 32
- * (a row's token 31 → ~21 warp instructions); 8 lanes a row sit between (~100 for 16, ~25
- * a row's token, at ~half the 4-lane form's registers: twice its blocks an SM; ptxas: 105
- * registers at 4 lanes, 56 at 8, 40 at 16). The order of the sums then differs from the
- * decode form (its bits are not these), which is allowed: a prompt chunk of more than
- * `invariant_tokens` tokens takes the GEMMs (other bits than the decode kernels) anyway;
- * what must hold is that a sequence's bits do not depend on what else is packed, and a
- * row's arithmetic here depends on nothing but its own tokens (the LPR is a constant, not
- * the batch's). Opt-in until measured on the card: ORCHID_GDNP_LPR=4 or 8 (the default
- * keeps the decode form's split and bits, and the GPU test then expects the one-launch
- * scan bitwise). */
+ * and the token's bookkeeping — ~64 instructions for 8 elements; that split here was
+ * issue-bound (a pack of 8 × 512 tokens: ~1.08 ms a GDN layer, 26 % of the pack). With 4
+ * lanes a row the same ~20 instructions of overhead cover 32 elements: ~170 for 32 (a
+ * row's token 32 → ~21 warp instructions) at 105 registers (two blocks an SM, against six):
+ * 732 µs a layer on the H100 (8 lanes a row, 56 registers and four blocks an SM: 832 µs;
+ * session 27). The order of the sums then differs from the decode form (its bits are not
+ * these), which is allowed: a prompt chunk of more than `invariant_tokens` tokens takes the
+ * GEMMs (other bits than the decode kernels) anyway; what must hold is that a sequence's
+ * bits do not depend on what else is packed, and a row's arithmetic here depends on nothing
+ * but its own tokens (the LPR is a constant, not the batch's). ORCHID_GDNP_LPR=16 (any
+ * value of at least DK / 8) keeps the decode form's split and bits (A/B; the GPU test then
+ * expects the one-launch scan bitwise). */
 static int gdnp_lpr_for(int DK) {
-    static const int want = [] {
+    static const bool decode_split = [] {
         const char *e = getenv("ORCHID_GDNP_LPR");
-        const int v = e ? atoi(e) : 0;
-        return v == 4 || v == 8 ? v : 0;
+        return e && atoi(e) >= 16;
     }();
-    return want && DK / 8 > want ? want : DK / 8;
+    return decode_split || DK / 8 <= 4 ? DK / 8 : 4;
 }
 
 /* One token for a value row over LPR lanes, E = DK / LPR elements a lane (lane `sub` holds
@@ -210,8 +213,8 @@ static size_t gdnp_smem() {
     return 2 * sizeof(gdnp_buf<DK, LPR>) + (size_t)GDNP_CH * (256 / LPR) * 4;
 }
 
-/* The instances: DK 128 with 4, 8 or the decode form's DK / 8 = 16 lanes a row, DK 64 with
- * 4 or its DK / 8 = 8; DK 32 has DK / 8 = 4 either way. */
+/* The instances: DK 128 / 64 with 4 lanes a row or the decode form's DK / 8; DK 32 has
+ * DK / 8 = 4 either way. */
 template <int DK, int LPR>
 static cudaError_t gdnp_attr() {
     return cudaFuncSetAttribute(gdn_scan_prefill_kernel<DK, LPR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -220,7 +223,6 @@ static cudaError_t gdnp_attr() {
 
 extern "C" int cuda_gdn_prefill_init(char *err, size_t errlen) {
     cudaError_t e = gdnp_attr<128, 4>();
-    if (e == cudaSuccess) e = gdnp_attr<128, 8>();
     if (e == cudaSuccess) e = gdnp_attr<128, 16>();
     if (e == cudaSuccess) e = gdnp_attr<64, 4>();
     if (e == cudaSuccess) e = gdnp_attr<64, 8>();
@@ -256,10 +258,10 @@ extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv
     if (n_seqs <= 0 || T <= 0) return 0;
     if (!cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn prefill: Hk %d Hv %d Dk %d Dv %d", Hk, Hv, Dk, Dv);
-    /* the instance for (Dk, lanes a row): gdnp_lpr_for gives 4, 8 or Dk / 8 (Dk 32: 4) */
-    const int lpr = gdnp_lpr_for(Dk);
-    const auto launch = Dk == 128 ? (lpr == 4 ? gdnp_launch<128, 4> : lpr == 8 ? gdnp_launch<128, 8> : gdnp_launch<128, 16>)
-                        : Dk == 64 ? (lpr == 4 ? gdnp_launch<64, 4> : gdnp_launch<64, 8>)
+    /* the instance for (Dk, lanes a row): gdnp_lpr_for gives 4 or Dk / 8 (Dk 32: both 4) */
+    const bool narrow = gdnp_lpr_for(Dk) == 4;
+    const auto launch = Dk == 128 ? (narrow ? gdnp_launch<128, 4> : gdnp_launch<128, 16>)
+                        : Dk == 64 ? (narrow ? gdnp_launch<64, 4> : gdnp_launch<64, 8>)
                                    : gdnp_launch<32, 4>;
     return launch(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
 }

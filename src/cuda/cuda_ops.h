@@ -202,7 +202,7 @@ int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *
  * (cuda_gdn_prefill_lanes Dk / 8, the default: bit for bit; 4: within 1e-4 of it). */
 int cuda_gdn_prefill_init(char *err, size_t errlen);
 int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv);
-/* lanes a value row in the prefill scan (Dk / 8 by default: the decode form's bits; 4 or 8 with ORCHID_GDNP_LPR=4 / 8) */
+/* lanes a value row in the prefill scan (4 by default; Dk / 8, the decode form's bits, with ORCHID_GDNP_LPR=16) */
 int cuda_gdn_prefill_lanes(int Dk);
 int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                           const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,

@@ -860,8 +860,8 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
     OK(cuda_conv1d(&ctx, dqkv, dw, dts, dseq, n_seqs, 0, T, C, K, dco));
     /* the prefill form (cuda_gdn_prefill.cu) on a copy of the initial states: with the decode
      * form's Dk / 8 lanes a row it must equal the one-launch scan bit for bit (same arithmetic,
-     * only the preparation moved: the default); with fewer (ORCHID_GDNP_LPR=4 or 8: its sums in
-     * another order) only to the CPU reference, like the one-launch scan, below — which both forms meet */
+     * only the preparation moved: ORCHID_GDNP_LPR=16, and Dk 32); with 4 at Dk 64 / 128 (the
+     * default: its sums in another order) only to the CPU reference, like the one-launch scan, below — which both forms meet */
     const int pre = cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv);
     float *dS2 = NULL, *dy2 = NULL, *dqk = NULL, *dgt = NULL, *pre_y = NULL, *pre_S = NULL;
     struct cuda_seq *dseq2 = NULL;
