@@ -15,6 +15,7 @@
 #define SPAD 72 /* shared row stride in bf16: 144 B, conflict-free ldmatrix */
 #define GEMM_THREADS 256
 #define GEMM_SMEM ((2 * BM * SPAD + 2 * BN * SPAD) * 2)
+#define GEMM_SMEM_PREC (2 * GEMM_SMEM) /* the fused precise form: the low parts' tiles too */
 
 
 __device__ __forceinline__ void ldsm_x4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
@@ -100,12 +101,35 @@ __device__ __forceinline__ void store_b(const bregs<BITS> &r, uint16_t *dst /* 3
     }
 }
 
-template <int BITS, bool SWIGLU, bool WLO>
+/* A fragments of the warp's two m-tiles and B fragments of its four n-tiles, k16 step
+ * k16 of a staged [rows][SPAD] tile (ldmatrix; the layouts mma_bf16 takes). */
+__device__ __forceinline__ void ld_a_frags(const uint16_t *Ac, int wm, int lane, int k16, uint32_t (&af)[2][4]) {
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+        ldsm_x4(Ac + (wm * 32 + mi * 16 + (lane & 15)) * SPAD + k16 * 16 + (lane >> 4) * 8, af[mi][0], af[mi][1], af[mi][2],
+                af[mi][3]);
+}
+__device__ __forceinline__ void ld_b_frags(const uint16_t *Bc, int wn, int lane, int k16, uint32_t (&bfr)[4][2]) {
+#pragma unroll
+    for (int p = 0; p < 2; p++)
+        ldsm_x4(Bc + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * SPAD + k16 * 16 + ((lane >> 3) & 1) * 8,
+                bfr[2 * p][0], bfr[2 * p][1], bfr[2 * p + 1][0], bfr[2 * p + 1][1]);
+}
+
+/* PREC: cuda_gemm_precise's three products in one pass — x_hi·W_hi, x_lo·W_hi and x_hi·W_lo,
+ * each into its own accumulator (acc, acc_l, acc_w), added in that order at the end as the
+ * three launches of the old form added them into y: the same bits, one launch instead of
+ * three, W dequantized once into both parts (hi = bf16(w), lo = bf16(w − hi)). Shared
+ * memory doubles: As / Bs then As_lo / Bs_lo. */
+template <int BITS, bool SWIGLU, bool WLO, bool PREC = false>
 static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a) {
     TRACE_KERNEL();
+    static_assert(!(PREC && (SWIGLU || WLO)), "the fused precise form is dense, its residual part built in");
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *As = smem;                   /* [2][BM][SPAD] */
     uint16_t *Bs = smem + 2 * BM * SPAD;   /* [2][BN][SPAD] */
+    uint16_t *As_lo = Bs + 2 * BN * SPAD;  /* PREC: [2][BM][SPAD] x_lo */
+    uint16_t *Bs_lo = As_lo + 2 * BM * SPAD; /* PREC: [2][BN][SPAD] W_lo */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
 
@@ -124,7 +148,7 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
     }
 
     /* A rows this thread copies: chunks tid and tid + 256 of the 64 × 8 chunk grid. */
-    const uint16_t *a_src[2];
+    const uint16_t *a_src[2], *a_src_lo[2];
     bool a_ok[2];
     int a_row[2], a_ch[2];
 #pragma unroll
@@ -136,6 +160,7 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
         a_ok[i] = gr < m_end;
         const int src = a_ok[i] ? (a.a_rows ? a.a_rows[gr] : gr) : 0;
         a_src[i] = a.x + (size_t)src * a.ldx + a_ch[i] * 8;
+        a_src_lo[i] = PREC ? a.x_lo + (size_t)src * a.ldx + a_ch[i] * 8 : NULL;
     }
 
     /* B row this thread dequantizes: shared row tid/2, half tid%2. */
@@ -155,22 +180,26 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
     const uint16_t *b_sc = bm->scales + abs_row * (size_t)(a.K / QGROUP);
     const uint16_t *b_bi = bm->biases + abs_row * (size_t)(a.K / QGROUP);
 
-    float acc[2][4][4];
+    float acc[2][4][4], acc_l[2][4][4], acc_w[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) acc[i][j][k] = 0.0f;
+            for (int k = 0; k < 4; k++) acc[i][j][k] = acc_l[i][j][k] = acc_w[i][j][k] = 0.0f;
 
     const int nk = a.K / BK;
     bregs<BITS> br;
     /* prologue: stage 0 */
 #pragma unroll
-    for (int i = 0; i < 2; i++) cpa16z(As + a_row[i] * SPAD + a_ch[i] * 8, a_ok[i] ? (const void *)a_src[i] : (const void *)a.x, a_ok[i]);
+    for (int i = 0; i < 2; i++) {
+        cpa16z(As + a_row[i] * SPAD + a_ch[i] * 8, a_ok[i] ? (const void *)a_src[i] : (const void *)a.x, a_ok[i]);
+        if (PREC) cpa16z(As_lo + a_row[i] * SPAD + a_ch[i] * 8, a_ok[i] ? (const void *)a_src_lo[i] : (const void *)a.x, a_ok[i]);
+    }
     cpa_commit();
     load_b<BITS>(br, b_codes, b_sc, b_bi, b_ok, 0, b_half);
     store_b<BITS, WLO>(br, Bs + b_n * SPAD + b_half * 32);
+    if (PREC) store_b<BITS, true>(br, Bs_lo + b_n * SPAD + b_half * 32);
     cpa_wait<0>();
     __syncthreads();
 
@@ -180,9 +209,13 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
         if (more) {
             uint16_t *An = As + (buf ^ 1) * BM * SPAD;
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+            for (int i = 0; i < 2; i++) {
                 cpa16z(An + a_row[i] * SPAD + a_ch[i] * 8,
                            a_ok[i] ? (const void *)(a_src[i] + (kt + 1) * BK) : (const void *)a.x, a_ok[i]);
+                if (PREC)
+                    cpa16z(An + 2 * (BM + BN) * SPAD + a_row[i] * SPAD + a_ch[i] * 8,
+                           a_ok[i] ? (const void *)(a_src_lo[i] + (kt + 1) * BK) : (const void *)a.x, a_ok[i]);
+            }
             cpa_commit();
             load_b<BITS>(br, b_codes, b_sc, b_bi, b_ok, kt + 1, b_half);
         }
@@ -190,29 +223,29 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
         const uint16_t *Bc = Bs + buf * BN * SPAD;
 #pragma unroll
         for (int k16 = 0; k16 < BK / 16; k16++) {
-            uint32_t af[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-                ldsm_x4(Ac + (wm * 32 + mi * 16 + (lane & 15)) * SPAD + k16 * 16 + (lane >> 4) * 8, af[mi][0], af[mi][1],
-                        af[mi][2], af[mi][3]);
-            uint32_t bfr[4][2];
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                uint32_t r0, r1, r2, r3;
-                ldsm_x4(Bc + (wn * 32 + p * 16 + (lane & 7) + (lane >> 4) * 8) * SPAD + k16 * 16 + ((lane >> 3) & 1) * 8,
-                        r0, r1, r2, r3);
-                bfr[2 * p][0] = r0;
-                bfr[2 * p][1] = r1;
-                bfr[2 * p + 1][0] = r2;
-                bfr[2 * p + 1][1] = r3;
-            }
+            uint32_t af[2][4], bfr[4][2];
+            ld_a_frags(Ac, wm, lane, k16, af);
+            ld_b_frags(Bc, wn, lane, k16, bfr);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                 for (int ni = 0; ni < 4; ni++) mma_bf16(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+            if (PREC) {
+                uint32_t af_lo[2][4], bfr_lo[4][2];
+                ld_a_frags(As_lo + buf * BM * SPAD, wm, lane, k16, af_lo);
+                ld_b_frags(Bs_lo + buf * BN * SPAD, wn, lane, k16, bfr_lo);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) {
+                        mma_bf16(acc_l[mi][ni], af_lo[mi], bfr[ni][0], bfr[ni][1]);
+                        mma_bf16(acc_w[mi][ni], af[mi], bfr_lo[ni][0], bfr_lo[ni][1]);
+                    }
+            }
         }
         if (more) {
             store_b<BITS, WLO>(br, Bs + (buf ^ 1) * BN * SPAD + b_n * SPAD + b_half * 32);
+            if (PREC) store_b<BITS, true>(br, Bs_lo + (buf ^ 1) * BN * SPAD + b_n * SPAD + b_half * 32);
             cpa_wait<0>();
         }
         __syncthreads();
@@ -245,7 +278,9 @@ static __global__ void __launch_bounds__(GEMM_THREADS) gemm_q_kernel(gemm_args a
                     for (int e = 0; e < 2; e++) {
                         if (col + e >= a.N) continue;
                         const float v = acc[mi][ni][hr * 2 + e];
-                        dst[e] = a.accumulate ? dst[e] + v : v;
+                        float o = a.accumulate ? dst[e] + v : v;
+                        if (PREC) o = (o + acc_l[mi][ni][hr * 2 + e]) + acc_w[mi][ni][hr * 2 + e];
+                        dst[e] = o;
                     }
                 }
             }
@@ -262,13 +297,17 @@ extern "C" int cuda_gemm_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(gemm_q_kernel<8, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMM_SMEM);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(gemm_q_kernel<4, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMM_SMEM);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(gemm_q_kernel<8, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMM_SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gemm_q_kernel<4, false, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMM_SMEM_PREC);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gemm_q_kernel<8, false, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMM_SMEM_PREC);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     return gemm_wg_init(err, errlen);
 }
 
-template <int BITS, bool SWIGLU, bool WLO>
+template <int BITS, bool SWIGLU, bool WLO, bool PREC = false>
 static int launch_gemm(const struct cuda_ctx *c, const gemm_args &a, dim3 grid, const char *what) {
-    gemm_q_kernel<BITS, SWIGLU, WLO><<<grid, GEMM_THREADS, GEMM_SMEM, cstream(c)>>>(a);
+    gemm_q_kernel<BITS, SWIGLU, WLO, PREC><<<grid, GEMM_THREADS, PREC ? GEMM_SMEM_PREC : GEMM_SMEM, cstream(c)>>>(a);
     LAUNCH_CHECK(c, what);
 }
 
@@ -320,9 +359,41 @@ extern "C" int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat 
 
 /* y (+)= x·Wᵀ to ~fp32 accuracy on the tensor cores: x = x_hi + x_lo and W = W_hi + W_lo
  * split into bf16 parts, y = x_hi·W_hi + x_lo·W_hi + x_hi·W_lo (the lo·lo term, ~2^-18
- * relative, is dropped). For the router, where a rounding-sized error can flip an expert. */
+ * relative, is dropped). For the router, where a rounding-sized error can flip an expert.
+ * One launch of gemm_q_kernel's PREC form where the first product would take the mma.sync
+ * kernel anyway (the checkpoint's 8-bit router and shared-expert gate): the same sums in
+ * the same order as three launches, W read and dequantized once. A 4-bit matrix whose
+ * x·W the wgmma form takes keeps the three launches (that form's bits).
+ * ORCHID_NO_PRECISE_FUSED=1, or cuda_gemm_precise_fused(0) (the GPU test's bitwise check):
+ * three launches always. */
+static int precise_fused = -1; /* -1: from the environment at the first call */
+
+extern "C" void cuda_gemm_precise_fused(int on) { precise_fused = on ? 1 : 0; }
+
 extern "C" int cuda_gemm_precise(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x_hi,
                                  const uint16_t *x_lo, int T, int ldx, float *y, int ldy, int accumulate) {
+    if (precise_fused < 0) {
+        const char *e = getenv("ORCHID_NO_PRECISE_FUSED");
+        precise_fused = e && atoi(e) == 1 ? 0 : 1;
+    }
+    const bool three = !precise_fused;
+    if (T <= 0) return 0;
+    {
+        gemm_args a = args_for(x_hi, ldx, T, m);
+        a.b1 = *m;
+        a.y = y;
+        a.ldy = ldy;
+        a.accumulate = accumulate;
+        if (!three && !gemm_wg_usable(a, false)) {
+            if (a.K % BK != 0) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gemm_precise: K = %d is not a multiple of %d", a.K, BK);
+            if (a.ldx % 8 != 0) return errorf(c->err, c->errlen, ST_INTERNAL, "gemm_precise: ldx %d not a multiple of 8", a.ldx);
+            a.x_lo = x_lo;
+            const dim3 grid((m->rows + BN - 1) / BN, (T + BM - 1) / BM);
+            if (m->bits == 8) return launch_gemm<8, false, false, true>(c, a, grid, "gemm_precise");
+            if (m->bits == 4) return launch_gemm<4, false, false, true>(c, a, grid, "gemm_precise");
+            return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gemm_precise: %d-bit weights", m->bits);
+        }
+    }
     int rc = cuda_gemm_dense(c, m, 0, x_hi, T, ldx, y, ldy, accumulate);
     if (!rc) rc = cuda_gemm_dense(c, m, 0, x_lo, T, ldx, y, ldy, 1);
     if (rc || T <= 0) return rc;

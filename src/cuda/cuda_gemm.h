@@ -24,6 +24,7 @@ struct gemm_args {
     int max_tiles;
     int tile_rows; /* grouped: the route's slots a tile (64 or 128) */
     int wlo; /* dequantize the rounding residual w - bf16(w) instead of w (precise passes) */
+    const uint16_t *x_lo; /* the fused precise form: x's low part, [M, ldx] as x */
 };
 
 /* Slots a route tile holds for the prefill GEMMs (cuda_moe_route_build's tile_rows): the

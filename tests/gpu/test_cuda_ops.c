@@ -508,6 +508,23 @@ static void test_gemm_precise(int bits, int rows, int cols, int T) {
     D2H(got, dy, (size_t)T * rows * 4);
     const double e = rel_err(got, ref, (size_t)T * rows);
     CHECK(e <= 2e-5, "gemm_precise %d-bit %dx%d T=%d: rel err %.3g", bits, rows, cols, T, e);
+    /* the fused one-launch form (the default where x·W is not the wgmma form's) against the
+     * three launches it replaces: bit for bit, also when accumulating onto y */
+    float *three = malloc((size_t)T * rows * 4), *acc1 = malloc((size_t)T * rows * 4), *acc3 = malloc((size_t)T * rows * 4);
+    cuda_gemm_precise_fused(0);
+    OK(cuda_gemm_precise(&ctx, &m.d, dh, dl, T, cols, dy, rows, 0));
+    D2H(three, dy, (size_t)T * rows * 4);
+    OK(cuda_gemm_precise(&ctx, &m.d, dh, dl, T, cols, dy, rows, 1));
+    D2H(acc3, dy, (size_t)T * rows * 4);
+    cuda_gemm_precise_fused(1);
+    H2D(dy, three, (size_t)T * rows * 4);
+    OK(cuda_gemm_precise(&ctx, &m.d, dh, dl, T, cols, dy, rows, 1));
+    D2H(acc1, dy, (size_t)T * rows * 4);
+    CHECK(!memcmp(got, three, (size_t)T * rows * 4), "gemm_precise %d-bit %dx%d T=%d: one launch differs from three", bits,
+          rows, cols, T);
+    CHECK(!memcmp(acc1, acc3, (size_t)T * rows * 4), "gemm_precise %d-bit %dx%d T=%d accumulating: one launch differs from three",
+          bits, rows, cols, T);
+    free(three); free(acc1); free(acc3);
     free(xf); free(ref); free(got); free(hi); free(lo); cuda_free(dh); cuda_free(dl); cuda_free(dy); rq_free(&m);
 }
 
@@ -1346,6 +1363,7 @@ int main(void) {
     test_gemm_precise(8, 256, 2048, 300);
     test_gemm_precise(8, 1, 2048, 40);
     test_gemm_precise(4, 200, 512, 17);
+    test_gemm_precise(4, 200, 448, 70); /* K not a multiple of 512: the mma.sync form, fused */
     test_swiglu(512, 2048, 100, 0);
     test_swiglu(64, 128, 37, 0);
     test_swiglu(512, 2048, 300, 0);
