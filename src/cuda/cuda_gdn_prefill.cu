@@ -124,19 +124,20 @@ __device__ __forceinline__ float gdnp_token(float (&st)[DK / LPR], const float *
     }
 }
 
-template <int DK, int LPR>
+/* A block's staged chunk: q and k of its key head, v of its ROWS value rows, the gates. */
+template <int DK, int ROWS>
 struct gdnp_buf {
     float q[GDNP_CH][DK];
     float k[GDNP_CH][DK];
-    float v[GDNP_CH][256 / LPR];
+    float v[GDNP_CH][ROWS];
     float g[GDNP_CH][2];
 };
 
 /* Issues the copies of chunk [c0, c0 + n) of head h / row block rb into buffer b. */
-template <int DK, int LPR>
-__device__ __forceinline__ void gdnp_fetch(gdnp_buf<DK, LPR> &b, const float *qk, const float *conv_out, const float *gates,
+template <int DK, int ROWS>
+__device__ __forceinline__ void gdnp_fetch(gdnp_buf<DK, ROWS> &b, const float *qk, const float *conv_out, const float *gates,
                                            int c0, int n, int T, int kh, int h, int rb, int Hk, int Hv, int Dv) {
-    constexpr int ROWS = 256 / LPR, Q4 = DK / 4, V4 = ROWS / 4;
+    constexpr int Q4 = DK / 4, V4 = ROWS / 4;
     const int key_dim = Hk * DK, C = 2 * key_dim + Hv * Dv;
     for (int i = threadIdx.x; i < n * 2 * Q4; i += blockDim.x) { /* q then k rows of each token */
         const int tt = i / (2 * Q4), r = i % (2 * Q4), is_k = r / Q4, j = (r % Q4) * 4;
@@ -150,19 +151,22 @@ __device__ __forceinline__ void gdnp_fetch(gdnp_buf<DK, LPR> &b, const float *qk
     cpa_commit();
 }
 
-/* Block = 256 threads over ROWS = 256 / LPR value rows of one head of one sequence, all of
- * the sequence's tokens of this batch in chunks of GDNP_CH (the next chunk's copies in
- * flight while this one runs). */
-template <int DK, int LPR>
-static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const float *qk, const float *conv_out,
+/* Block = THREADS threads over ROWS = THREADS / LPR value rows of one head of one sequence,
+ * all of the sequence's tokens of this batch in chunks of GDNP_CH (the next chunk's copies in
+ * flight while this one runs). A row's arithmetic does not depend on THREADS (only on LPR),
+ * so the launch may pick it from the batch's shape without changing any bits: 256 when the
+ * batch has blocks enough to fill the SMs, 64 for few sequences (one 4,096-token prompt:
+ * 64 blocks of 64 rows would leave half the SMs idle; 256 blocks of 16 rows do not). */
+template <int DK, int LPR, int THREADS>
+static __global__ void __launch_bounds__(THREADS) gdn_scan_prefill_kernel(const float *qk, const float *conv_out,
                                                                       const float *gates, const cuda_seq *seqs,
                                                                       int layer_ord, int T, int Hk, int Hv, int Dv,
                                                                       float *y) {
     TRACE_KERNEL();
-    constexpr int ROWS = 256 / LPR, E = DK / LPR;
+    constexpr int ROWS = THREADS / LPR, E = DK / LPR;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    gdnp_buf<DK, LPR> *buf = reinterpret_cast<gdnp_buf<DK, LPR> *>(smem_raw);
-    float(*ys)[ROWS] = reinterpret_cast<float(*)[ROWS]>(smem_raw + 2 * sizeof(gdnp_buf<DK, LPR>));
+    gdnp_buf<DK, ROWS> *buf = reinterpret_cast<gdnp_buf<DK, ROWS> *>(smem_raw);
+    float(*ys)[ROWS] = reinterpret_cast<float(*)[ROWS]>(smem_raw + 2 * sizeof(gdnp_buf<DK, ROWS>));
     const int rblocks = Dv / ROWS;
     const int h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks;
     const int kh = h / (Hv / Hk);
@@ -178,20 +182,20 @@ static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const floa
         st[4 * u] = v4.x; st[4 * u + 1] = v4.y; st[4 * u + 2] = v4.z; st[4 * u + 3] = v4.w;
     }
     if (s.t0 < s.t1)
-        gdnp_fetch<DK, LPR>(buf[0], qk, conv_out, gates, s.t0, min(GDNP_CH, s.t1 - s.t0), T, kh, h, rb, Hk, Hv, Dv);
+        gdnp_fetch<DK, ROWS>(buf[0], qk, conv_out, gates, s.t0, min(GDNP_CH, s.t1 - s.t0), T, kh, h, rb, Hk, Hv, Dv);
     int cur = 0;
     for (int c0 = s.t0; c0 < s.t1; c0 += GDNP_CH, cur ^= 1) {
         const int n = min(GDNP_CH, s.t1 - c0);
         __syncthreads(); /* everyone is done with buffer cur^1 (the chunk before) and ys */
         if (c0 + GDNP_CH < s.t1) {
-            gdnp_fetch<DK, LPR>(buf[cur ^ 1], qk, conv_out, gates, c0 + GDNP_CH, min(GDNP_CH, s.t1 - c0 - GDNP_CH), T, kh, h,
+            gdnp_fetch<DK, ROWS>(buf[cur ^ 1], qk, conv_out, gates, c0 + GDNP_CH, min(GDNP_CH, s.t1 - c0 - GDNP_CH), T, kh, h,
                                 rb, Hk, Hv, Dv);
             cpa_wait<1>();
         } else {
             cpa_wait<0>();
         }
         __syncthreads();
-        const gdnp_buf<DK, LPR> &b = buf[cur];
+        const gdnp_buf<DK, ROWS> &b = buf[cur];
         for (int tt = 0; tt < n; tt++) {
             const float o = gdnp_token<DK, LPR>(st, b.k[tt], b.q[tt], sub, b.v[tt][rloc], b.g[tt][0], b.g[tt][1]);
             if (sub == 0) ys[tt][rloc] = o;
@@ -208,25 +212,33 @@ static __global__ void __launch_bounds__(256) gdn_scan_prefill_kernel(const floa
             make_float4(st[4 * u], st[4 * u + 1], st[4 * u + 2], st[4 * u + 3]);
 }
 
-template <int DK, int LPR>
+template <int DK, int ROWS>
 static size_t gdnp_smem() {
-    return 2 * sizeof(gdnp_buf<DK, LPR>) + (size_t)GDNP_CH * (256 / LPR) * 4;
+    return 2 * sizeof(gdnp_buf<DK, ROWS>) + (size_t)GDNP_CH * ROWS * 4;
 }
 
 /* The instances: DK 128 / 64 with 4 lanes a row or the decode form's DK / 8; DK 32 has
  * DK / 8 = 4 either way. */
-template <int DK, int LPR>
+template <int DK, int LPR, int THREADS>
 static cudaError_t gdnp_attr() {
-    return cudaFuncSetAttribute(gdn_scan_prefill_kernel<DK, LPR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)gdnp_smem<DK, LPR>());
+    return cudaFuncSetAttribute(gdn_scan_prefill_kernel<DK, LPR, THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)gdnp_smem<DK, THREADS / LPR>());
 }
 
+static int gdnp_sms = 132; /* multiprocessors (cuda_gdn_prefill_init): the block-size choice */
+
 extern "C" int cuda_gdn_prefill_init(char *err, size_t errlen) {
-    cudaError_t e = gdnp_attr<128, 4>();
-    if (e == cudaSuccess) e = gdnp_attr<128, 16>();
-    if (e == cudaSuccess) e = gdnp_attr<64, 4>();
-    if (e == cudaSuccess) e = gdnp_attr<64, 8>();
-    if (e == cudaSuccess) e = gdnp_attr<32, 4>();
+    cudaError_t e = gdnp_attr<128, 4, 256>();
+    if (e == cudaSuccess) e = gdnp_attr<128, 4, 64>();
+    if (e == cudaSuccess) e = gdnp_attr<128, 16, 256>();
+    if (e == cudaSuccess) e = gdnp_attr<64, 4, 256>();
+    if (e == cudaSuccess) e = gdnp_attr<64, 4, 64>();
+    if (e == cudaSuccess) e = gdnp_attr<64, 8, 256>();
+    if (e == cudaSuccess) e = gdnp_attr<32, 4, 256>();
+    int dev = 0, sms = 0;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess && sms > 0) gdnp_sms = sms;
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gdn prefill: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     return 0;
 }
@@ -237,18 +249,20 @@ extern "C" int cuda_gdn_prefill_lanes(int Dk) { return gdnp_lpr_for(Dk); }
 /* Which shapes the two-launch form takes (the rest use cuda_gdn_scan). */
 extern "C" int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv) {
     return (Dk == 128 || Dk == 64 || Dk == 32) && Hv % Hk == 0 && Dv % (256 / gdnp_lpr_for(Dk)) == 0;
+    /* (256 / LPR rows a block; the 64-thread blocks take a quarter of that, which divides too) */
 }
 
-template <int DK, int LPR>
+template <int DK, int LPR, int THREADS>
 static int gdnp_launch(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                        const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
                        int T, int Hk, int Hv, int Dv, float *qk, float *gates, float *y) {
     gdn_prep_kernel<DK><<<T, 256, 0, cstream(c)>>>(conv_out, a, b, ldab, A_log, dt_bias, T, Hk, Hv, Dv, qk, gates);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return errorf(c->err, c->errlen, ST_DEVICE, "CUDA launch of gdn_prep failed: %s", cudaGetErrorString(e));
-    const dim3 grid(Hv * (Dv / (256 / LPR)), n_seqs);
-    gdn_scan_prefill_kernel<DK, LPR><<<grid, 256, gdnp_smem<DK, LPR>(), cstream(c)>>>(qk, conv_out, gates, seqs, layer_ord, T,
-                                                                                      Hk, Hv, Dv, y);
+    constexpr int ROWS = THREADS / LPR;
+    const dim3 grid(Hv * (Dv / ROWS), n_seqs);
+    gdn_scan_prefill_kernel<DK, LPR, THREADS><<<grid, THREADS, gdnp_smem<DK, ROWS>(), cstream(c)>>>(qk, conv_out, gates, seqs,
+                                                                                                 layer_ord, T, Hk, Hv, Dv, y);
     LAUNCH_CHECK(c, "gdn_scan_prefill");
 }
 
@@ -258,11 +272,18 @@ extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv
     if (n_seqs <= 0 || T <= 0) return 0;
     if (!cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn prefill: Hk %d Hv %d Dk %d Dv %d", Hk, Hv, Dk, Dv);
-    /* the instance for (Dk, lanes a row): gdnp_lpr_for gives 4 or Dk / 8 (Dk 32: both 4) */
+    /* the instance for (Dk, lanes a row): gdnp_lpr_for gives 4 or Dk / 8 (Dk 32: both 4);
+     * 4 lanes take 64-thread blocks when 256-thread ones (64 rows each) would not give every
+     * SM two (the 4-lane form's residency: 105 registers) — the same bits either way */
     const bool narrow = gdnp_lpr_for(Dk) == 4;
-    const auto launch = Dk == 128 ? (narrow ? gdnp_launch<128, 4> : gdnp_launch<128, 16>)
-                        : Dk == 64 ? (narrow ? gdnp_launch<64, 4> : gdnp_launch<64, 8>)
-                                   : gdnp_launch<32, 4>;
+    static const int forced = [] { /* ORCHID_GDNP_THREADS=64 or 256: that block size always (tests, A/B) */
+        const char *e = getenv("ORCHID_GDNP_THREADS");
+        return e ? atoi(e) : 0;
+    }();
+    const bool small = forced == 64 || (forced != 256 && (long long)n_seqs * Hv * (Dv / 64) < 2LL * gdnp_sms);
+    const auto launch = Dk == 128 ? (narrow ? (small ? gdnp_launch<128, 4, 64> : gdnp_launch<128, 4, 256>) : gdnp_launch<128, 16, 256>)
+                        : Dk == 64 ? (narrow ? (small ? gdnp_launch<64, 4, 64> : gdnp_launch<64, 4, 256>) : gdnp_launch<64, 8, 256>)
+                                   : gdnp_launch<32, 4, 256>;
     return launch(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
 }
 
