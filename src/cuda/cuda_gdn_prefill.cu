@@ -225,7 +225,7 @@ static cudaError_t gdnp_attr() {
                                 (int)gdnp_smem<DK, THREADS / LPR>());
 }
 
-static int gdnp_sms = 132; /* multiprocessors (cuda_gdn_prefill_init): the block-size choice */
+static int gdnp_sms = 132; /* multiprocessors (cuda_gdn_prefill_init, device_caps): the block-size choice */
 
 extern "C" int cuda_gdn_prefill_init(char *err, size_t errlen) {
     cudaError_t e = gdnp_attr<128, 4, 256>();
@@ -235,21 +235,19 @@ extern "C" int cuda_gdn_prefill_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = gdnp_attr<64, 4, 64>();
     if (e == cudaSuccess) e = gdnp_attr<64, 8, 256>();
     if (e == cudaSuccess) e = gdnp_attr<32, 4, 256>();
-    int dev = 0, sms = 0;
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess && sms > 0) gdnp_sms = sms;
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gdn prefill: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    cuda_caps caps;
+    if (device_caps(&caps) == cudaSuccess && caps.sms > 0) gdnp_sms = caps.sms;
     return 0;
 }
 
-/* Lanes a value row the prefill form uses for this key dim (DK / 8: the decode form's bits). */
+/* Lanes a value row the prefill form uses for this key dim (4; DK / 8, the decode form's bits, with ORCHID_GDNP_LPR=16). */
 extern "C" int cuda_gdn_prefill_lanes(int Dk) { return gdnp_lpr_for(Dk); }
 
-/* Which shapes the two-launch form takes (the rest use cuda_gdn_scan). */
+/* Which shapes the two-launch form takes (the rest use cuda_gdn_scan). Dv must hold whole
+ * blocks of 256 / LPR rows; the 64-thread blocks take a quarter of that, which divides too. */
 extern "C" int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv) {
     return (Dk == 128 || Dk == 64 || Dk == 32) && Hv % Hk == 0 && Dv % (256 / gdnp_lpr_for(Dk)) == 0;
-    /* (256 / LPR rows a block; the 64-thread blocks take a quarter of that, which divides too) */
 }
 
 template <int DK, int LPR, int THREADS>

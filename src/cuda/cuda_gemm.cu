@@ -317,14 +317,21 @@ static int dispatch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, d
     const int bits = a.b0.bits;
     if (swiglu && a.b1.bits != bits) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "%s: gate/up bit widths differ", what);
     if (a.wlo && swiglu) return errorf(c->err, c->errlen, ST_INTERNAL, "%s: residual weights with SwiGLU", what);
+    /* x_lo: cuda_gemm_precise's fused form, dense (the wgmma form does not take it) */
+    if (a.x_lo && (swiglu || a.wlo || a.tiles))
+        return errorf(c->err, c->errlen, ST_INTERNAL, "%s: the fused precise form is dense", what);
     if (gemm_wg_usable(a, swiglu)) return gemm_wg_launch(c, a, swiglu, (int)grid.y, what);
     if (a.tiles && a.tile_rows > BM) grid.y *= a.tile_rows / BM; /* grouped: grid.y counts route tiles */
     if (bits == 4)
-        return swiglu ? launch_gemm<4, true, false>(c, a, grid, what)
-                      : a.wlo ? launch_gemm<4, false, true>(c, a, grid, what) : launch_gemm<4, false, false>(c, a, grid, what);
+        return swiglu  ? launch_gemm<4, true, false>(c, a, grid, what)
+               : a.wlo ? launch_gemm<4, false, true>(c, a, grid, what)
+               : a.x_lo ? launch_gemm<4, false, false, true>(c, a, grid, what)
+                        : launch_gemm<4, false, false>(c, a, grid, what);
     if (bits == 8)
-        return swiglu ? launch_gemm<8, true, false>(c, a, grid, what)
-                      : a.wlo ? launch_gemm<8, false, true>(c, a, grid, what) : launch_gemm<8, false, false>(c, a, grid, what);
+        return swiglu  ? launch_gemm<8, true, false>(c, a, grid, what)
+               : a.wlo ? launch_gemm<8, false, true>(c, a, grid, what)
+               : a.x_lo ? launch_gemm<8, false, false, true>(c, a, grid, what)
+                        : launch_gemm<8, false, false>(c, a, grid, what);
     return errorf(c->err, c->errlen, ST_UNSUPPORTED, "%s: %d-bit weights", what, bits);
 }
 
@@ -376,34 +383,23 @@ extern "C" int cuda_gemm_precise(const struct cuda_ctx *c, const struct cuda_qma
         const char *e = getenv("ORCHID_NO_PRECISE_FUSED");
         precise_fused = e && atoi(e) == 1 ? 0 : 1;
     }
-    const bool three = !precise_fused;
     if (T <= 0) return 0;
-    {
-        gemm_args a = args_for(x_hi, ldx, T, m);
-        a.b1 = *m;
-        a.y = y;
-        a.ldy = ldy;
-        a.accumulate = accumulate;
-        if (!three && !gemm_wg_usable(a, false)) {
-            if (a.K % BK != 0) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gemm_precise: K = %d is not a multiple of %d", a.K, BK);
-            if (a.ldx % 8 != 0) return errorf(c->err, c->errlen, ST_INTERNAL, "gemm_precise: ldx %d not a multiple of 8", a.ldx);
-            a.x_lo = x_lo;
-            const dim3 grid((m->rows + BN - 1) / BN, (T + BM - 1) / BM);
-            if (m->bits == 8) return launch_gemm<8, false, false, true>(c, a, grid, "gemm_precise");
-            if (m->bits == 4) return launch_gemm<4, false, false, true>(c, a, grid, "gemm_precise");
-            return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gemm_precise: %d-bit weights", m->bits);
-        }
-    }
-    int rc = cuda_gemm_dense(c, m, 0, x_hi, T, ldx, y, ldy, accumulate);
-    if (!rc) rc = cuda_gemm_dense(c, m, 0, x_lo, T, ldx, y, ldy, 1);
-    if (rc || T <= 0) return rc;
     gemm_args a = args_for(x_hi, ldx, T, m);
     a.b1 = *m;
     a.y = y;
     a.ldy = ldy;
-    a.accumulate = 1;
+    a.accumulate = accumulate;
+    const dim3 grid((m->rows + BN - 1) / BN, (T + BM - 1) / BM);
+    if (precise_fused && !gemm_wg_usable(a, false)) { /* x_hi·W_hi would take mma.sync: one launch */
+        a.x_lo = x_lo;
+        return dispatch(c, a, false, grid, "gemm_precise");
+    }
+    int rc = cuda_gemm_dense(c, m, 0, x_hi, T, ldx, y, ldy, accumulate);
+    if (!rc) rc = cuda_gemm_dense(c, m, 0, x_lo, T, ldx, y, ldy, 1);
+    if (rc) return rc;
+    a.accumulate = 1; /* x_hi·W_lo onto the two before */
     a.wlo = 1;
-    return dispatch(c, a, false, dim3((m->rows + BN - 1) / BN, (T + BM - 1) / BM), "gemm_precise");
+    return dispatch(c, a, false, grid, "gemm_precise");
 }
 
 extern "C" int cuda_gemm_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,

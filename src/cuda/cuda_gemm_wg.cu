@@ -305,7 +305,7 @@ int gemm_wg_init(char *err, size_t errlen) {
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 bool gemm_wg_usable(const gemm_args &a, bool swiglu) {
-    if (!wg_on || wg_forced_off || a.wlo || a.b0.bits != 4 || (swiglu && a.b1.bits != 4)) return false;
+    if (!wg_on || wg_forced_off || a.wlo || a.x_lo || a.b0.bits != 4 || (swiglu && a.b1.bits != 4)) return false;
     if (a.tiles && a.tile_rows != WG_BT) return false; /* a route of 64-slot tiles: the mma.sync form */
     /* a row's scales in whole 16-byte chunks; token rows in 16-byte chunks */
     if (a.K % 512 != 0 || a.ldx % 8 != 0 || !aligned16(a.x)) return false;

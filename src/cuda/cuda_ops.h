@@ -121,9 +121,10 @@ int cuda_gemv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, cons
 /* Forces the tensor-core GEMM (any T; for tests). */
 int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
                     float *y, int ldy, int accumulate);
-/* ~fp32-accurate y (+)= x·Wᵀ from x = x_hi + x_lo (bf16 parts), three tensor-core passes. */
 /* the fused one-launch form of cuda_gemm_precise on (default) or off (three launches: the GPU test's bitwise check) */
 void cuda_gemm_precise_fused(int on);
+/* ~fp32-accurate y (+)= x·Wᵀ from x = x_hi + x_lo (bf16 parts): three tensor-core products,
+ * one launch where the mma.sync form takes them (cuda_gemm.cu). */
 int cuda_gemm_precise(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x_hi, const uint16_t *x_lo,
                       int T, int ldx, float *y, int ldy, int accumulate);
 /* act[t, f] = bf16(silu(gate_mat[f]·x_t) * (up_mat[f]·x_t)) with the GEMM (any T). */
