@@ -561,4 +561,54 @@ __device__ __forceinline__ void tcv_mma_smem(const unsigned char *wsm, const uin
     acc1 = acc[2];
 }
 
+/* ---- the tokens as wgmma's B operand (cuda_skinny_wide.cu's sw_wg_kernel, cuda_skinny_tall.cu's
+ * tall_wg_kernel), block-wide: groups [0, ng) of columns col0 + 64·g of tokens t0 .. t0 + nT - 1,
+ * one 128-byte row a (group g, token t) at xb + (g·N + t)·128, its chunk ch at ch ^ (t & 7) —
+ * the swizzle wgmma reads (wg_desc), and the pass below reads 8 tokens' same chunk from
+ * distinct banks. Rows of columns nT .. N - 1 are zeroed (their columns are never written
+ * out). Then each (token, group): Σx into xsum[t·xs_ld + g] in sk_group_sum's order (chunks
+ * 0..7), and the row rewritten in place in the k order of the four steps: out chunk 2·st +
+ * hf, word c = sk_bfrag's b0 (hf 0) or b1 (hf 1) of step st from lane c's 16 values (chunks
+ * 2c, 2c + 1). Waits for all of the thread's cp.async groups; ends with the rows visible to
+ * the async proxy and a block barrier. ---- */
+template <int N>
+__device__ __forceinline__ void wg_stage_tokens(unsigned char *xb, float *xsum, int xs_ld, const uint16_t *x, int ldx, int t0,
+                                                int nT, int ng, int col0) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < N * ng * 8; i += blockDim.x) {
+        const int t = i / (ng * 8), r = i % (ng * 8), g = r >> 3, ch = r & 7;
+        unsigned char *dst = xb + ((size_t)g * N + t) * 128 + ((ch ^ (t & 7)) << 4);
+        if (t < nT) cpa16(dst, x + (size_t)(t0 + t) * ldx + (size_t)col0 + g * QGROUP + ch * 8);
+        else *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+    }
+    cpa_commit();
+    cpa_wait<0>();
+    __syncthreads();
+    for (int i = tid; i < nT * ng; i += blockDim.x) {
+        const int t = i % nT, g = i / nT;
+        uint4 *row = reinterpret_cast<uint4 *>(xb + ((size_t)g * N + t) * 128);
+        uint4 v[8];
+#pragma unroll
+        for (int ch = 0; ch < 8; ch++) v[ch] = row[ch ^ (t & 7)];
+        float sum = 0.0f;
+#pragma unroll
+        for (int ch = 0; ch < 8; ch++) sum += sk_chunk_sum(v[ch]);
+        xsum[t * xs_ld + g] = sum;
+        uint32_t o[8][4];
+#pragma unroll
+        for (int cc = 0; cc < 4; cc++) {
+            const uint32_t e[8] = {v[2 * cc].x, v[2 * cc].y, v[2 * cc].z, v[2 * cc].w,
+                                   v[2 * cc + 1].x, v[2 * cc + 1].y, v[2 * cc + 1].z, v[2 * cc + 1].w};
+#pragma unroll
+            for (int st = 0; st < 4; st++) sk_bfrag(e, st, o[2 * st][cc], o[2 * st + 1][cc]);
+        }
+#pragma unroll
+        for (int ch = 0; ch < 8; ch++) row[ch ^ (t & 7)] = make_uint4(o[ch][0], o[ch][1], o[ch][2], o[ch][3]);
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the rows, to wgmma's reads */
+#endif
+    __syncthreads();
+}
+
 #endif

@@ -155,6 +155,11 @@ int cuda_sample(const struct cuda_ctx *c, float *logits, int n_rows, int V, cons
                 int32_t *ids);
 /* Tests: blocks a row (1, 2, 4 or 8; sm_90 only above 1); 0 = the automatic choice. */
 void cuda_sample_force_cluster(int c);
+/* Tests: 1 = every row through the radix passes (the top_k fast path off; also
+ * ORCHID_SAMPLE_NOFAST=1); and the rows the fast path drew and handed back (too many
+ * candidates) since the process began. */
+void cuda_sample_force_slow(int on);
+int cuda_sample_fast_counts(unsigned long long *fast, unsigned long long *fallbacks);
 
 /* ---- attention (cuda_attn.cu) ---- */
 /* q/k RMSNorm + NeoX RoPE in place on qg [T, n_heads, 2*D] (query half) and k [T, kvh*D]; writes K, V to the cache. */
@@ -337,6 +342,10 @@ int cuda_skinny_tall_init(char *err, size_t errlen); /* (cuda_skinny_init calls 
 int cuda_skinny_tall_takes(const struct cuda_qmat *m, int T, int ldx);
 int cuda_skinny_tall(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, int T, int ldx, float *y,
                      int ldy, int accumulate);
+/* Its wgmma form (sm_90a, 17..64 tokens; ORCHID_TL_NOWG=1: off): switched on (where the device
+ * takes it) or off, returning the previous state; launches taken so far (tests). */
+int cuda_skinny_tall_wg_enable(int on);
+int cuda_skinny_tall_wg_launches(void);
 
 /* ---- one token on the tensor cores (cuda_tcv.cu), 4-bit weights; the same sums, in the
  * same order, as the skinny kernels give that token inside a batch ---- */

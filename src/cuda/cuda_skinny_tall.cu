@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cuda/cuda_mma.h"
+#include "cuda/cuda_wgmma.h"
 
 #define TL_WARPS 8
 #define TL_MIN_ROWS 65536 /* taller than this, 2..64 tokens: this form */
@@ -119,10 +120,168 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 1)
     cpa_wait<0>(); /* no copy outlives the block (the issues past `mine` are empty groups) */
 }
 
+/* ---- the same products on wgmma (sm_90a), 17..64 tokens: tall_wg_kernel ----
+ * The mma.sync form above spends, per warp and group, 4 mma.sync and 2 shared loads of
+ * tokens an n-tile (16 and 8 at 32 tokens), a tile's barrier and its cross-warp slice
+ * reduction; ncu (session 10) had it 42 % issue-active at one 8-warp block an SM (528 µs
+ * for 64 tokens on the H100, session 27, against ~95 µs of weight bytes). Here each
+ * warpgroup owns whole 64-row tiles and all K: a warp's 16 rows are its A fragments
+ * (tcv_smem_group, sk_frags: the same codes at the same k positions as above), the
+ * block's N = 32 tokens are wgmma's B operand staged once (wg_stage_tokens: [G][N][128 B],
+ * 128 KB at K = 2,048), four wgmma a group for all 32 tokens. A warp streams its rows
+ * through its own ring of TW_ST steps of 4 groups (tcv_tile_async<4>: 2.3 KB, cp.async
+ * issued TW_ST - 1 steps ahead; only the warp reads what it copied, so __syncwarp is the
+ * only barrier after the token staging). Two groups' wgmma are in flight: a group's scale
+ * runs while the next group's products do (wait_group 1). The kernel is latency-bound (~165
+ * SASS a group and warp, most of them the scale's 48 FP operations and the dequantisation):
+ * measured on the H100 at 64 tokens (session 28, lm_head µs a call): mma.sync form 531; 2
+ * warpgroups, 4 stages, sk_frags' C form 436; the same with LOP3 402; 3 warpgroups, 3
+ * stages, C form 389; 3 warpgroups and LOP3 (kept) 362.
+ * Bits: a (row, token) is the mma.sync form's: each group's Σ(128 + q)·x is mma.sync's
+ * (the first k16 step writes, three add — sw_wg_kernel's argument), sk_group_scale adds the
+ * groups of a slice (GPW of them, in order) onto 0, and the slices' sums are added in order
+ * onto 0 (tot += acc at each slice's end: the reduction's v = 0 + p0 + p1 + ...), then
+ * accumulate ? old + v : v. The GPU tests compare every token of 17, 40 and 64 with the
+ * token alone (cuda_tcv.cu), bitwise, in both forms. ORCHID_TL_NOWG=1: the mma.sync form. */
+#define TW_N 32      /* tokens a block (two token groups for 33..64: blockIdx.y) */
+#define TW_WGS 3     /* warpgroups a block (one block an SM) */
+#define TW_ST 3      /* a warp's ring of 4-group steps */
+#define TW_WSM TCV_WSM(4)
+
+/* [align 1,024][xb G·N·128][xsum N × (G + 4) fp32][ring 4·TW_WGS warps × TW_ST × TW_WSM]:
+ * 219,648 bytes at K = 2,048 */
+static constexpr size_t tw_smem(int K) {
+    return 1024 + (size_t)(K / QGROUP) * TW_N * 128 + (size_t)TW_N * (K / QGROUP + 4) * 4 + (size_t)4 * TW_WGS * TW_ST * TW_WSM;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Group gi of a warp's step in wsm: its A fragments into four wgmma of N columns (the
+ * tokens' group grp in xb), committed as one wgmma group; returns the group's scales and
+ * biases for the scale after its wait. */
+__device__ __forceinline__ sk_w tw_issue(const unsigned char *wsm, int gi, int gq, int c, uint32_t xb_s, int grp,
+                                         float (&cg)[TW_N / 2]) {
+    const sk_w f = tcv_smem_group<4>(wsm, gi, gq, c);
+    uint32_t af[4][4];
+    sk_frags(f, af); /* the LOP3 form (q_pair) */
+    uint64_t desc[4];
+#pragma unroll
+    for (int st = 0; st < 4; st++) {
+        desc[st] = wg_desc(xb_s + (uint32_t)(grp * TW_N * 128 + st * 32));
+        asm volatile("" : "+l"(desc[st])::"memory");
+    }
+    reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
+    reg_fence(cg);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_k16<TW_N, 0>(cg, af[0], desc[0]); /* cg = the first step's sums (its old values unread) */
+#pragma unroll
+    for (int st = 1; st < 4; st++) wgmma_k16<TW_N>(cg, af[st], desc[st]);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    return f;
+}
+/* After wait_group W: the group's sums (cg) scaled onto the slice's acc, n-tile j = tokens 8j .. 8j + 7. */
+template <int W>
+__device__ __forceinline__ void tw_scale(const sk_w &f, float (&cg)[TW_N / 2], const float *xsum, int xs_ld, int grp, int c,
+                                         float (&acc)[TW_N / 8][4]) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(W) : "memory");
+    reg_fence(cg);
+#pragma unroll
+    for (int j = 0; j < TW_N / 8; j++) {
+        const float cj[4] = {cg[4 * j], cg[4 * j + 1], cg[4 * j + 2], cg[4 * j + 3]};
+        sk_group_scale(f, cj, xsum[(8 * j + 2 * c) * xs_ld + grp], xsum[(8 * j + 2 * c + 1) * xs_ld + grp], acc[j]);
+    }
+}
+#endif
+
+/* gpw: groups of a k-slice (the reduction's slices: cuda_skinny_kslices), a multiple of 4. */
+static __global__ void __launch_bounds__(TW_WGS * 128, 1)
+    tall_wg_kernel(cuda_qmat m, const uint16_t *x, int ldx, int T, float *y, int ldy, int accumulate, int gpw) {
+    TRACE_KERNEL();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) unsigned char sm[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(sm);
+    unsigned char *xb = sm + ((1024 - (raw_s & 1023)) & 1023);
+    const uint32_t xb_s = (uint32_t)__cvta_generic_to_shared(xb);
+    const int G = m.cols / QGROUP, SPT = G / 4, xs_ld = G + 4; /* SPT: a tile's steps */
+    float *xsum = reinterpret_cast<float *>(xb + (size_t)G * TW_N * 128);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3, wq = warp & 3;
+    unsigned char *ring = reinterpret_cast<unsigned char *>(xsum + (size_t)TW_N * xs_ld) + (size_t)warp * TW_ST * TW_WSM;
+    const int t0 = (int)blockIdx.y * TW_N, nT = min(TW_N, T - t0);
+    /* the warpgroup's tiles: wg0, wg0 + wgs, ... (every token group's blocks walk the same
+     * tiles in the same order: the later ones may find them in L2) */
+    const int n_tiles = (m.rows + 63) / 64, wg0 = (int)blockIdx.x * TW_WGS + (warp >> 2), wgs = (int)gridDim.x * TW_WGS;
+    const int mine = wg0 < n_tiles ? (n_tiles - 1 - wg0) / wgs + 1 : 0, steps = mine * SPT;
+    auto issue = [&](int s) { /* step s (tile s / SPT, groups 4·(s % SPT) ..) into its stage; always a commit group */
+        if (s < steps) {
+            const int r0 = (wg0 + (s / SPT) * wgs) * 64 + wq * 16;
+            tcv_tile_async<4>(m, (size_t)r0, m.rows - r0, (s % SPT) * 4, ring + (size_t)(s % TW_ST) * TW_WSM);
+        }
+        cpa_commit();
+    };
+    pdl_trigger();
+    for (int s = 0; s < TW_ST - 1; s++) issue(s); /* weights: before the wait */
+    pdl_wait();
+    wg_stage_tokens<TW_N>(xb, xsum, xs_ld, x, ldx, t0, nT, G, 0);
+
+    float acc[TW_N / 8][4], tot[TW_N / 8][4];
+#pragma unroll
+    for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = tot[j][e] = 0.0f;
+    for (int s = 0; s < steps; s++) {
+        __syncwarp(); /* every lane is past step s - 1, whose stage issue() refills */
+        issue(s + TW_ST - 1);
+        cpa_wait<TW_ST - 1>();
+        __syncwarp();
+        const unsigned char *wsm = ring + (size_t)(s % TW_ST) * TW_WSM;
+        const int sg = s % SPT, g0 = 4 * sg;
+        float ca[TW_N / 2], cb[TW_N / 2];
+        const sk_w f0 = tw_issue(wsm, 0, gq, c, xb_s, g0, ca);
+        const sk_w f1 = tw_issue(wsm, 1, gq, c, xb_s, g0 + 1, cb);
+        tw_scale<1>(f0, ca, xsum, xs_ld, g0, c, acc);
+        const sk_w f2 = tw_issue(wsm, 2, gq, c, xb_s, g0 + 2, ca);
+        tw_scale<1>(f1, cb, xsum, xs_ld, g0 + 1, c, acc);
+        const sk_w f3 = tw_issue(wsm, 3, gq, c, xb_s, g0 + 3, cb);
+        tw_scale<1>(f2, ca, xsum, xs_ld, g0 + 2, c, acc);
+        tw_scale<0>(f3, cb, xsum, xs_ld, g0 + 3, c, acc);
+        if ((g0 + 4) % gpw == 0) { /* a slice ends: its sum onto the slices before (from 0) */
+#pragma unroll
+            for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[j][e] += acc[j][e];
+                    acc[j][e] = 0.0f;
+                }
+        }
+        if (sg == SPT - 1) { /* the tile ends: rows gq, gq + 8 of the warp's 16, tokens 8j + 2c (+ 1) */
+            const int r = (wg0 + (s / SPT) * wgs) * 64 + wq * 16 + gq;
+#pragma unroll
+            for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int tok = 8 * j + 2 * c + (e & 1), rr = r + 8 * (e >> 1);
+                    if (tok < nT && rr < m.rows) {
+                        float *d = y + (size_t)(t0 + tok) * ldy + rr;
+                        *d = accumulate ? *d + tot[j][e] : tot[j][e];
+                    }
+                    tot[j][e] = 0.0f;
+                }
+        }
+    }
+    cpa_wait<0>(); /* no copy outlives the block (the issues past `steps` are empty groups) */
+#else
+    pdl_trigger();
+    pdl_wait();
+#endif
+}
+
 /* Instances: NT = 1, 2 or 4 n-tiles (8, 16, 32 tokens a block: T rounded up to 8 up to 32,
  * then token groups of 32), GPW 4 or 8; two stages. */
 #define TL_STAGES 2
 static int tl_grid[3][2]; /* [NT 1/2/4][GPW 4/8]: resident blocks (0: off) */
+static int tw_grid = 0;    /* tall_wg_kernel's resident blocks (0: not this device) */
+static int tl_gpw(const struct cuda_qmat *m);
+static int tw_on = 0;      /* the wgmma form takes 17..64 tokens (cuda_skinny_tall_wg_enable) */
+static int tw_launches = 0; /* its launches (tests: the form ran) */
 
 template <int GPW, int NT>
 static cudaError_t tl_setup(int n_sm, int optin, int *grid) { /* K up to 2,048 */
@@ -141,8 +300,25 @@ extern "C" int cuda_skinny_tall_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = tl_setup<8, 4>(n, optin, &tl_grid[2][1]);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny tall: setup: %s", cudaGetErrorString(e));
     if (env_flag("ORCHID_NO_TALL")) memset(tl_grid, 0, sizeof tl_grid); /* A/B: the wide form's chunks again */
+    /* the wgmma form: sm_90a code running and its shared memory (K = 2,048) within the opt-in */
+    tw_grid = 0;
+    const int code = cuda_sm90a_code(err, errlen);
+    if (code < 0) return code;
+    if (code == 1) {
+        e = persistent_grid(tall_wg_kernel, TW_WGS * 128, tw_smem(2048), n, optin, &tw_grid);
+        if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny tall (wgmma): setup: %s", cudaGetErrorString(e));
+    }
+    tw_on = tw_grid > 0 && !env_flag("ORCHID_TL_NOWG");
     return 0;
 }
+
+extern "C" int cuda_skinny_tall_wg_enable(int on) {
+    const int was = tw_on;
+    tw_on = on && tw_grid > 0;
+    return was;
+}
+
+extern "C" int cuda_skinny_tall_wg_launches(void) { return tw_launches; }
 
 static int tl_nt_index(int T) { return T <= 8 ? 0 : T <= 16 ? 1 : 2; }
 
@@ -176,7 +352,12 @@ extern "C" int cuda_skinny_tall(const struct cuda_ctx *c, const struct cuda_qmat
         return errorf(c->err, c->errlen, ST_INTERNAL, "skinny tall: %d x %d for %d tokens not supported", m->rows, m->cols, T);
     const int nti = tl_nt_index(T), g8 = tl_gpw(m) == 8, grid = tl_grid[nti][g8];
     cudaError_t e;
-    if (nti == 0) e = g8 ? tl_launch<8, 1>(c, m, x, T, ldx, y, ldy, accumulate, grid)
+    if (tw_on && T > 16) { /* the wgmma form: token groups of 32 (blockIdx.y) over the resident blocks */
+        const int groups = (T + TW_N - 1) / TW_N, per = tw_grid / groups > 0 ? tw_grid / groups : 1;
+        e = launch_k(tall_wg_kernel, dim3(per, groups), dim3(TW_WGS * 128), tw_smem(m->cols), cstream(c), *m, x, ldx, T, y,
+                     ldy, accumulate, tl_gpw(m));
+        if (e == cudaSuccess) tw_launches++;
+    } else if (nti == 0) e = g8 ? tl_launch<8, 1>(c, m, x, T, ldx, y, ldy, accumulate, grid)
                          : tl_launch<4, 1>(c, m, x, T, ldx, y, ldy, accumulate, grid);
     else if (nti == 1) e = g8 ? tl_launch<8, 2>(c, m, x, T, ldx, y, ldy, accumulate, grid)
                               : tl_launch<4, 2>(c, m, x, T, ldx, y, ldy, accumulate, grid);

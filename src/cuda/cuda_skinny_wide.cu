@@ -294,44 +294,7 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
     }
     pdl_wait();
 
-    /* (token t, group g) to its 128-byte row, chunk ch at ch ^ (t & 7): the swizzle wgmma
-     * reads, and the pass below reads 8 tokens' same chunk from distinct banks. Rows of
-     * columns past nT are zeroed (their columns are never written out). */
-    for (int i = tid; i < N * GPW * 8; i += blockDim.x) {
-        const int t = i / (GPW * 8), r = i % (GPW * 8), g = r >> 3, ch = r & 7;
-        unsigned char *dst = xb + ((size_t)g * N + t) * 128 + ((ch ^ (t & 7)) << 4);
-        if (t < nT) cpa16(dst, a.x + (size_t)(t0 + t) * a.ldx + (size_t)ks * GPW * QGROUP + g * QGROUP + ch * 8);
-        else *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
-    }
-    cpa_commit();
-    cpa_wait<0>();
-    __syncthreads();
-    /* Each (token, group): Σx in sk_group_sum's order (chunks 0..7), then the row rewritten
-     * in place in the k order of the four steps: out chunk 2·st + hf, word c = sk_bfrag's b0
-     * (hf 0) or b1 (hf 1) of step st from lane c's 16 values (chunks 2c, 2c + 1). */
-    for (int i = tid; i < nT * GPW; i += blockDim.x) {
-        const int t = i % nT, g = i / nT;
-        uint4 *row = reinterpret_cast<uint4 *>(xb + ((size_t)g * N + t) * 128);
-        uint4 v[8];
-#pragma unroll
-        for (int ch = 0; ch < 8; ch++) v[ch] = row[ch ^ (t & 7)];
-        float sum = 0.0f;
-#pragma unroll
-        for (int ch = 0; ch < 8; ch++) sum += sk_chunk_sum(v[ch]);
-        xsum[t * (GPW + 4) + g] = sum;
-        uint32_t o[8][4];
-#pragma unroll
-        for (int cc = 0; cc < 4; cc++) {
-            const uint32_t e[8] = {v[2 * cc].x, v[2 * cc].y, v[2 * cc].z, v[2 * cc].w,
-                                   v[2 * cc + 1].x, v[2 * cc + 1].y, v[2 * cc + 1].z, v[2 * cc + 1].w};
-#pragma unroll
-            for (int st = 0; st < 4; st++) sk_bfrag(e, st, o[2 * st][cc], o[2 * st + 1][cc]);
-        }
-#pragma unroll
-        for (int ch = 0; ch < 8; ch++) row[ch ^ (t & 7)] = make_uint4(o[ch][0], o[ch][1], o[ch][2], o[ch][3]);
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the rows, to wgmma's reads */
-    __syncthreads();
+    wg_stage_tokens<N>(xb, xsum, GPW + 4, a.x, a.ldx, t0, nT, GPW, ks * GPW * QGROUP);
 
     float acc[SW_MAX_T / 8][4];
 #pragma unroll

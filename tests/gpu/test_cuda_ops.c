@@ -1327,8 +1327,17 @@ int main(void) {
         test_skinny(45000, 2048, 1, 0, 64, 1);
         /* taller: the persistent form (cuda_skinny_tall.cu), every token vs alone */
         const int Ttall[] = {2, 8, 9, 16, 17, 40, 64};
-        for (size_t i = 0; i < sizeof Ttall / sizeof Ttall[0]; i++) test_skinny(70000 + 3, 2048, 1, 0, Ttall[i], (int)(i & 1));
-        test_skinny(66000, 1024, 1, 0, 33, 0);
+        /* both forms of 17..64 tokens: mma.sync, then wgmma where the device has it (and it ran) */
+        const int tw = cuda_skinny_tall_wg_enable(0);
+        for (int form = 0; form < 1 + tw; form++) {
+            cuda_skinny_tall_wg_enable(form);
+            const int n0 = cuda_skinny_tall_wg_launches();
+            for (size_t i = 0; i < sizeof Ttall / sizeof Ttall[0]; i++) test_skinny(70000 + 3, 2048, 1, 0, Ttall[i], (int)(i & 1));
+            test_skinny(66000, 1024, 1, 0, 33, 0);
+            test_skinny(65600, 2048, 1, 0, 24, 1);
+            if (form) CHECK(cuda_skinny_tall_wg_launches() > n0, "skinny tall: the wgmma form took no launch");
+        }
+        cuda_skinny_tall_wg_enable(tw);
         test_skinny_multi(512, 3);
         test_skinny_multi(2048, 40);
         test_swiglu(512, 2048, 2, 1);

@@ -4,7 +4,8 @@
  * realistic logits (normal, a few planted peaks), rows of many ties (logits on a 1/4 grid,
  * so top_k and top_p thresholds split ties and take the tie-cut pass), NaN / ±inf rows,
  * the real vocabulary's width and small ones, greedy rows beside sampled ones (their
- * argmax must stay), every parameter mix. Then through the CUDA backend on the tiny
+ * argmax must stay), every parameter mix — through the top_k fast path and the radix
+ * passes (both must be taken). Then through the CUDA backend on the tiny
  * checkpoint: sessions fed alike, one asking for its logits row and one for a sampled
  * token, the token must be the reference's draw on that row (fwd_batch.out_sampling's
  * plumbing, several rows, rows past LOGIT_ROWS). Needs an NVIDIA GPU; ends with
@@ -178,6 +179,19 @@ int main(void) {
         test_rows(10, V, ROW_SPECIAL, what);
     }
     for (int rep = 0; rep < 4; rep++) test_rows(64, 248320, rep & 1 ? ROW_TIES : ROW_NORMAL, "more V=248320");
+    /* the top_k fast path drew rows, and handed rows with too many candidates (all-tied,
+     * many-tie rows) to the radix passes; then those passes for every row */
+    unsigned long long fast = 0, fallbacks = 0;
+    CHECK(cuda_sample_fast_counts(&fast, &fallbacks) == 0, "sample: fast-path counters unreadable");
+    CHECK(fast > 0, "sample: the top_k fast path drew no row");
+    CHECK(fallbacks > 0, "sample: no row fell back from the top_k fast path");
+    printf("  top_k fast path: %llu rows drawn, %llu handed to the radix passes\n", fast, fallbacks);
+    cuda_sample_force_slow(1);
+    test_rows(64, 248320, ROW_NORMAL, "radix passes: normal V=248320");
+    test_rows(64, 248320, ROW_TIES, "radix passes: ties V=248320");
+    test_rows(64, 1000, ROW_PEAKS, "radix passes: peaks V=1000");
+    test_rows(10, 33333, ROW_SPECIAL, "radix passes: special V=33333");
+    cuda_sample_force_slow(0);
     /* every cluster size (blocks a row) must draw the same tokens: a row alone and in a batch */
     const int clusters[] = {1, 2, 4, 8};
     for (size_t i = 0; i < sizeof clusters / sizeof *clusters; i++) {
