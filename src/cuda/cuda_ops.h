@@ -155,8 +155,8 @@ int cuda_sample(const struct cuda_ctx *c, float *logits, int n_rows, int V, cons
                 int32_t *ids);
 /* Tests: blocks a row (1, 2, 4 or 8; sm_90 only above 1); 0 = the automatic choice. */
 void cuda_sample_force_cluster(int c);
-/* Tests: 1 = every row through the radix passes (the top_k fast path off; also
- * ORCHID_SAMPLE_NOFAST=1); and the rows the fast path drew and handed back (too many
+/* Tests: 1 = every row through the radix passes (the fast paths off; also
+ * ORCHID_SAMPLE_NOFAST=1); and the rows the fast paths drew and handed back (too many
  * candidates) since the process began. */
 void cuda_sample_force_slow(int on);
 int cuda_sample_fast_counts(unsigned long long *fast, unsigned long long *fallbacks);

@@ -25,12 +25,13 @@
 // floor(u·M); the per-warp masses of the finalists, then the one warp holding r walks its
 // range with an inclusive scan until the running mass exceeds r.
 //
-// The top_k fast path (top_k <= SMP_FAST_K, the common chat setting: Qwen's recommended 20):
-// the kept-mass pass also builds the first radix histogram (p's top 11 bits); the bin where
-// the count from the top reaches min(top_k, kept) bounds every token the top_k prefix can
-// hold, and when at most SMP_CAND_MAX tokens lie at or above it, they are appended to rank
-// 0's shared list, sorted there, and top_k, top_p and the walk run in shared memory
-// (smp_fast_draw) — three passes over the row instead of nine or more. Measured on the H100
+// The fast paths (top_k <= SMP_FAST_K, the common chat setting: Qwen's recommended 20; or
+// top_p alone, as OpenAI clients send it): the kept-mass pass also builds the first radix
+// histogram (p's top 11 bits: counts, and masses for top_p); the bin where the count from the
+// top reaches min(top_k, kept) — or the mass reaches top_p's target — bounds every token the
+// prefix can hold, and when at most SMP_CAND_MAX tokens lie at or above it, they are appended
+// to rank 0's shared list, sorted there, and top_k, top_p and the walk run in shared memory
+// (smp_fast_draw) — three passes over the row instead of six to nine. Measured on the H100
 // (session 28, top_k 20 / top_p 0.8 / T 0.7): one row 166 -> 44 µs, 64 rows 402 -> 145 µs;
 // the same tokens (test_cuda_sample against the reference, both paths taken).
 #include <cooperative_groups.h>
@@ -45,10 +46,10 @@ namespace cg = cooperative_groups;
 #define SMP_WARPS (SMP_THREADS / 32)
 #define SMP_BINS 2048
 #define SMP_MAX_CLUSTER 8
-#define SMP_CAND_MAX SMP_BINS /* the top_k fast path's candidates (rank 0's hm as the list) */
-#define SMP_FAST_K 1024       /* its largest top_k (the finalists in id order: rank 0's hc as u64) */
+#define SMP_CAND_MAX SMP_BINS /* the fast paths' candidates (rank 0's hm as the list) */
+#define SMP_FAST_K 1024       /* the largest top_k, and top_p's most candidates (the finalists in id order: rank 0's hc as u64) */
 
-/* Rows that took the top_k fast path, and rows it handed to the radix passes (too many
+/* Rows that took a fast path, and rows they handed to the radix passes (too many
  * candidates); read by the tests (cuda_sample_fast_counts). */
 __device__ unsigned long long smp_fast_rows, smp_fast_fallbacks;
 
@@ -68,7 +69,7 @@ struct smp_shared {
     unsigned int bin, bin_count;
     int pick_rank, pick_warp;
     int found; /* the picking block's answer, read by the cluster */
-    unsigned int ncand; /* the top_k fast path: candidates in rank 0's list (smp_fast_draw) */
+    unsigned int ncand; /* the fast paths: candidates in rank 0's list (smp_fast_draw) */
     int nfin;           /* its finalists */
 };
 
@@ -456,10 +457,12 @@ __device__ void smp_pair_scan(int n, W &&wt, unsigned long long &w0, unsigned lo
     __syncthreads(); /* sh.ca and sh.wa may be written again */
 }
 
-/* The top_k fast path (top_k <= SMP_FAST_K): the kept tokens whose key is in the histogram
- * bin `bin` (the bin where the count from the top reaches min(top_k, kept)) or above — at
- * least that many, at most SMP_CAND_MAX (the caller checked) — are every token the top_k
- * prefix can hold. Every block appends its candidates, (key, ~id) as one u64 (descending
+/* The fast paths. top_k <= SMP_FAST_K: the kept tokens whose key is in the histogram bin
+ * `bin` (the bin where the count from the top reaches min(top_k, kept)) or above — at least
+ * that many, at most SMP_CAND_MAX (the caller checked) — are every token the top_k prefix
+ * can hold. top_p alone (no top_k cut; p_mass: all the kept mass, which top_p's target is
+ * taken of): `bin` is the one where the mass from the top reaches that target, and the
+ * candidates hold the whole top_p prefix. Every block appends its candidates, (key, ~id) as one u64 (descending
  * order = p descending, id ascending: the contract's ranking), to rank 0's list (a warp's
  * one shared atomic a step); rank 0 then sorts them, takes the top_k prefix, the top_p
  * prefix of that by the same integer masses, draws r and walks the finalists in id order —
@@ -467,7 +470,8 @@ __device__ void smp_pair_scan(int n, W &&wt, unsigned long long &w0, unsigned lo
  * instead of the radix selects' six or more. Rank 0 writes *out unless the draw has no
  * finalist (top_p's target 0: the argmax stays, as the reference returns it). */
 template <int C>
-__device__ void smp_fast_draw(const smp_row &r, const row_sampling &rs, unsigned bin, smp_shared &sh, int32_t *out) {
+__device__ void smp_fast_draw(const smp_row &r, const row_sampling &rs, unsigned bin, unsigned long long p_mass, smp_shared &sh,
+                              int32_t *out) {
     const int lane = threadIdx.x & 31;
     unsigned *ctr = smp_at<C>(&sh.ncand, 0);
     unsigned long long *list = smp_at<C>(sh.hm, 0);
@@ -496,13 +500,13 @@ __device__ void smp_fast_draw(const smp_row &r, const row_sampling &rs, unsigned
     for (int i = n + tid; i < P; i += SMP_THREADS) a[i] = 0ull; /* below every candidate */
     __syncthreads();
     smp_bitonic<true>(a, P);
-    const int kk = n < rs.top_k ? n : rs.top_k;
+    const int kk = rs.top_k > 0 && rs.top_k < n ? rs.top_k : n; /* top_p alone (p_mass): every candidate */
     auto wrank = [&](int i) { return dsmp_weight(__uint_as_float((uint32_t)(a[i] >> 32))); };
     unsigned long long w0, w1, ex, mass;
     smp_pair_scan(kk, wrank, w0, w1, ex, mass, sh);
     int nf = kk;
-    if (rs.top_p < 1.0f && kk > 1) { /* the shortest prefix whose mass reaches the target */
-        const unsigned long long target = dsmp_mass_target(rs.top_p, mass);
+    if (rs.top_p < 1.0f && (p_mass || kk > 1)) { /* the shortest prefix whose mass reaches the target */
+        const unsigned long long target = dsmp_mass_target(rs.top_p, p_mass ? p_mass : mass);
         if (tid == 0) {
             sh.nfin = 0;
             sh.cb = 0;
@@ -554,11 +558,17 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(float *logit
     const row_sampling rs = rows[row];
     if (!(rs.temperature > 0.0f)) return; /* a greedy row: its argmax stays (the whole cluster returns) */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, rank = smp_rank<C>();
-    /* the top_k fast path: the kept-mass pass also builds the radix select's first histogram */
-    const bool fast = fast_ok && rs.top_k > 0 && rs.top_k <= SMP_FAST_K;
+    /* the fast paths: the kept-mass pass also builds the radix select's first histogram —
+     * counts for top_k (fast_k), counts and masses for top_p alone (fast_p: top_k 0 or
+     * beyond SMP_FAST_K, which the path takes only when it cuts nothing) */
+    const bool fast_k = fast_ok && rs.top_k > 0 && rs.top_k <= SMP_FAST_K;
+    const bool fast_p = fast_ok && !fast_k && rs.top_p < 1.0f;
     if (threadIdx.x == 0) sh.ncand = 0; /* before the cluster barriers below, so before any append */
-    if (fast)
-        for (int i = threadIdx.x; i < SMP_BINS; i += SMP_THREADS) sh.hc[i] = 0;
+    if (fast_k || fast_p)
+        for (int i = threadIdx.x; i < SMP_BINS; i += SMP_THREADS) {
+            sh.hc[i] = 0;
+            sh.hm[i] = 0;
+        }
     const int span = ((V + C * SMP_WARPS - 1) / (C * SMP_WARPS) + 127) & ~127;
     smp_row r;
     r.l = logits + (size_t)row * V;
@@ -599,21 +609,33 @@ static __global__ void __launch_bounds__(SMP_THREADS) sample_kernel(float *logit
             if (key[j]) {
                 cnt++;
                 mass += dsmp_weight(p[j]);
-                if (fast) atomicAdd(&sh.hc[key[j] >> 20], 1u);
+                if (fast_k || fast_p) atomicAdd(&sh.hc[key[j] >> 20], 1u);
+                if (fast_p) atomicAdd(&sh.hm[key[j] >> 20], (unsigned long long)dsmp_weight(p[j]));
             }
     });
     smp_cluster_sum2<C>(cnt, mass, sh);
     if (cnt == 0) return; /* nothing has p > 0 (1/T overflowed): the argmax */
-    if (fast) {
+    bool tried = false; /* a fast path's bin search ran (and found too many candidates) */
+    if (fast_k) { /* the bin where the count reaches min(top_k, kept) */
         const unsigned long long target = cnt < (unsigned long long)rs.top_k ? cnt : (unsigned long long)rs.top_k;
         smp_find_bin<C, false, false>(SMP_BINS, target, 0, 0, sh);
         if (sh.bc_above + sh.bin_count <= SMP_CAND_MAX) { /* the same decision in every block */
-            smp_fast_draw<C>(r, rs, sh.bin, sh, ids + row);
+            smp_fast_draw<C>(r, rs, sh.bin, 0ull, sh, ids + row);
             return;
         }
-        if (rank == 0 && threadIdx.x == 0) atomicAdd(&smp_fast_fallbacks, 1ull);
-        smp_csync<C>(); /* no block clears its histogram while another still reads it */
+        tried = true;
+    } else if (fast_p && (rs.top_k == 0 || (unsigned long long)rs.top_k >= cnt) && cnt > 1) {
+        /* the bin where the mass reaches top_p's target of all the kept mass */
+        smp_find_bin<C, true, true>(SMP_BINS, dsmp_mass_target(rs.top_p, mass), 0, 0, sh);
+        if (sh.bc_above + sh.bin_count <= SMP_FAST_K) { /* every candidate may be a finalist: hc's room */
+            smp_csync<C>(); /* every block has read rank 0's masses: its hm becomes the list */
+            smp_fast_draw<C>(r, rs, sh.bin, mass, sh, ids + row);
+            return;
+        }
+        tried = true;
     }
+    if (tried && rank == 0 && threadIdx.x == 0) atomicAdd(&smp_fast_fallbacks, 1ull);
+    if (fast_k || fast_p) smp_csync<C>(); /* no block clears its histogram while another still reads it */
     smp_sel sel = {0u, 0};
     if (rs.top_k > 0 && cnt > (unsigned long long)rs.top_k)
         sel = smp_select<C, false>(r, sel, (unsigned long long)rs.top_k, &cnt, &mass, sh);
@@ -684,7 +706,7 @@ static int cluster_for(int n_rows) {
     return c;
 }
 
-/* The top_k fast path: on unless ORCHID_SAMPLE_NOFAST=1 or cuda_sample_force_slow (A/B, tests). */
+/* The fast paths: on unless ORCHID_SAMPLE_NOFAST=1 or cuda_sample_force_slow (A/B, tests). */
 static int g_force_slow;
 extern "C" void cuda_sample_force_slow(int on) { g_force_slow = on; }
 static int sample_fast_ok(void) {

@@ -5,8 +5,9 @@
  * sequences x one token, timed over --steps forwards (a) with every row's logits
  * downloaded into the backend's host buffers (pinned, as the server's) for a host sampler,
  * (b) with no outputs (n_out = 0), (c) with each row's argmax (greedy requests), (d) with
- * each row's token drawn by the device sampler at temperature 1 and (e) at Qwen's
- * recommended 0.7 / top_p 0.8 / top_k 20 (sampled requests, cuda_sample.cu); then
+ * each row's token drawn by the device sampler at temperature 1, (e) at Qwen's
+ * recommended 0.7 / top_p 0.8 / top_k 20 (sampled requests, cuda_sample.cu) and (f) at 0.7 /
+ * top_p 0.8 without top_k (as OpenAI clients send it); then
  * five profiled forwards (per-op GPU times, events between ops, the host queued ahead
  * behind a 30 ms GPU spin so the deltas are GPU time). Prints a table and the profiles.
  *
@@ -27,7 +28,7 @@ void cuda_backend_profile_dump(struct backend *b, FILE *f);
 int cuda_backend_set_profile(struct backend *b, int on, char *err, size_t errlen);
 int cuda_backend_trace_next(struct backend *b, const char *path);
 
-enum out_mode { OUT_LOGITS, OUT_NONE, OUT_ARGMAX, OUT_SAMPLE_T1, OUT_SAMPLE_QWEN };
+enum out_mode { OUT_LOGITS, OUT_NONE, OUT_ARGMAX, OUT_SAMPLE_T1, OUT_SAMPLE_QWEN, OUT_SAMPLE_TOPP };
 
 static int step(struct backend *be, struct backend_session **ss, int T, int pos, int32_t *tok, int32_t *posv, int32_t *seq,
                 int32_t *rows, float **dst, enum out_mode mode, char *err, size_t errlen) {
@@ -38,15 +39,17 @@ static int step(struct backend *be, struct backend_session **ss, int T, int pos,
         posv[i] = pos;
         seq[i] = i;
         rows[i] = i;
-        rs[i] = mode == OUT_SAMPLE_QWEN ? (struct row_sampling){.temperature = 0.7f, .top_p = 0.8f, .top_k = 20}
-                                        : (struct row_sampling){.temperature = 1.0f, .top_p = 1.0f};
+        rs[i] = mode == OUT_SAMPLE_QWEN   ? (struct row_sampling){.temperature = 0.7f, .top_p = 0.8f, .top_k = 20}
+                : mode == OUT_SAMPLE_TOPP ? (struct row_sampling){.temperature = 0.7f, .top_p = 0.8f}
+                                          : (struct row_sampling){.temperature = 1.0f, .top_p = 1.0f};
         rs[i].u = (double)((i * 2654435761u + (unsigned)pos * 40503u) & 0xffffffu) / 16777216.0;
     }
-    const bool ids_only = mode == OUT_ARGMAX || mode == OUT_SAMPLE_T1 || mode == OUT_SAMPLE_QWEN;
+    const bool sampled = mode == OUT_SAMPLE_T1 || mode == OUT_SAMPLE_QWEN || mode == OUT_SAMPLE_TOPP;
+    const bool ids_only = mode == OUT_ARGMAX || sampled;
     struct fwd_batch b = {.n_tokens = T, .tokens = tok, .pos = posv, .seq = seq, .sessions = ss, .n_seqs = T,
                           .n_out = mode == OUT_NONE ? 0 : T, .out_rows = rows, .out_logits = ids_only ? none : dst,
                           .out_argmax = ids_only ? ids : NULL,
-                          .out_sampling = mode == OUT_SAMPLE_T1 || mode == OUT_SAMPLE_QWEN ? rs : NULL};
+                          .out_sampling = sampled ? rs : NULL};
     return be->forward(be, &b, err, errlen);
 }
 
@@ -128,18 +131,18 @@ int main(int argc, char **argv) {
     for (int i = 0; i < maxT; i++) tok[i] = (int32_t)(1000 + 7 * i);
     int pos = ctx;
     printf("\n| T | ms/step, T logits rows (pinned) | no outputs | T argmax ids | T sampled ids, T = 1 | T sampled ids, "
-           "0.7 / 0.8 / 20 |\n|---:|---:|---:|---:|---:|---:|\n");
+           "0.7 / 0.8 / 20 | T sampled ids, 0.7 / 0.8 |\n|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < nT; k++) {
         const int T = Ts[k];
-        double ms[5];
-        for (int mode = OUT_LOGITS; mode <= OUT_SAMPLE_QWEN; mode++) {
+        double ms[6];
+        for (int mode = OUT_LOGITS; mode <= OUT_SAMPLE_TOPP; mode++) {
             if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, mode, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
             t0 = now_seconds();
             for (int i = 0; i < steps; i++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, mode, err, sizeof err);
             ms[mode] = (now_seconds() - t0) * 1e3 / steps;
         }
-        printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", T, ms[OUT_LOGITS], ms[OUT_NONE], ms[OUT_ARGMAX],
-               ms[OUT_SAMPLE_T1], ms[OUT_SAMPLE_QWEN]);
+        printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", T, ms[OUT_LOGITS], ms[OUT_NONE], ms[OUT_ARGMAX],
+               ms[OUT_SAMPLE_T1], ms[OUT_SAMPLE_QWEN], ms[OUT_SAMPLE_TOPP]);
     }
     for (int k = 0; trace_dir && k < 2; k++) {
         const int T = k ? maxT : 1;

@@ -179,13 +179,13 @@ int main(void) {
         test_rows(10, V, ROW_SPECIAL, what);
     }
     for (int rep = 0; rep < 4; rep++) test_rows(64, 248320, rep & 1 ? ROW_TIES : ROW_NORMAL, "more V=248320");
-    /* the top_k fast path drew rows, and handed rows with too many candidates (all-tied,
-     * many-tie rows) to the radix passes; then those passes for every row */
+    /* the fast paths (top_k, top_p alone) drew rows, and handed rows with too many
+     * candidates (all-tied, many-tie rows) to the radix passes; then those passes for every row */
     unsigned long long fast = 0, fallbacks = 0;
     CHECK(cuda_sample_fast_counts(&fast, &fallbacks) == 0, "sample: fast-path counters unreadable");
-    CHECK(fast > 0, "sample: the top_k fast path drew no row");
-    CHECK(fallbacks > 0, "sample: no row fell back from the top_k fast path");
-    printf("  top_k fast path: %llu rows drawn, %llu handed to the radix passes\n", fast, fallbacks);
+    CHECK(fast > 0, "sample: the fast paths drew no row");
+    CHECK(fallbacks > 0, "sample: no row fell back from the fast paths");
+    printf("  fast paths: %llu rows drawn, %llu handed to the radix passes\n", fast, fallbacks);
     cuda_sample_force_slow(1);
     test_rows(64, 248320, ROW_NORMAL, "radix passes: normal V=248320");
     test_rows(64, 248320, ROW_TIES, "radix passes: ties V=248320");
