@@ -12,7 +12,8 @@
 #
 # PHASES (default "tests contract batch"): any of
 #   tests     test_cuda_ops, test_cuda_model (the carried tiny model), test_cuda_sample of
-#             the last arm's pack (the candidate), with that arm's environment
+#             the last arm's pack (the candidate), with that arm's environment, each
+#             killed after TEST_TIMEOUT seconds (default 240; exit 124 in the summary)
 #   contract  orchid bench --synth 35b-a3b --backend cuda at CONTEXTS (default 512),
 #             ROUNDS (default 2) rounds, every arm, fresh process each
 #   batch     bench_batch_decode --ctx 512 --batches BATCHES (default 1,8,32,64), every arm,
@@ -42,6 +43,7 @@ SERVE_BACKEND=${SERVE_BACKEND:-cuda}
 SERVE_ARGS=${SERVE_ARGS:-}
 SAME_ARGS=${SAME_ARGS:-}
 BATCH_ARGS=${BATCH_ARGS:-}
+TEST_TIMEOUT=${TEST_TIMEOUT:-240} # seconds a GPU test binary may run (tests phase)
 dev=.cache/dev
 root=/tmp/og
 res=$root/res
@@ -96,8 +98,8 @@ for phase in $PHASES; do
     tests)
         bin=$root/${packs[$last]}/bin
         for t in test_cuda_ops test_cuda_model test_cuda_sample; do
-            arm "$last" "$bin/$t" >"$res/$t.log" 2>&1
-            rc=$?
+            arm "$last" timeout "$TEST_TIMEOUT" "$bin/$t" >"$res/$t.log" 2>&1
+            rc=$? # 124: killed at TEST_TIMEOUT (a hung kernel must not take the whole call)
             note "$t (${names[$last]}): $(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$res/$t.log" | tail -1) (exit $rc)"
             grep -m5 FAIL "$res/$t.log" >>"$summary"
         done

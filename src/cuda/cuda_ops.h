@@ -320,6 +320,8 @@ int cuda_skinny_kslices(int K);
 int cuda_skinny_pipe_init(char *err, size_t errlen);
 int cuda_skinny_pipe_enable(int on);
 int cuda_skinny_pipe_launches(void);
+int cuda_skinny_pipe_q_launches(void); /* of them, the gate/up launches in k-range stages (ORCHID_SPQ=1: on) */
+int cuda_skinny_pipe_q_enable(int on);  /* that form on (where the device takes it) or off; the previous state */
 int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act);
 int cuda_skinny_pipe_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
