@@ -141,7 +141,7 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 1)
  * (the first k16 step writes, three add — sw_wg_kernel's argument), sk_group_scale adds the
  * groups of a slice (GPW of them, in order) onto 0, and the slices' sums are added in order
  * onto 0 (tot += acc at each slice's end: the reduction's v = 0 + p0 + p1 + ...), then
- * accumulate ? old + v : v. The GPU tests compare every token of 17, 40 and 64 with the
+ * accumulate ? old + v : v. The GPU tests compare every token of 17, 24, 33, 40 and 64 with the
  * token alone (cuda_tcv.cu), bitwise, in both forms. ORCHID_TL_NOWG=1: the mma.sync form. */
 #define TW_N 32      /* tokens a block (two token groups for 33..64: blockIdx.y) */
 #define TW_WGS 3     /* warpgroups a block (one block an SM) */
