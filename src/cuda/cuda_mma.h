@@ -7,6 +7,7 @@
 #define ORCHID_CUDA_MMA_H
 
 #include "cuda/cuda_internal.h"
+#include "cuda/cuda_wgmma.h"
 
 /* Whether the skinny kernels (cuda_skinny.cu, cuda_skinny_wide.cu) launch with PDL:
  * their weight copies then go out while the previous kernel finishes (H200, 64 sequences:
@@ -610,5 +611,46 @@ __device__ __forceinline__ void wg_stage_tokens(unsigned char *xb, float *xsum, 
 #endif
     __syncthreads();
 }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* One quantization group on wgmma (sw_wg_kernel, tall_wg_kernel): f's A fragments (LOP3:
+ * sk_frags' fused form, else its C form — the same values) against the N tokens' row of the
+ * group at xg_s (wg_stage_tokens' layout), four k16 steps into cg — the first writes (cg's old
+ * values unread), three add: each group's Σ(128 + q)·x the same as mma.sync's — committed as
+ * one wgmma group. The caller waits for it (wg_group_scale). */
+template <int N, bool LOP3>
+__device__ __forceinline__ void wg_group_issue(const sk_w &f, uint32_t xg_s, float (&cg)[N / 2]) {
+    uint32_t af[4][4];
+    sk_frags<LOP3>(f, af);
+    uint64_t desc[4];
+#pragma unroll
+    for (int st = 0; st < 4; st++) {
+        desc[st] = wg_desc(xg_s + (uint32_t)(st * 32));
+        asm volatile("" : "+l"(desc[st])::"memory");
+    }
+    reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
+    reg_fence(cg);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_k16<N, 0>(cg, af[0], desc[0]);
+#pragma unroll
+    for (int st = 1; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/* Waits until at most W wgmma groups are in flight (the group of cg done), then adds the
+ * group's sums onto acc in sk_group_scale's order: n-tile j (tokens 8j .. 8j + 7) onto acc[j],
+ * xsum[t·ld] being token t's Σx of this group. */
+template <int N, int W>
+__device__ __forceinline__ void wg_group_scale(const sk_w &f, float (&cg)[N / 2], const float *xsum, int ld, int c,
+                                               float (*acc)[4]) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(W) : "memory");
+    reg_fence(cg);
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) {
+        const float cj[4] = {cg[4 * j], cg[4 * j + 1], cg[4 * j + 2], cg[4 * j + 3]};
+        sk_group_scale(f, cj, xsum[(8 * j + 2 * c) * ld], xsum[(8 * j + 2 * c + 1) * ld], acc[j]);
+    }
+}
+#endif
 
 #endif

@@ -143,6 +143,34 @@ __device__ __forceinline__ sp_unit sp_locate(int u, const int *pfx, const int *c
     return r;
 }
 
+/* Unit i's reduction by the reducer warps (both kernels): red holds its KS slices' partials,
+ * [k][MT m-tiles][4][32] (sk_group_scale's four outputs a lane); each (row, slot) of the unit
+ * adds its slices in order from 0; SwiGLU: gate m-tile m with up m-tile m + MT/2 into act,
+ * else into y. Waits for the consumers' redfull of the unit's buffer (i & 1) and frees it. */
+template <bool SWIGLU>
+__device__ __forceinline__ void sp_reduce_unit(const float *red, int MT, int KS, const sp_unit &w, int i,
+                                               unsigned long long *redfull, unsigned long long *redfree, uint16_t *act,
+                                               int ld_act, float *y, int ldy) {
+    const int at = threadIdx.x - SP_CONSUMERS, rb = i & 1;
+    mbar_wait(&redfull[rb], (unsigned)(i / 2) & 1u);
+    for (int q = at; q < (SWIGLU ? MT / 2 : MT) * 128; q += SP_REDUCERS) {
+        const int m = q >> 7, l = q & 31, k4 = (q >> 5) & 3;
+        const int jj = 2 * (l & 3) + (k4 & 1);
+        if (jj >= w.n) continue;
+        const int r = w.rbase + m * 16 + sp_prow(l >> 2) + (k4 >= 2 ? 8 : 0);
+        float v = 0.0f, u = 0.0f;
+        for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + m) * 4 + k4) * 32 + l];
+        if (SWIGLU) {
+            for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * 4 + k4) * 32 + l];
+            act[(size_t)(w.m0 + jj) * ld_act + r] = f2bf(silu(v) * u);
+        } else {
+            y[(size_t)(w.m0 + jj) * ldy + r] = v;
+        }
+    }
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(&redfree[rb]);
+}
+
 /* Trace builds: thread 0's (a consumer's) time in each phase of its unit loop, summed over
  * the block's units and written as marks 4..7 laid end to end after the wait (so a
  * timeline's phase deltas are the sums): 4 = prologue (route scan), 5 = waiting for a
@@ -357,28 +385,10 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const
     }
 
     if (tid >= SP_CONSUMERS) { /* each unit's reduction: the k-slices meet in slice order (cuda_skinny.cu's, one n-tile) */
-        const int at = tid - SP_CONSUMERS;
         for (int j = 0; j < n_mine; j++) {
-            const int rb = j & 1;
             const sp_unit w = sp_locate(u0 + j, pfx, cnt, off, E, orows, ec);
-            const float *red = reinterpret_cast<const float *>(sm + L.red) + (size_t)rb * 8 * 4 * 32;
-            mbar_wait(&redfull[rb], (unsigned)(j / 2) & 1u);
-            for (int q = at; q < (SWIGLU ? MT / 2 : MT) * 128; q += SP_REDUCERS) {
-                const int m = q >> 7, l = q & 31, k4 = (q >> 5) & 3;
-                const int jj = 2 * (l & 3) + (k4 & 1);
-                if (jj >= w.n) continue;
-                const int r = w.rbase + m * 16 + sp_prow(l >> 2) + (k4 >= 2 ? 8 : 0);
-                float v = 0.0f, u = 0.0f;
-                for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + m) * 4 + k4) * 32 + l];
-                if (SWIGLU) {
-                    for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * 4 + k4) * 32 + l];
-                    a.act[(size_t)(w.m0 + jj) * a.ld_act + r] = f2bf(silu(v) * u);
-                } else {
-                    a.y[(size_t)(w.m0 + jj) * a.ldy + r] = v;
-                }
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&redfree[rb]);
+            sp_reduce_unit<SWIGLU>(reinterpret_cast<const float *>(sm + L.red) + (size_t)(j & 1) * 8 * 4 * 32, MT, KS, w, j,
+                                   redfull, redfree, a.act, a.ld_act, a.y, a.ldy);
         }
         return;
     }
@@ -535,25 +545,11 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_q_kernel(con
         return;
     }
 
-    if (tid >= SP_CONSUMERS) { /* each unit's reduction: the k-slices meet in slice order */
-        const int at = tid - SP_CONSUMERS;
+    if (tid >= SP_CONSUMERS) { /* each unit's reduction: the k-slices meet in slice order (8 m-tiles) */
         for (int i = 0; i < n_mine; i++) {
-            const int rb = i & 1;
             const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, SQ_ROWS, ec);
-            const float *red = reinterpret_cast<const float *>(sm + L.red) + (size_t)rb * KS * 8 * 4 * 32;
-            mbar_wait(&redfull[rb], (unsigned)(i / 2) & 1u);
-            for (int cell = at; cell < 4 * 128; cell += SP_REDUCERS) {
-                const int m = cell >> 7, l = cell & 31, k4 = (cell >> 5) & 3;
-                const int jj = 2 * (l & 3) + (k4 & 1);
-                if (jj >= w.n) continue;
-                const int r = w.rbase + m * 16 + sp_prow(l >> 2) + (k4 >= 2 ? 8 : 0);
-                float v = 0.0f, u = 0.0f;
-                for (int k = 0; k < KS; k++) v += red[((size_t)(k * 8 + m) * 4 + k4) * 32 + l];
-                for (int k = 0; k < KS; k++) u += red[((size_t)(k * 8 + m + 4) * 4 + k4) * 32 + l];
-                a.act[(size_t)(w.m0 + jj) * a.ld_act + r] = f2bf(silu(v) * u);
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&redfree[rb]);
+            sp_reduce_unit<true>(reinterpret_cast<const float *>(sm + L.red) + (size_t)(i & 1) * KS * 8 * 4 * 32, 8, KS, w, i,
+                                 redfull, redfree, a.act, a.ld_act, nullptr, 0);
         }
         return;
     }
@@ -749,6 +745,14 @@ static const CUtensorMap *sp_map_for(const cuda_qmat &w, int kind, int orows, in
     return (*rc = sp_encode_map(w, kind, orows, inner, scratch)) ? nullptr : &scratch->m;
 }
 
+/* Whether a stack's codes, scales and biases (and the second's, w1 non-NULL) start on 16
+ * bytes, as the tensor maps and bulk copies need. */
+static bool sp_aligned(const cuda_qmat &w0, const cuda_qmat *w1) {
+    const uintptr_t al = (uintptr_t)w0.codes | (uintptr_t)w0.scales | (uintptr_t)w0.biases |
+                         (w1 ? (uintptr_t)w1->codes | (uintptr_t)w1->scales | (uintptr_t)w1->biases : 0);
+    return (al & 15) == 0;
+}
+
 /* 1 = launched; 0 = this case is not the pipelined kernel's (the caller launches
  * cuda_skinny.cu's); negative = error. RB: cuda_skinny.cu's rows a tile for K. Shapes it
  * takes: K a multiple of 256 (whole 128-byte codes segments), whole row blocks, a half's
@@ -763,9 +767,7 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
     if (w0.rows % orows || a.ldx % 8 || ((uintptr_t)a.x & 15) || (orows * G * 2) % 16) return 0;
     if ((G / (8 / (a.RB / 16))) % 2) return 0; /* a warp's groups go two at a time (sp_products) */
     if (w0.n_mats < a.E || (w1 && (w1->cols != K || w1->rows != w0.rows || w1->bits != 4 || w1->n_mats < a.E))) return 0;
-    const uintptr_t al = (uintptr_t)w0.codes | (uintptr_t)w0.scales | (uintptr_t)w0.biases |
-                         (w1 ? (uintptr_t)w1->codes | (uintptr_t)w1->scales | (uintptr_t)w1->biases : 0);
-    if (al & 15) return 0;
+    if (!sp_aligned(w0, w1)) return 0;
     a.stages = sp_stages(a.RB, K, a.E, swiglu);
     if (!a.stages) return 0;
     a.rows = w0.rows;
@@ -812,9 +814,7 @@ static int sq_launch(const struct cuda_ctx *c, const sp_args &p, const cuda_qmat
         return 0;
     const int NQ = G % 32 == 0 && (K / 256) % 4 == 0 ? 4 : G % 16 == 0 && (K / 256) % 2 == 0 ? 2 : 0;
     if (!NQ || NQ % KS || (G / NQ) % 2 || p.ldx % 8 || ((uintptr_t)p.x & 15) || (G * 2) % 16) return 0;
-    const uintptr_t al = (uintptr_t)gate.codes | (uintptr_t)gate.scales | (uintptr_t)gate.biases | (uintptr_t)up.codes |
-                         (uintptr_t)up.scales | (uintptr_t)up.biases;
-    if (al & 15) return 0;
+    if (!sp_aligned(gate, &up)) return 0;
     sq_args a;
     memset(&a, 0, sizeof a);
     int S = SP_MAX_STAGES;

@@ -155,40 +155,13 @@ static constexpr size_t tw_smem(int K) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* Group gi of a warp's step in wsm: its A fragments into four wgmma of N columns (the
- * tokens' group grp in xb), committed as one wgmma group; returns the group's scales and
- * biases for the scale after its wait. */
+/* Group gi of a warp's step in wsm into four wgmma of the tokens' group grp (wg_group_issue,
+ * the LOP3 form); returns the group's scales and biases for its scale after the wait. */
 __device__ __forceinline__ sk_w tw_issue(const unsigned char *wsm, int gi, int gq, int c, uint32_t xb_s, int grp,
                                          float (&cg)[TW_N / 2]) {
     const sk_w f = tcv_smem_group<4>(wsm, gi, gq, c);
-    uint32_t af[4][4];
-    sk_frags(f, af); /* the LOP3 form (q_pair) */
-    uint64_t desc[4];
-#pragma unroll
-    for (int st = 0; st < 4; st++) {
-        desc[st] = wg_desc(xb_s + (uint32_t)(grp * TW_N * 128 + st * 32));
-        asm volatile("" : "+l"(desc[st])::"memory");
-    }
-    reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
-    reg_fence(cg);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    wgmma_k16<TW_N, 0>(cg, af[0], desc[0]); /* cg = the first step's sums (its old values unread) */
-#pragma unroll
-    for (int st = 1; st < 4; st++) wgmma_k16<TW_N>(cg, af[st], desc[st]);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    wg_group_issue<TW_N, true>(f, xb_s + (uint32_t)(grp * TW_N * 128), cg);
     return f;
-}
-/* After wait_group W: the group's sums (cg) scaled onto the slice's acc, n-tile j = tokens 8j .. 8j + 7. */
-template <int W>
-__device__ __forceinline__ void tw_scale(const sk_w &f, float (&cg)[TW_N / 2], const float *xsum, int xs_ld, int grp, int c,
-                                         float (&acc)[TW_N / 8][4]) {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(W) : "memory");
-    reg_fence(cg);
-#pragma unroll
-    for (int j = 0; j < TW_N / 8; j++) {
-        const float cj[4] = {cg[4 * j], cg[4 * j + 1], cg[4 * j + 2], cg[4 * j + 3]};
-        sk_group_scale(f, cj, xsum[(8 * j + 2 * c) * xs_ld + grp], xsum[(8 * j + 2 * c + 1) * xs_ld + grp], acc[j]);
-    }
 }
 #endif
 
@@ -237,12 +210,12 @@ static __global__ void __launch_bounds__(TW_WGS * 128, 1)
         float ca[TW_N / 2], cb[TW_N / 2];
         const sk_w f0 = tw_issue(wsm, 0, gq, c, xb_s, g0, ca);
         const sk_w f1 = tw_issue(wsm, 1, gq, c, xb_s, g0 + 1, cb);
-        tw_scale<1>(f0, ca, xsum, xs_ld, g0, c, acc);
+        wg_group_scale<TW_N, 1>(f0, ca, xsum + g0, xs_ld, c, acc);
         const sk_w f2 = tw_issue(wsm, 2, gq, c, xb_s, g0 + 2, ca);
-        tw_scale<1>(f1, cb, xsum, xs_ld, g0 + 1, c, acc);
+        wg_group_scale<TW_N, 1>(f1, cb, xsum + g0 + 1, xs_ld, c, acc);
         const sk_w f3 = tw_issue(wsm, 3, gq, c, xb_s, g0 + 3, cb);
-        tw_scale<1>(f2, ca, xsum, xs_ld, g0 + 2, c, acc);
-        tw_scale<0>(f3, cb, xsum, xs_ld, g0 + 3, c, acc);
+        wg_group_scale<TW_N, 1>(f2, ca, xsum + g0 + 2, xs_ld, c, acc);
+        wg_group_scale<TW_N, 0>(f3, cb, xsum + g0 + 3, xs_ld, c, acc);
         if ((g0 + 4) % gpw == 0) { /* a slice ends: its sum onto the slices before (from 0) */
 #pragma unroll
             for (int j = 0; j < TW_N / 8; j++)

@@ -302,29 +302,9 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
 #pragma unroll 1
     for (int gi = 0; gi < GPW; gi++) { /* rolled: unrolled, ptxas issued later groups' wgmma early, all their sums live */
         const sk_w f = tcv_smem_group<GPW>(wsm, gi, gq, c);
-        uint32_t af[4][4];
-        sk_frags<false>(f, af);
-        uint64_t desc[4];
-#pragma unroll
-        for (int st = 0; st < 4; st++) {
-            desc[st] = wg_desc(xb_s + (uint32_t)(gi * N * 128 + st * 32));
-            asm volatile("" : "+l"(desc[st])::"memory");
-        }
         float cg[N / 2];
-        reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
-        reg_fence(cg);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        wgmma_k16<N, 0>(cg, af[0], desc[0]); /* cg = the first step's sums (its old values unread) */
-#pragma unroll
-        for (int st = 1; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        reg_fence(cg);
-#pragma unroll
-        for (int j = 0; j < N / 8; j++) {
-            const float cj[4] = {cg[4 * j], cg[4 * j + 1], cg[4 * j + 2], cg[4 * j + 3]};
-            sk_group_scale(f, cj, xsum[(8 * j + 2 * c) * (GPW + 4) + gi], xsum[(8 * j + 2 * c + 1) * (GPW + 4) + gi], acc[j]);
-        }
+        wg_group_issue<N, false>(f, xb_s + (uint32_t)(gi * N * 128), cg); /* the C form: see q_pair */
+        wg_group_scale<N, 0>(f, cg, xsum + gi, GPW + 4, c, acc);
     }
     sw_finish<SWIGLU>(a, s, blk, tile, ks, KS, lr0, is_up, t0, N / 8, (int)gridDim.z, acc);
 #endif
