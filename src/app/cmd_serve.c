@@ -34,7 +34,7 @@ static void usage(FILE *f) {
             "                       on CUDA pinned at start: state blocks and KV chunks)\n"
             "  --cache-mem GiB      the same budget in GiB (e.g. 0.5)\n"
             "  --cache-interval N   also checkpoint long prompts every N tokens (default 4096; 0 = never)\n"
-            "  --api-key KEY   require `Authorization: Bearer KEY` (also $ORCHID_API_KEY)\n"
+            "  --api-key KEY   require `Authorization: Bearer KEY` or `x-api-key: KEY` (also $ORCHID_API_KEY)\n"
             "  --thinking X    default when a request does not say (default: the template's, on)\n"
             "  --batch-invariant X  on (default): a request's tokens are the bits it would get alone,\n"
             "                  whatever runs beside it (on CUDA prompt chunks then get forwards of\n"

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "runtime/status.h"
+#include "server/anthropic.h"
 
 int api_error_set(struct api_error *e, int status, const char *type, const char *param, const char *code,
                   const char *fmt, ...) {
@@ -214,7 +215,7 @@ static int parse_sampling(const cJSON *root, int vocab, struct api_request *r, s
 
 /* ---- chat ---- */
 
-static bool valid_fn_name(const char *s) {
+bool api_valid_function_name(const char *s) {
     size_t n = strlen(s);
     if (n == 0 || n > 64) return false;
     for (size_t i = 0; i < n; i++) {
@@ -391,7 +392,7 @@ static int parse_tools(const cJSON *root, struct api_request *r, struct api_erro
                 return BAD(param, "'%s.type' must be \"function\"", param), -1;
             if (!cJSON_IsObject(fn)) return BAD(param, "'%s.function' must be an object", param), -1;
             const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
-            if (!cJSON_IsString(name) || !valid_fn_name(name->valuestring))
+            if (!cJSON_IsString(name) || !api_valid_function_name(name->valuestring))
                 return BAD(param, "'%s.function.name' must be 1-64 characters of a-z, A-Z, 0-9, _ . -", param), -1;
             const cJSON *desc = cJSON_GetObjectItemCaseSensitive(fn, "description");
             if (present(desc) && !cJSON_IsString(desc))
@@ -554,14 +555,21 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
                        (size_t)(end - body));
     }
     if (!cJSON_IsObject(r->root)) return BAD(NULL, "request body must be a JSON object");
+    if (kind == API_MESSAGES || kind == API_MESSAGES_COUNT) {
+        cJSON *chat = NULL;
+        int rc = anthropic_translate(r->root, kind == API_MESSAGES_COUNT, &chat, &r->prefill, e);
+        if (rc) return rc;
+        cJSON_Delete(r->root);
+        r->root = chat;
+    }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(r->root, "model");
     if (!present(model)) return BAD("model", "'model' is required");
     if (!cJSON_IsString(model)) return BAD("model", "'model' must be a string");
-    if (strcmp(model->valuestring, model_id) != 0)
+    if (kind == API_CHAT && strcmp(model->valuestring, model_id) != 0)
         return api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
                              "The model '%.100s' does not exist; this server serves '%s'", model->valuestring, model_id);
     if (parse_sampling(r->root, vocab, r, e)) return e->status;
-    if (kind == API_CHAT) {
+    if (api_is_chat(kind)) {
         bool b = false;
         int rc = get_bool(r->root, "logprobs", &b, e);
         if (rc < 0) return e->status;
@@ -604,6 +612,7 @@ void api_request_free(struct api_request *r) {
     cJSON_Delete(r->messages);
     cJSON_Delete(r->tools);
     free(r->prompt_ids);
+    free(r->prefill);
     memset(r, 0, sizeof *r);
 }
 
@@ -619,7 +628,7 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
     *n_ids = 0;
     *forced_prefix = NULL;
     *start_in_reasoning = false;
-    const char *what = r->kind == API_CHAT ? "messages" : "prompt";
+    const char *what = api_is_chat(r->kind) ? "messages" : "prompt";
     if (r->kind == API_COMPLETION && r->prompt_ids) {
         *ids = r->prompt_ids;
         *n_ids = r->n_prompt_ids;
@@ -629,9 +638,9 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
         char *text = NULL;
         const char *src;
         size_t src_len;
-        if (r->kind == API_CHAT) {
+        if (api_is_chat(r->kind)) {
             int thinking = r->enable_thinking;
-            if (r->tool_choice == TC_REQUIRED || r->tool_choice == TC_NAMED) thinking = 0;
+            if (r->tool_choice == TC_REQUIRED || r->tool_choice == TC_NAMED || r->prefill) thinking = 0;
             int rc = port->render_chat(port->ctx, r->messages, r->tools, thinking, &text, err, sizeof err);
             if (rc == ST_INVALID) return BAD("messages", "'messages' cannot be rendered by the chat template: %s", err);
             if (rc) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
@@ -643,6 +652,17 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
                 prefix = named;
             } else if (r->tool_choice == TC_REQUIRED) {
                 prefix = "<tool_call>\n<function=";
+            }
+            if (r->prefill) { /* the reply continues it; the client has it, so the parser does not see it */
+                size_t a = strlen(text), b = strlen(r->prefill);
+                char *t2 = realloc(text, a + b + 1);
+                if (!t2) {
+                    free(text);
+                    return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+                }
+                memcpy(t2 + a, r->prefill, b + 1);
+                text = t2;
+                *start_in_reasoning = false;
             }
             if (prefix) {
                 size_t a = strlen(text), b = strlen(prefix);
@@ -674,6 +694,11 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
         *n_ids = (int)n;
     }
     long long need = (long long)*n_ids + (r->max_tokens > 0 ? r->max_tokens : 1);
+    if (r->kind == API_MESSAGES && *n_ids > 0 && *n_ids < max_seq && need > max_seq) {
+        r->max_tokens = max_seq - *n_ids;
+        r->max_tokens_clamped = true;
+        need = max_seq;
+    }
     if (*n_ids == 0 || need > max_seq) {
         int n = *n_ids;
         free(*ids);

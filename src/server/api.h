@@ -11,6 +11,10 @@
  * numbers in [-100, 100], at most SAMPLER_MAX_LOGIT_BIAS entries. tool_choice "required" / a named function is enforced by ending
  * the prompt inside an opened "<tool_call>\n<function=" (thinking off). The parse does no tokenization: the HTTP layer renders and encodes the
  * request afterwards (api_prepare_prompt) and checks the context budget.
+ * Anthropic bodies are translated first (anthropic.h); for them any model name
+ * is accepted, and a max_tokens beyond the context left is cut to it (the
+ * reply then ends with stop_reason model_context_window_exceeded) instead of
+ * being refused.
  */
 #ifndef ORCHID_SERVER_API_H
 #define ORCHID_SERVER_API_H
@@ -28,7 +32,11 @@
 #define API_MAX_STOPS 8
 #define API_MAX_STOP_LEN 512
 
-enum api_kind { API_CHAT = 0, API_COMPLETION = 1 };
+/* API_MESSAGES / API_MESSAGES_COUNT: Anthropic bodies (anthropic.h), translated
+ * to the chat shape on parse and handled as chat from there on. */
+enum api_kind { API_CHAT = 0, API_COMPLETION = 1, API_MESSAGES = 2, API_MESSAGES_COUNT = 3 };
+
+static inline bool api_is_chat(enum api_kind k) { return k != API_COMPLETION; }
 enum tool_choice { TC_AUTO = 0, TC_NONE, TC_REQUIRED, TC_NAMED };
 
 struct api_error {
@@ -48,6 +56,8 @@ struct api_request {
     char tool_name[128];
     int enable_thinking; /* -1 template default, 0 off, 1 on */
     bool json_object;
+    char *prefill;       /* owned: text the reply continues (Anthropic final assistant message) */
+    bool max_tokens_clamped; /* Anthropic: max_tokens cut to the context left */
     bool stream, include_usage;
     bool ignore_eos;     /* vLLM extension: end-of-sequence ids do not stop generation */
     int max_tokens;      /* -1: not given */
@@ -75,6 +85,8 @@ char *api_error_json(const struct api_error *e);
 int api_parse(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
               int default_thinking, struct api_request *r, struct api_error *e);
 void api_request_free(struct api_request *r);
+/* A function (tool) name: 1-64 characters of a-z, A-Z, 0-9, _ . - */
+bool api_valid_function_name(const char *s);
 
 /* Renders (chat) and encodes the prompt, checks it against max_seq and fixes
  * max_tokens. Also returns the forced output prefix (tool_choice required or

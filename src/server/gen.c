@@ -10,6 +10,7 @@
 #include "server/gen.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,49 +20,10 @@
 
 #include "runtime/status.h"
 #include "runtime/timing.h"
+#include "server/anthropic.h"
+#include "server/jsonout.h"
 #include "text/output_parser.h"
 #include "text/utf8.h"
-
-/* JSON string literal of UTF-8 text; invalid bytes become U+FFFD. */
-static void b_json_str(buf *b, const char *s, size_t n) {
-    buf_reserve(b, n + 2);
-    buf_append(b, "\"", 1);
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        size_t run = i;
-        while (run < n && u[run] >= 0x20 && u[run] < 0x80 && u[run] != '"' && u[run] != '\\') run++;
-        if (run > i) {
-            buf_append(b, s + i, run - i);
-            i = run;
-            continue;
-        }
-        unsigned char c = u[i];
-        if (c == '"') buf_append(b, "\\\"", 2);
-        else if (c == '\\') buf_append(b, "\\\\", 2);
-        else if (c == '\n') buf_append(b, "\\n", 2);
-        else if (c == '\r') buf_append(b, "\\r", 2);
-        else if (c == '\t') buf_append(b, "\\t", 2);
-        else if (c < 0x20) buf_printf(b, "\\u%04x", c);
-        else {
-            size_t l = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-            if (l == 1 || l > n - i || utf8_invalid_at(s + i, l) != (size_t)-1) {
-                buf_append(b, "\xEF\xBF\xBD", 3);
-            } else {
-                buf_append(b, s + i, l);
-                i += l;
-                continue;
-            }
-        }
-        i++;
-    }
-    buf_append(b, "\"", 1);
-}
-
-static void b_json_float(buf *b, double v) {
-    if (!isfinite(v)) v = v < 0 ? -9999.0 : 0.0;
-    buf_printf(b, "%.6g", v);
-}
 
 struct gen {
     struct gen_config cfg;
@@ -100,6 +62,8 @@ struct gen {
     bool chunk_emitted;    /* in this pump */
     int n_tool_calls;
     uint64_t call_salt;
+    struct am_stream am;   /* API_MESSAGES: the open content block */
+    const char *stop_seq;  /* the stop string that ended the text (into the job), or NULL */
 };
 
 static int on_event(void *user, const output_event *ev);
@@ -107,6 +71,8 @@ static void chunk_begin(struct gen *g);
 static void chunk_end(struct gen *g, const char *finish);
 
 bool gen_streaming(const struct gen *g) { return g->ar.stream; }
+static bool is_chat(const struct gen *g) { return api_is_chat(g->ar.kind); }
+static bool is_messages(const struct gen *g) { return g->ar.kind == API_MESSAGES; }
 bool gen_finished(const struct gen *g) { return g && g->finished; }
 
 static void make_id(char *out, size_t n, const char *prefix, uint64_t a) {
@@ -141,7 +107,7 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     rc = api_prepare_prompt(&g->ar, port, sched_max_seq(cfg->sched), &ids, &n_ids, &forced, &in_reasoning, e);
     if (rc) return rc;
     g->n_prompt = n_ids;
-    if (kind == API_CHAT) {
+    if (api_is_chat(kind)) {
         output_parser_options po = output_parser_options_default();
         po.parse_reasoning = 1;
         po.start_in_reasoning = in_reasoning;
@@ -163,7 +129,7 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     }
     g->job = j;
     g->call_salt = j->id;
-    make_id(g->id, sizeof g->id, kind == API_CHAT ? "chatcmpl-" : "cmpl-", j->id);
+    make_id(g->id, sizeof g->id, kind == API_MESSAGES ? "msg_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-", j->id);
     j->sp = g->ar.sp;
     j->max_tokens = g->ar.max_tokens;
     j->ignore_eos = g->ar.ignore_eos;
@@ -180,7 +146,9 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
                              "the server's request queue is full; retry later");
     if (rc) return api_error_set(e, 503, "server_error", NULL, "unavailable", "the server is shutting down");
     g->submitted = true;
-    if (g->ar.stream && kind == API_CHAT) {
+    if (g->ar.stream && kind == API_MESSAGES) {
+        am_stream_start(&g->am, &g->out, g->id, g->model, g->n_prompt);
+    } else if (g->ar.stream && kind == API_CHAT) {
         chunk_begin(g);
         buf_puts(&g->out, "{\"role\":\"assistant\",\"content\":\"\"}");
         chunk_end(g, NULL);
@@ -240,7 +208,7 @@ static void chunk_end(struct gen *g, const char *finish) {
 
 static void tool_call_id(const struct gen *g, int index, char *out, size_t n) {
     char tmp[48];
-    make_id(tmp, sizeof tmp, "call_", g->call_salt * 131 + (uint64_t)index);
+    make_id(tmp, sizeof tmp, is_messages(g) ? "toolu_" : "call_", g->call_salt * 131 + (uint64_t)index);
     snprintf(out, n, "%s", tmp);
 }
 
@@ -264,23 +232,33 @@ static int on_event(void *user, const output_event *ev) {
         return 0;
     }
     if ((ev->kind == OUT_REASONING || ev->kind == OUT_CONTENT) && ev->len == 0) return 0;
+    if (is_messages(g)) {
+        char id[48] = "";
+        if (ev->kind == OUT_TOOL_CALL) {
+            tool_call_id(g, ev->index, id, sizeof id);
+            g->n_tool_calls++;
+        }
+        am_stream_event(&g->am, &g->out, ev, id);
+        g->chunk_emitted = true;
+        return 0;
+    }
     chunk_begin(g);
     if (ev->kind == OUT_REASONING) {
         buf_puts(&g->out, "{\"reasoning_content\":");
-        b_json_str(&g->out, ev->text, ev->len);
+        json_put_str(&g->out, ev->text, ev->len);
         buf_puts(&g->out, "}");
     } else if (ev->kind == OUT_CONTENT) {
         buf_puts(&g->out, "{\"content\":");
-        b_json_str(&g->out, ev->text, ev->len);
+        json_put_str(&g->out, ev->text, ev->len);
         buf_puts(&g->out, "}");
     } else {
         char id[48];
         tool_call_id(g, ev->index, id, sizeof id);
         buf_printf(&g->out, "{\"tool_calls\":[{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":",
                  ev->index, id);
-        b_json_str(&g->out, ev->name, strlen(ev->name));
+        json_put_str(&g->out, ev->name, strlen(ev->name));
         buf_puts(&g->out, ",\"arguments\":");
-        b_json_str(&g->out, ev->arguments, strlen(ev->arguments));
+        json_put_str(&g->out, ev->arguments, strlen(ev->arguments));
         buf_puts(&g->out, "}}]}");
         g->n_tool_calls++;
     }
@@ -294,7 +272,7 @@ static void lp_token(struct gen *g, buf *b, int32_t id, bool with_bytes, const c
     const char *s = g->port->token_bytes(g->port->ctx, id, &n);
     if (!s) n = 0;
     buf_printf(b, "\"%s\":", key);
-    b_json_str(b, s ? s : "", n);
+    json_put_str(b, s ? s : "", n);
     if (with_bytes) {
         buf_puts(b, ",\"bytes\":[");
         for (size_t i = 0; i < n; i++) buf_printf(b, i ? ",%u" : "%u", (unsigned char)s[i]);
@@ -310,13 +288,13 @@ static void add_logprob(struct gen *g, const struct tok_rec *r) {
         buf_puts(b, "{");
         lp_token(g, b, r->id, true, "token");
         buf_puts(b, ",\"logprob\":");
-        b_json_float(b, r->logprob);
+        json_put_float(b, r->logprob);
         buf_puts(b, ",\"top_logprobs\":[");
         for (int k = 0; k < r->n_top; k++) {
             buf_puts(b, k ? ",{" : "{");
             lp_token(g, b, r->top_ids[k], true, "token");
             buf_puts(b, ",\"logprob\":");
-            b_json_float(b, r->top_lps[k]);
+            json_put_float(b, r->top_lps[k]);
             buf_puts(b, "}");
         }
         buf_puts(b, "]}");
@@ -327,18 +305,18 @@ static void add_logprob(struct gen *g, const struct tok_rec *r) {
         size_t tn = 0;
         const char *ts = g->port->token_bytes(g->port->ctx, r->id, &tn);
         buf_puts(&g->lp_tokens, sep);
-        b_json_str(&g->lp_tokens, ts ? ts : "", ts ? tn : 0);
+        json_put_str(&g->lp_tokens, ts ? ts : "", ts ? tn : 0);
         buf_puts(&g->lp_vals, sep);
-        b_json_float(&g->lp_vals, r->logprob);
+        json_put_float(&g->lp_vals, r->logprob);
         buf_puts(&g->lp_tops, sep);
         buf_puts(&g->lp_tops, "{");
         for (int k = 0; k < r->n_top; k++) {
             if (k) buf_puts(&g->lp_tops, ",");
             size_t tn = 0;
             const char *ts = g->port->token_bytes(g->port->ctx, r->top_ids[k], &tn);
-            b_json_str(&g->lp_tops, ts ? ts : "", ts ? tn : 0);
+            json_put_str(&g->lp_tops, ts ? ts : "", ts ? tn : 0);
             buf_puts(&g->lp_tops, ":");
-            b_json_float(&g->lp_tops, r->top_lps[k]);
+            json_put_float(&g->lp_tops, r->top_lps[k]);
         }
         buf_puts(&g->lp_tops, "}");
         buf_puts(&g->lp_offs, sep);
@@ -348,7 +326,7 @@ static void add_logprob(struct gen *g, const struct tok_rec *r) {
 }
 
 static void emit_content(struct gen *g, const char *s, size_t n) {
-    if (g->ar.kind == API_CHAT) {
+    if (is_chat(g)) {
         output_parser_feed(g->op, s, n, on_event, g);
         return;
     }
@@ -359,14 +337,23 @@ static void emit_content(struct gen *g, const char *s, size_t n) {
     if (!n) return;
     chunk_begin(g);
     buf_puts(&g->out, "\"text\":");
-    b_json_str(&g->out, s, n);
+    json_put_str(&g->out, s, n);
     chunk_end(g, NULL);
 }
 
 static const char *finish_name(const struct gen *g) {
+    if (is_messages(g)) {
+        if (g->fin == FIN_LENGTH) return g->ar.max_tokens_clamped ? "model_context_window_exceeded" : "max_tokens";
+        if (g->n_tool_calls > 0) return "tool_use";
+        return g->stop_seq ? "stop_sequence" : "end_turn";
+    }
     if (g->fin == FIN_LENGTH) return "length";
     if (g->n_tool_calls > 0) return "tool_calls";
     return "stop";
+}
+
+static struct am_usage am_usage_of(const struct gen *g) {
+    return (struct am_usage){.prompt = g->n_prompt, .cached = g->cached, .output = g->n_gen};
 }
 
 /* Adds obj[key] = the JSON text assembled in t (null if it does not parse); frees t. */
@@ -378,6 +365,15 @@ static void add_parsed(cJSON *obj, const char *key, buf *t) {
 }
 
 static void stream_finish(struct gen *g) {
+    if (is_messages(g)) {
+        if (g->fin == FIN_ERROR) am_stream_error(&g->out, 500, "internal server error");
+        else if (g->fin == FIN_CANCELLED) am_stream_error(&g->out, 503, "the request was cancelled (server shutting down)");
+        else {
+            struct am_usage u = am_usage_of(g);
+            am_stream_finish(&g->am, &g->out, finish_name(g), g->stop_seq, &u);
+        }
+        return;
+    }
     if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
         buf_puts(&g->out, g->fin == FIN_ERROR
                             ? "data: {\"error\":{\"message\":\"internal server error\",\"type\":\"server_error\","
@@ -437,6 +433,7 @@ bool gen_pump(struct gen *g, int timeout_ms) {
     g->n_gen = j->n_gen;
     g->cached = j->cached;
     g->fin = j->finish;
+    if (done && j->tx.stopped && j->tx.stop_index >= 0) g->stop_seq = j->tx.stops[j->tx.stop_index];
     pthread_mutex_unlock(&j->mu);
     g->cursor = rel;
     g->chunk_emitted = false;
@@ -466,7 +463,17 @@ char *gen_final_json(struct gen *g, int *status) {
             api_error_set(&e, 503, "server_error", NULL, "cancelled", "the request was cancelled (server shutting down)");
         }
         *status = e.status;
-        return api_error_json(&e);
+        return is_messages(g) ? anthropic_error_json(&e) : api_error_json(&e);
+    }
+    if (is_messages(g)) {
+        struct am_usage u = am_usage_of(g);
+        char *s = am_message_json(g->id, g->model, g->reasoning.data, g->content.data, g->tool_calls, finish_name(g),
+                                  g->stop_seq, &u);
+        if (s) return s;
+        struct api_error e;
+        api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
+        *status = 500;
+        return anthropic_error_json(&e);
     }
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "id", g->id);
@@ -533,6 +540,32 @@ char *gen_final_json(struct gen *g, int *status) {
         return api_error_json(&e);
     }
     return s;
+}
+
+int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len, char **json, struct api_error *e) {
+    *json = NULL;
+    memset(e, 0, sizeof *e);
+    enum sched_state st = sched_state(cfg->sched, NULL, 0);
+    const struct model_port *port = st == SCHED_READY ? sched_port(cfg->sched) : NULL;
+    if (!port)
+        return api_error_set(e, 503, "server_error", NULL, NULL,
+                             st == SCHED_LOADING ? "the model is still loading" : "the server is not ready");
+    struct api_request ar;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    char *forced = NULL;
+    bool in_reasoning = false;
+    /* no context limit here: the count is wanted most when it is over */
+    int rc = api_parse(API_MESSAGES_COUNT, body, len, port->model_id, port->vocab, cfg->default_thinking, &ar, e);
+    if (!rc) rc = api_prepare_prompt(&ar, port, INT_MAX, &ids, &n_ids, &forced, &in_reasoning, e);
+    api_request_free(&ar);
+    free(ids);
+    free(forced);
+    if (rc) return rc;
+    *json = malloc(48);
+    if (!*json) return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    snprintf(*json, 48, "{\"input_tokens\":%d}", n_ids);
+    return 0;
 }
 
 long gen_stream_take(struct gen *g, char *buf, size_t max) {

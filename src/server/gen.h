@@ -1,7 +1,8 @@
 /* server/gen.h — one generation request seen from its connection thread:
  * parse + validate + render + tokenize (api.h), submit a job to the
- * scheduler, then turn the job's text into OpenAI responses — a whole JSON
- * body, or SSE chunks — through the reasoning / tool-call output parser.
+ * scheduler, then turn the job's text into OpenAI responses (or Anthropic
+ * ones, anthropic.h) — a whole JSON body, or SSE chunks / events — through
+ * the reasoning / tool-call output parser.
  * Everything here runs on the connection thread; the scheduler is only
  * touched through the job (sched.h). */
 #ifndef ORCHID_SERVER_GEN_H
@@ -37,6 +38,10 @@ char *gen_final_json(struct gen *g, int *status);
  * number of bytes (0 = nothing yet), or -1 when the stream is complete. */
 long gen_stream_take(struct gen *g, char *buf, size_t max);
 void gen_cancel(struct gen *g);
+/* POST /v1/messages/count_tokens: *json = {"input_tokens":N} (malloc'd), the
+ * prompt's token count. Returns 0, or an HTTP status with e filled. Runs on
+ * the connection thread (render + encode); the scheduler is not involved. */
+int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len, char **json, struct api_error *e);
 void gen_stats(const struct gen *g, int *prompt, int *cached, int *completion, char *err, size_t errlen);
 void gen_free(struct gen *g);
 

@@ -28,6 +28,7 @@
 
 #include "runtime/status.h"
 #include "runtime/timing.h"
+#include "server/anthropic.h"
 #include "server/gen.h"
 #include "server/metrics.h"
 
@@ -59,6 +60,13 @@ struct req {
 
 /* ---- responses ---- */
 
+static bool takes_post(enum metrics_endpoint ep) {
+    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_MESSAGES || ep == EP_COUNT_TOKENS;
+}
+
+/* The Anthropic endpoints answer errors in Anthropic's shape. */
+static bool anthropic_ep(enum metrics_endpoint ep) { return ep == EP_MESSAGES || ep == EP_COUNT_TOKENS; }
+
 static enum MHD_Result send_text(struct req *r, int status, const char *ctype, char *body, size_t len) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
@@ -69,7 +77,7 @@ static enum MHD_Result send_text(struct req *r, int status, const char *ctype, c
     if (status == 429) MHD_add_response_header(resp, "Retry-After", "1");
     if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     if (status == 405) {
-        const char *allow = r->ep == EP_CHAT || r->ep == EP_COMPLETIONS ? "POST" : "GET";
+        const char *allow = takes_post(r->ep) ? "POST" : "GET";
         MHD_add_response_header(resp, "Allow", allow);
     }
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
@@ -86,7 +94,7 @@ static enum MHD_Result send_json(struct req *r, int status, char *body) {
 
 static enum MHD_Result send_error(struct req *r, const struct api_error *e) {
     if (e->status >= 400 && e->status < 500) snprintf(r->err, sizeof r->err, "%s", e->message);
-    return send_json(r, e->status, api_error_json(e));
+    return send_json(r, e->status, anthropic_ep(r->ep) ? anthropic_error_json(e) : api_error_json(e));
 }
 
 static enum MHD_Result fail(struct req *r, int status, const char *type, const char *param, const char *code,
@@ -141,15 +149,22 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 /* ---- routes ---- */
 
+/* A body that is not UTF-8 is refused before it is parsed. Returns true when
+ * it answered (*ret is the handler's result). */
+static bool refuse_bad_utf8(struct req *r, enum MHD_Result *ret) {
+    size_t bad = utf8_invalid_at(r->body ? r->body : "", r->len);
+    if (bad == (size_t)-1) return false;
+    char msg[96];
+    snprintf(msg, sizeof msg, "request body is not valid UTF-8 (byte %zu)", bad);
+    *ret = fail(r, 400, "invalid_request_error", NULL, NULL, msg);
+    return true;
+}
+
 static enum MHD_Result do_generate(struct req *r, enum api_kind kind) {
     struct api_error e;
     struct gen_config cfg = {r->srv->sched, r->srv->opt.default_thinking};
-    size_t bad = utf8_invalid_at(r->body ? r->body : "", r->len);
-    if (bad != (size_t)-1) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "request body is not valid UTF-8 (byte %zu)", bad);
-        return fail(r, 400, "invalid_request_error", NULL, NULL, msg);
-    }
+    enum MHD_Result ret;
+    if (refuse_bad_utf8(r, &ret)) return ret;
     int rc = gen_begin(&r->gen, &cfg, kind, r->body ? r->body : "", r->len, &e);
     if (rc) return send_error(r, &e);
     if (gen_streaming(r->gen)) {
@@ -180,6 +195,16 @@ static enum MHD_Result do_generate(struct req *r, enum api_kind kind) {
     return send_json(r, status, body);
 }
 
+static enum MHD_Result do_count_tokens(struct req *r) {
+    struct api_error e;
+    struct gen_config cfg = {r->srv->sched, r->srv->opt.default_thinking};
+    enum MHD_Result ret;
+    if (refuse_bad_utf8(r, &ret)) return ret;
+    char *json = NULL;
+    if (gen_count_tokens(&cfg, r->body ? r->body : "", r->len, &json, &e)) return send_error(r, &e);
+    return send_json(r, 200, json);
+}
+
 static char *models_json(struct http_server *s, const char *only) {
     const struct model_port *p = sched_port(s->sched);
     const char *id = p ? p->model_id : "Qwen3.6-35B-A3B";
@@ -208,17 +233,25 @@ static enum metrics_endpoint route_of(const char *path) {
     if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/chat/completions")) return EP_CHAT;
     if (!strcmp(path, "/v1/completions") || !strcmp(path, "/completions")) return EP_COMPLETIONS;
     if (!strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11)) return EP_MODELS;
+    if (!strcmp(path, "/v1/messages")) return EP_MESSAGES;
+    if (!strcmp(path, "/v1/messages/count_tokens")) return EP_COUNT_TOKENS;
     if (!strcmp(path, "/health")) return EP_HEALTH;
     if (!strcmp(path, "/metrics")) return EP_METRICS;
     return EP_OTHER;
 }
 
+/* The key comes as "Authorization: Bearer KEY" (OpenAI clients) or
+ * "x-api-key: KEY" (Anthropic clients); either is accepted on every route. */
 static bool authorized(struct req *r) {
     if (!r->srv->has_key || r->ep == EP_HEALTH) return true;
     const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    h += 7;
-    while (*h == ' ') h++;
+    if (h && strncasecmp(h, "Bearer ", 7) == 0) {
+        h += 7;
+        while (*h == ' ') h++;
+    } else {
+        h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "x-api-key");
+        if (!h) return false;
+    }
     /* constant-time compare */
     size_t a = strlen(h), b = strlen(r->srv->api_key);
     unsigned diff = (unsigned)(a ^ b);
@@ -262,13 +295,16 @@ static enum MHD_Result dispatch(struct req *r) {
     }
     case EP_CHAT:
     case EP_COMPLETIONS:
+    case EP_MESSAGES:
+    case EP_COUNT_TOKENS:
         if (!post) return fail(r, 405, "invalid_request_error", NULL, "method_not_allowed", "method not allowed");
         if (r->too_large) {
             char msg[96];
             snprintf(msg, sizeof msg, "request body exceeds %zu bytes", r->srv->opt.max_body);
             return fail(r, 413, "invalid_request_error", NULL, "request_too_large", msg);
         }
-        return do_generate(r, r->ep == EP_CHAT ? API_CHAT : API_COMPLETION);
+        if (r->ep == EP_COUNT_TOKENS) return do_count_tokens(r);
+        return do_generate(r, r->ep == EP_CHAT ? API_CHAT : r->ep == EP_MESSAGES ? API_MESSAGES : API_COMPLETION);
     default:
         return fail(r, 404, "invalid_request_error", NULL, "unknown_url", "not found");
     }
@@ -293,7 +329,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         atomic_fetch_add(&s->active, 1);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->opt.max_body && !strcmp(method, "POST") &&
-            (r->ep == EP_CHAT || r->ep == EP_COMPLETIONS)) {
+            takes_post(r->ep)) {
             r->too_large = true;
             char msg[96];
             snprintf(msg, sizeof msg, "request body exceeds %zu bytes", s->opt.max_body);

@@ -18,7 +18,8 @@
 #define NB 14
 
 static const char *const k_ep_names[EP_COUNT] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                                  "/health", "/metrics", "other"};
+                                                  "/health", "/metrics", "/v1/messages",
+                                                  "/v1/messages/count_tokens", "other"};
 
 struct hist {
     const double *bounds;

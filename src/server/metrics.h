@@ -13,6 +13,8 @@ enum metrics_endpoint {
     EP_MODELS,
     EP_HEALTH,
     EP_METRICS,
+    EP_MESSAGES,       /* Anthropic /v1/messages */
+    EP_COUNT_TOKENS,   /* Anthropic /v1/messages/count_tokens */
     EP_OTHER,
     EP_COUNT
 };

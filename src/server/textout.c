@@ -9,6 +9,7 @@
 
 int textout_init(struct textout *t, size_t cap, const char *const *stops, int n_stops) {
     memset(t, 0, sizeof *t);
+    t->stop_index = -1;
     if (cap < 64) cap = 64;
     t->buf = malloc(cap);
     if (!t->buf) return ST_NOMEM;
@@ -110,11 +111,15 @@ int textout_push(struct textout *t, const char *bytes, size_t n) {
     decode_bytes(t, (const unsigned char *)bytes, n);
     /* Earliest stop occurrence starting at or after `released`. */
     size_t best = (size_t)-1;
+    int best_stop = -1;
     for (int s = 0; s < t->n_stops; s++) {
         size_t sl = t->stop_lens[s];
         if (t->len - start < sl) continue;
         const char *p = memmem(t->buf + start, t->len - start, t->stops[s], sl);
-        if (p && (size_t)(p - t->buf) < best) best = (size_t)(p - t->buf);
+        if (p && (size_t)(p - t->buf) < best) {
+            best = (size_t)(p - t->buf);
+            best_stop = s;
+        }
     }
     if (best != (size_t)-1) {
         t->len = best;
@@ -122,6 +127,7 @@ int textout_push(struct textout *t, const char *bytes, size_t n) {
         t->released = t->len;
         t->npend = 0;
         t->stopped = true;
+        t->stop_index = best_stop;
         return 1;
     }
     /* Hold back the earliest suffix that is a proper prefix of a stop. */

@@ -26,6 +26,8 @@ struct textout {
     size_t stop_lens[TEXTOUT_MAX_STOPS];
     int n_stops;
     bool stopped; /* a stop string was found; text ends before it */
+    int stop_index; /* which of stops[] cut the text (-1: none); the earliest occurrence,
+                       the first listed of those starting there */
 };
 
 /* stops are borrowed (must outlive the textout). Returns 0 or ST_NOMEM. */

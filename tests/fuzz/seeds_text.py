@@ -201,6 +201,25 @@ def seed_http(out: Path):
     put(d, "mock-fail", http_request("POST", "/v1/completions", {"model": MODEL, "prompt": "MOCK_FAIL", "max_tokens": 2}))
     put(d, "keepalive-two", http_request("GET", "/health", key=False) + http_request("GET", "/v1/models"))
     put(d, "http10", b"GET /health HTTP/1.0\r\n\r\n")
+    # Anthropic Messages: every block kind, streaming and not, the x-api-key header, count_tokens
+    tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    am = {"model": "claude-x", "max_tokens": 16, "system": [{"type": "text", "text": "sys"}], "tools": [tool],
+          "messages": [{"role": "user", "content": "SCRIPT:hi <tool_call>"},
+                       {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ""},
+                                                         {"type": "text", "text": "a"},
+                                                         {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                          "input": {"city": "Oslo"}}]},
+                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                     "content": [{"type": "text", "text": "sunny"}], "is_error": True},
+                                                    {"type": "text", "text": "SCRIPT:ok"}]},
+                       {"role": "assistant", "content": "o"}]}
+    put(d, "messages", http_request("POST", "/v1/messages", am))
+    put(d, "messages-stream", http_request("POST", "/v1/messages", dict(am, stream=True, stop_sequences=["k"],
+                                                                         thinking={"type": "enabled", "budget_tokens": 9}),
+                                           chunked=True))
+    put(d, "messages-key", http_request("POST", "/v1/messages", dict(am, tool_choice={"type": "any"}), key=False,
+                                        extra=("x-api-key: fuzz-key",)))
+    put(d, "count-tokens", http_request("POST", "/v1/messages/count_tokens", {"model": "m", "messages": am["messages"]}))
     put(d, "bad-utf8", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer fuzz-key\r\n"
                        b"Content-Length: 5\r\n\r\n{\"\xff\"}")
 

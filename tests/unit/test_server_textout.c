@@ -21,6 +21,7 @@ int main(void) {
 
     /* plain text, no stops: everything released at once */
     CHECK(textout_init(&t, 4, NULL, 0) == 0, "init");
+    CHECK(t.stop_index == -1, "no stop yet: %d", t.stop_index);
     const char *a[] = {"Hel", "lo", " world"};
     push_all(&t, a, 3, &hit);
     CHECK(hit < 0 && t.released == 11 && strcmp(t.buf, "Hello world") == 0, "plain: %s", t.buf);
@@ -67,6 +68,7 @@ int main(void) {
     CHECK(h == 0 && t.released == 8, "held again: %zu", t.released);
     h = textout_push(&t, "OP tail", 7);
     CHECK(h == 1 && t.stopped && strcmp(t.buf, "abc STx ") == 0 && t.released == 8, "stopped: '%s'", t.buf);
+    CHECK(t.stop_index == 0, "stop index of STOP: %d", t.stop_index);
     CHECK(textout_push(&t, "more", 4) == 0 && t.len == 8, "ignored after stop");
     textout_free(&t);
 
@@ -75,6 +77,7 @@ int main(void) {
     CHECK(textout_init(&t, 4, s2, 2) == 0, "init");
     h = textout_push(&t, "alpha beta gamma", 16);
     CHECK(h == 1 && strcmp(t.buf, "alpha ") == 0, "earliest: '%s'", t.buf);
+    CHECK(t.stop_index == 1, "stop index names the earliest (beta): %d", t.stop_index);
     textout_free(&t);
 
     /* a partial stop at the end is text */
