@@ -67,21 +67,13 @@ static int text_or_blocks(const cJSON *c, const char *where, const char *sep, bu
     return 0;
 }
 
-static cJSON *new_message(cJSON *msgs, const char *role, const char *content) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(msgs, m);
-    cJSON_AddStringToObject(m, "role", role);
-    cJSON_AddStringToObject(m, "content", content ? content : "");
-    return m;
-}
-
 /* One user message: text blocks gather into user messages, each tool_result
  * becomes a tool message where it stands. */
 static int user_message(const cJSON *content, int i, cJSON *msgs, struct api_error *e) {
     char where[96];
     snprintf(where, sizeof where, "messages[%d].content", i);
     if (cJSON_IsString(content)) {
-        new_message(msgs, "user", content->valuestring);
+        api_chat_message(msgs, "user", content->valuestring);
         return 0;
     }
     buf text = {0};
@@ -129,12 +121,12 @@ static int user_message(const cJSON *content, int i, cJSON *msgs, struct api_err
             buf_append(&result, body.data ? body.data : "", body.len);
             free(body.data);
             if (has_text) { /* text before the result keeps its place */
-                new_message(msgs, "user", text.data);
+                api_chat_message(msgs, "user", text.data);
                 text.len = 0;
                 if (text.data) text.data[0] = 0;
                 has_text = false;
             }
-            cJSON *m = new_message(msgs, "tool", result.data);
+            cJSON *m = api_chat_message(msgs, "tool", result.data);
             cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
             free(result.data);
         } else if (!strcmp(type, "tool_use") || !strcmp(type, "thinking") || !strcmp(type, "redacted_thinking")) {
@@ -146,7 +138,7 @@ static int user_message(const cJSON *content, int i, cJSON *msgs, struct api_err
         }
     }
     if (rc == 0 && k == 0) rc = BAD(where, "'%s' must not be empty", where);
-    if (rc == 0 && has_text) new_message(msgs, "user", text.data);
+    if (rc == 0 && has_text) api_chat_message(msgs, "user", text.data);
     free(text.data);
     return rc ? -1 : 0;
 }
@@ -163,11 +155,11 @@ static int assistant_message(const cJSON *content, int i, cJSON *msgs, bool *has
     if (text->data) text->data[0] = 0;
     if (cJSON_IsString(content)) {
         buf_puts(text, content->valuestring);
-        new_message(msgs, "assistant", content->valuestring);
+        api_chat_message(msgs, "assistant", content->valuestring);
         return 0;
     }
     buf reasoning = {0};
-    cJSON *calls = cJSON_CreateArray();
+    cJSON *calls = cJSON_CreateObject(); /* holds tool_calls until the message is made */
     int rc = 0, k = 0;
     const cJSON *blk;
     cJSON_ArrayForEach(blk, content) {
@@ -203,13 +195,7 @@ static int assistant_message(const cJSON *content, int i, cJSON *msgs, bool *has
                 rc = BAD(w, "'%s.input' must be an object", w);
                 break;
             }
-            cJSON *call = cJSON_CreateObject();
-            cJSON_AddItemToArray(calls, call);
-            cJSON_AddStringToObject(call, "id", id->valuestring);
-            cJSON_AddStringToObject(call, "type", "function");
-            cJSON *fn = cJSON_AddObjectToObject(call, "function");
-            cJSON_AddStringToObject(fn, "name", name->valuestring);
-            cJSON_AddItemToObject(fn, "arguments", cJSON_Duplicate(input, 1));
+            api_chat_tool_call(calls, id->valuestring, name->valuestring, cJSON_Duplicate(input, 1));
             *has_tool_use = true;
         } else if (!strcmp(t, "tool_result")) {
             rc = BAD(w, "'%s': tool_result blocks belong in user messages", w);
@@ -220,12 +206,10 @@ static int assistant_message(const cJSON *content, int i, cJSON *msgs, bool *has
         }
     }
     if (rc == 0) {
-        cJSON *m = new_message(msgs, "assistant", text->data);
+        cJSON *m = api_chat_message(msgs, "assistant", text->data);
         if (reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", reasoning.data);
-        if (cJSON_GetArraySize(calls)) {
-            cJSON_AddItemToObject(m, "tool_calls", calls);
-            calls = NULL;
-        }
+        cJSON *tc = cJSON_DetachItemFromObjectCaseSensitive(calls, "tool_calls");
+        if (tc) cJSON_AddItemToObject(m, "tool_calls", tc);
     }
     cJSON_Delete(calls);
     free(reasoning.data);
@@ -246,7 +230,7 @@ static int translate_messages(const cJSON *in, cJSON *out, char **prefill, struc
             free(s.data);
             return -1;
         }
-        new_message(nm, "system", s.data);
+        api_chat_message(nm, "system", s.data);
         free(s.data);
     }
     buf last_text = {0};
@@ -324,13 +308,7 @@ static int translate_tools(const cJSON *in, cJSON *out, bool has_prefill, struct
             if (present(desc) && !cJSON_IsString(desc)) return BAD(w, "'%s.description' must be a string", w), -1;
             const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
             if (!cJSON_IsObject(schema)) return BAD(w, "'%s.input_schema' must be a JSON Schema object", w), -1;
-            cJSON *f = cJSON_CreateObject();
-            cJSON_AddItemToArray(nt, f);
-            cJSON_AddStringToObject(f, "type", "function");
-            cJSON *fn = cJSON_AddObjectToObject(f, "function");
-            cJSON_AddStringToObject(fn, "name", name->valuestring);
-            if (cJSON_IsString(desc)) cJSON_AddStringToObject(fn, "description", desc->valuestring);
-            cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(schema, 1));
+            api_chat_tool(nt, name->valuestring, cJSON_IsString(desc) ? desc->valuestring : NULL, schema);
         }
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(in, "tool_choice");
@@ -352,9 +330,7 @@ static int translate_tools(const cJSON *in, cJSON *out, bool has_prefill, struct
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name");
         if (!cJSON_IsString(name) || !name->valuestring[0])
             return BAD("tool_choice", "'tool_choice.name' must be a non-empty string"), -1;
-        cJSON *o = cJSON_AddObjectToObject(out, "tool_choice");
-        cJSON_AddStringToObject(o, "type", "function");
-        cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", name->valuestring);
+        api_chat_tool_choice(out, name->valuestring);
         forced = true;
     } else {
         return BAD("tool_choice", "'tool_choice.type' must be auto, any, tool or none; got '%.40s'", t), -1;

@@ -14,6 +14,7 @@
 
 #include "runtime/status.h"
 #include "server/anthropic.h"
+#include "server/responses.h"
 
 int api_error_set(struct api_error *e, int status, const char *type, const char *param, const char *code,
                   const char *fmt, ...) {
@@ -273,6 +274,42 @@ static char *join_content(const cJSON *c, int idx, bool *is_null, struct api_err
     }
     *p = 0;
     return out;
+}
+
+cJSON *api_chat_message(cJSON *msgs, const char *role, const char *content) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(msgs, m);
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", content ? content : "");
+    return m;
+}
+
+void api_chat_tool(cJSON *tools, const char *name, const char *description, const cJSON *parameters) {
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddItemToArray(tools, f);
+    cJSON_AddStringToObject(f, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(f, "function");
+    cJSON_AddStringToObject(fn, "name", name);
+    if (description) cJSON_AddStringToObject(fn, "description", description);
+    if (parameters) cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(parameters, 1));
+}
+
+void api_chat_tool_call(cJSON *assistant, const char *id, const char *name, cJSON *arguments) {
+    cJSON *calls = cJSON_GetObjectItemCaseSensitive(assistant, "tool_calls");
+    if (!calls) calls = cJSON_AddArrayToObject(assistant, "tool_calls");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(calls, c);
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(fn, "name", name);
+    cJSON_AddItemToObject(fn, "arguments", arguments);
+}
+
+void api_chat_tool_choice(cJSON *req, const char *name) {
+    cJSON *o = cJSON_AddObjectToObject(req, "tool_choice");
+    cJSON_AddStringToObject(o, "type", "function");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", name);
 }
 
 static int parse_messages(const cJSON *msgs, struct api_request *r, struct api_error *e) {
@@ -561,11 +598,17 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
         if (rc) return rc;
         cJSON_Delete(r->root);
         r->root = chat;
+    } else if (kind == API_RESPONSES) {
+        cJSON *chat = NULL;
+        int rc = responses_translate(r->root, &chat, &r->echo, e);
+        if (rc) return rc;
+        cJSON_Delete(r->root);
+        r->root = chat;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(r->root, "model");
     if (!present(model)) return BAD("model", "'model' is required");
     if (!cJSON_IsString(model)) return BAD("model", "'model' must be a string");
-    if (kind == API_CHAT && strcmp(model->valuestring, model_id) != 0)
+    if ((kind == API_CHAT || kind == API_RESPONSES) && strcmp(model->valuestring, model_id) != 0)
         return api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
                              "The model '%.100s' does not exist; this server serves '%s'", model->valuestring, model_id);
     if (parse_sampling(r->root, vocab, r, e)) return e->status;
@@ -613,6 +656,7 @@ void api_request_free(struct api_request *r) {
     cJSON_Delete(r->tools);
     free(r->prompt_ids);
     free(r->prefill);
+    free(r->echo);
     memset(r, 0, sizeof *r);
 }
 

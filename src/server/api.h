@@ -11,7 +11,8 @@
  * numbers in [-100, 100], at most SAMPLER_MAX_LOGIT_BIAS entries. tool_choice "required" / a named function is enforced by ending
  * the prompt inside an opened "<tool_call>\n<function=" (thinking off). The parse does no tokenization: the HTTP layer renders and encodes the
  * request afterwards (api_prepare_prompt) and checks the context budget.
- * Anthropic bodies are translated first (anthropic.h); for them any model name
+ * Anthropic and Responses bodies are translated first (anthropic.h,
+ * responses.h) and validated as chat; for Anthropic ones any model name
  * is accepted, and a max_tokens beyond the context left is cut to it (the
  * reply then ends with stop_reason model_context_window_exceeded) instead of
  * being refused.
@@ -32,9 +33,10 @@
 #define API_MAX_STOPS 8
 #define API_MAX_STOP_LEN 512
 
-/* API_MESSAGES / API_MESSAGES_COUNT: Anthropic bodies (anthropic.h), translated
- * to the chat shape on parse and handled as chat from there on. */
-enum api_kind { API_CHAT = 0, API_COMPLETION = 1, API_MESSAGES = 2, API_MESSAGES_COUNT = 3 };
+/* API_MESSAGES / API_MESSAGES_COUNT: Anthropic bodies (anthropic.h);
+ * API_RESPONSES: OpenAI Responses bodies (responses.h). Both are translated to
+ * the chat shape on parse and handled as chat from there on. */
+enum api_kind { API_CHAT = 0, API_COMPLETION = 1, API_MESSAGES = 2, API_MESSAGES_COUNT = 3, API_RESPONSES = 4 };
 
 static inline bool api_is_chat(enum api_kind k) { return k != API_COMPLETION; }
 enum tool_choice { TC_AUTO = 0, TC_NONE, TC_REQUIRED, TC_NAMED };
@@ -57,6 +59,7 @@ struct api_request {
     int enable_thinking; /* -1 template default, 0 off, 1 on */
     bool json_object;
     char *prefill;       /* owned: text the reply continues (Anthropic final assistant message) */
+    char *echo;          /* owned: the settings a Responses reply echoes (responses.h) */
     bool max_tokens_clamped; /* Anthropic: max_tokens cut to the context left */
     bool stream, include_usage;
     bool ignore_eos;     /* vLLM extension: end-of-sequence ids do not stop generation */
@@ -87,6 +90,18 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
 void api_request_free(struct api_request *r);
 /* A function (tool) name: 1-64 characters of a-z, A-Z, 0-9, _ . - */
 bool api_valid_function_name(const char *s);
+
+/* Builders of the chat shape api_parse reads, for the dialect translators
+ * (anthropic.c, responses.c). A message {role, content} appended to msgs
+ * (content NULL: ""); a function tool {type, function: {name, description?,
+ * parameters?}} appended to tools (parameters copied); a call {id, type,
+ * function: {name, arguments}} appended to an assistant message's tool_calls
+ * (arguments: an object, owned by the message after); a named tool_choice set
+ * on the request. */
+cJSON *api_chat_message(cJSON *msgs, const char *role, const char *content);
+void api_chat_tool(cJSON *tools, const char *name, const char *description, const cJSON *parameters);
+void api_chat_tool_call(cJSON *assistant, const char *id, const char *name, cJSON *arguments);
+void api_chat_tool_choice(cJSON *req, const char *name);
 
 /* Renders (chat) and encodes the prompt, checks it against max_seq and fixes
  * max_tokens. Also returns the forced output prefix (tool_choice required or

@@ -21,6 +21,7 @@
 #include "runtime/status.h"
 #include "runtime/timing.h"
 #include "server/anthropic.h"
+#include "server/responses.h"
 #include "server/jsonout.h"
 #include "text/output_parser.h"
 #include "text/utf8.h"
@@ -63,6 +64,7 @@ struct gen {
     int n_tool_calls;
     uint64_t call_salt;
     struct am_stream am;   /* API_MESSAGES: the open content block */
+    struct rs_stream rs;   /* API_RESPONSES: the open output item, the finished ones */
     const char *stop_seq;  /* the stop string that ended the text (into the job), or NULL */
 };
 
@@ -73,6 +75,11 @@ static void chunk_end(struct gen *g, const char *finish);
 bool gen_streaming(const struct gen *g) { return g->ar.stream; }
 static bool is_chat(const struct gen *g) { return api_is_chat(g->ar.kind); }
 static bool is_messages(const struct gen *g) { return g->ar.kind == API_MESSAGES; }
+static bool is_responses(const struct gen *g) { return g->ar.kind == API_RESPONSES; }
+
+static struct rs_meta rs_meta_of(const struct gen *g) {
+    return (struct rs_meta){.id = g->id, .model = g->model, .created = g->created, .echo = g->ar.echo};
+}
 bool gen_finished(const struct gen *g) { return g && g->finished; }
 
 static void make_id(char *out, size_t n, const char *prefix, uint64_t a) {
@@ -129,7 +136,9 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     }
     g->job = j;
     g->call_salt = j->id;
-    make_id(g->id, sizeof g->id, kind == API_MESSAGES ? "msg_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-", j->id);
+    make_id(g->id, sizeof g->id,
+            kind == API_MESSAGES ? "msg_" : kind == API_RESPONSES ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-",
+            j->id);
     j->sp = g->ar.sp;
     j->max_tokens = g->ar.max_tokens;
     j->ignore_eos = g->ar.ignore_eos;
@@ -148,6 +157,9 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     g->submitted = true;
     if (g->ar.stream && kind == API_MESSAGES) {
         am_stream_start(&g->am, &g->out, g->id, g->model, g->n_prompt);
+    } else if (g->ar.stream && kind == API_RESPONSES) {
+        struct rs_meta m = rs_meta_of(g);
+        rs_stream_start(&g->rs, &g->out, &m);
     } else if (g->ar.stream && kind == API_CHAT) {
         chunk_begin(g);
         buf_puts(&g->out, "{\"role\":\"assistant\",\"content\":\"\"}");
@@ -214,6 +226,8 @@ static void tool_call_id(const struct gen *g, int index, char *out, size_t n) {
 
 static int on_event(void *user, const output_event *ev) {
     struct gen *g = user;
+    if (g->ar.stream && is_responses(g) && ev->kind == OUT_REASONING)
+        buf_append(&g->reasoning, ev->text, ev->len); /* counted at the end (reasoning_tokens) */
     if (!g->ar.stream) {
         if (ev->kind == OUT_REASONING) buf_append(&g->reasoning, ev->text, ev->len);
         else if (ev->kind == OUT_CONTENT) buf_append(&g->content, ev->text, ev->len);
@@ -232,13 +246,18 @@ static int on_event(void *user, const output_event *ev) {
         return 0;
     }
     if ((ev->kind == OUT_REASONING || ev->kind == OUT_CONTENT) && ev->len == 0) return 0;
-    if (is_messages(g)) {
+    if (is_messages(g) || is_responses(g)) {
         char id[48] = "";
         if (ev->kind == OUT_TOOL_CALL) {
             tool_call_id(g, ev->index, id, sizeof id);
             g->n_tool_calls++;
         }
-        am_stream_event(&g->am, &g->out, ev, id);
+        if (is_messages(g)) {
+            am_stream_event(&g->am, &g->out, ev, id);
+        } else {
+            struct rs_meta m = rs_meta_of(g);
+            rs_stream_event(&g->rs, &g->out, &m, ev, id);
+        }
         g->chunk_emitted = true;
         return 0;
     }
@@ -356,6 +375,18 @@ static struct am_usage am_usage_of(const struct gen *g) {
     return (struct am_usage){.prompt = g->n_prompt, .cached = g->cached, .output = g->n_gen};
 }
 
+/* Responses usage: reasoning_tokens is the reasoning text encoded again. */
+static struct rs_usage rs_usage_of(const struct gen *g) {
+    struct rs_usage u = {.prompt = g->n_prompt, .cached = g->cached, .output = g->n_gen};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[128];
+    if (g->reasoning.len && !g->port->encode(g->port->ctx, g->reasoning.data, g->reasoning.len, &ids, &n, err, sizeof err))
+        u.reasoning = (int)n < g->n_gen ? (int)n : g->n_gen;
+    free(ids);
+    return u;
+}
+
 /* Adds obj[key] = the JSON text assembled in t (null if it does not parse); frees t. */
 static void add_parsed(cJSON *obj, const char *key, buf *t) {
     cJSON *v = t->data ? cJSON_Parse(t->data) : NULL;
@@ -365,6 +396,17 @@ static void add_parsed(cJSON *obj, const char *key, buf *t) {
 }
 
 static void stream_finish(struct gen *g) {
+    if (is_responses(g)) {
+        struct rs_meta m = rs_meta_of(g);
+        if (g->fin == FIN_ERROR) rs_stream_fail(&g->rs, &g->out, &m, "server_error", "internal server error");
+        else if (g->fin == FIN_CANCELLED)
+            rs_stream_fail(&g->rs, &g->out, &m, "cancelled", "the request was cancelled (server shutting down)");
+        else {
+            struct rs_usage u = rs_usage_of(g);
+            rs_stream_finish(&g->rs, &g->out, &m, g->fin == FIN_LENGTH ? "max_output_tokens" : NULL, &u);
+        }
+        return;
+    }
     if (is_messages(g)) {
         if (g->fin == FIN_ERROR) am_stream_error(&g->out, 500, "internal server error");
         else if (g->fin == FIN_CANCELLED) am_stream_error(&g->out, 503, "the request was cancelled (server shutting down)");
@@ -464,6 +506,17 @@ char *gen_final_json(struct gen *g, int *status) {
         }
         *status = e.status;
         return is_messages(g) ? anthropic_error_json(&e) : api_error_json(&e);
+    }
+    if (is_responses(g)) {
+        struct rs_meta m = rs_meta_of(g);
+        struct rs_usage u = rs_usage_of(g);
+        char *s = rs_response_json(&m, g->reasoning.data, g->content.data, g->tool_calls,
+                                   g->fin == FIN_LENGTH ? "max_output_tokens" : NULL, &u);
+        if (s) return s;
+        struct api_error e;
+        api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
+        *status = 500;
+        return api_error_json(&e);
     }
     if (is_messages(g)) {
         struct am_usage u = am_usage_of(g);
@@ -613,6 +666,7 @@ void gen_free(struct gen *g) {
         job_release(g->job);
     }
     output_parser_free(g->op);
+    rs_stream_free(&g->rs);
     api_request_free(&g->ar);
     cJSON_Delete(g->tool_calls);
     free(g->in.data);

@@ -61,7 +61,7 @@ struct req {
 /* ---- responses ---- */
 
 static bool takes_post(enum metrics_endpoint ep) {
-    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_MESSAGES || ep == EP_COUNT_TOKENS;
+    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_MESSAGES || ep == EP_COUNT_TOKENS || ep == EP_RESPONSES;
 }
 
 /* The Anthropic endpoints answer errors in Anthropic's shape. */
@@ -234,6 +234,7 @@ static enum metrics_endpoint route_of(const char *path) {
     if (!strcmp(path, "/v1/completions") || !strcmp(path, "/completions")) return EP_COMPLETIONS;
     if (!strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11)) return EP_MODELS;
     if (!strcmp(path, "/v1/messages")) return EP_MESSAGES;
+    if (!strcmp(path, "/v1/responses") || !strcmp(path, "/responses")) return EP_RESPONSES;
     if (!strcmp(path, "/v1/messages/count_tokens")) return EP_COUNT_TOKENS;
     if (!strcmp(path, "/health")) return EP_HEALTH;
     if (!strcmp(path, "/metrics")) return EP_METRICS;
@@ -297,6 +298,7 @@ static enum MHD_Result dispatch(struct req *r) {
     case EP_COMPLETIONS:
     case EP_MESSAGES:
     case EP_COUNT_TOKENS:
+    case EP_RESPONSES:
         if (!post) return fail(r, 405, "invalid_request_error", NULL, "method_not_allowed", "method not allowed");
         if (r->too_large) {
             char msg[96];
@@ -304,7 +306,10 @@ static enum MHD_Result dispatch(struct req *r) {
             return fail(r, 413, "invalid_request_error", NULL, "request_too_large", msg);
         }
         if (r->ep == EP_COUNT_TOKENS) return do_count_tokens(r);
-        return do_generate(r, r->ep == EP_CHAT ? API_CHAT : r->ep == EP_MESSAGES ? API_MESSAGES : API_COMPLETION);
+        return do_generate(r, r->ep == EP_CHAT       ? API_CHAT
+                              : r->ep == EP_MESSAGES ? API_MESSAGES
+                              : r->ep == EP_RESPONSES ? API_RESPONSES
+                                                      : API_COMPLETION);
     default:
         return fail(r, 404, "invalid_request_error", NULL, "unknown_url", "not found");
     }

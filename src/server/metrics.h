@@ -15,6 +15,7 @@ enum metrics_endpoint {
     EP_METRICS,
     EP_MESSAGES,       /* Anthropic /v1/messages */
     EP_COUNT_TOKENS,   /* Anthropic /v1/messages/count_tokens */
+    EP_RESPONSES,      /* OpenAI /v1/responses */
     EP_OTHER,
     EP_COUNT
 };

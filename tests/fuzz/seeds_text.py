@@ -220,6 +220,18 @@ def seed_http(out: Path):
     put(d, "messages-key", http_request("POST", "/v1/messages", dict(am, tool_choice={"type": "any"}), key=False,
                                         extra=("x-api-key: fuzz-key",)))
     put(d, "count-tokens", http_request("POST", "/v1/messages/count_tokens", {"model": "m", "messages": am["messages"]}))
+    # OpenAI Responses: every input item kind, streaming and not
+    rs = {"model": MODEL, "instructions": "i", "max_output_tokens": 16, "reasoning": {"effort": "low"},
+          "tools": [{"type": "function", "name": "get_weather", "parameters": tool["input_schema"]}],
+          "input": [{"role": "developer", "content": "d"},
+                    {"role": "user", "content": [{"type": "input_text", "text": "SCRIPT:a</think>b"}]},
+                    {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}]},
+                    {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                    {"role": "user", "content": "SCRIPT:ok"}]}
+    put(d, "responses", http_request("POST", "/v1/responses", rs))
+    put(d, "responses-stream", http_request("POST", "/v1/responses", dict(rs, stream=True, tool_choice="required"),
+                                            chunked=True))
     put(d, "bad-utf8", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer fuzz-key\r\n"
                        b"Content-Length: 5\r\n\r\n{\"\xff\"}")
 
