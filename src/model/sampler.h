@@ -85,6 +85,20 @@ void sampler_accept(sampler *s, const int32_t *tokens, int n, bool is_prompt);
  * Returns the token id (also in res->token when res is non-NULL). */
 int32_t sampler_sample(sampler *s, float *logits, struct sample_result *res);
 
+/* Constrained output: only tokens allow() accepts are chosen (the filters and
+ * the draw act as if every other token's logit were -inf; greedy takes the
+ * best allowed token); advance() is told each generated token in order
+ * (sampler_accept). allow is asked at most once per token per step, about as
+ * few tokens as the choice needs. logprobs stay those of the model's
+ * distribution. A constrained sampler is never argmax-only or device-sampled:
+ * it needs the logits row. Allocates a [vocab] byte map (ST_NOMEM). */
+struct sampler_constraint {
+    bool (*allow)(void *ctx, int32_t token);
+    void (*advance)(void *ctx, int32_t token);
+    void *ctx;
+};
+int sampler_set_constraint(sampler *s, const struct sampler_constraint *c);
+
 /* Greedy argmax helper: first maximal index, NaN never wins (-1 if all NaN). */
 int32_t sampler_argmax(const float *logits, int n);
 

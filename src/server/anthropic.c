@@ -399,9 +399,17 @@ static int translate_sampling(const cJSON *in, bool count_only, cJSON *out, stru
             cJSON_AddItemToArray(stop, cJSON_CreateString(s->valuestring));
         }
     }
-    const cJSON *oc = cJSON_GetObjectItemCaseSensitive(in, "output_config");
-    if (present(oc) && present(cJSON_GetObjectItemCaseSensitive(oc, "format")))
-        return BAD("output_config.format", "'output_config.format' (structured output) is not supported"), -1;
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(in, "output_config"), "format");
+    if (present(fmt)) { /* structured output: chat's response_format json_schema */
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(fmt, "type");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "json_schema"))
+            return BAD("output_config.format", "'output_config.format.type' must be \"json_schema\""), -1;
+        cJSON *js = cJSON_AddObjectToObject(cJSON_AddObjectToObject(out, "response_format"), "json_schema");
+        cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(out, "response_format"), "type", "json_schema");
+        cJSON_AddStringToObject(js, "name", "output");
+        const cJSON *schema = cJSON_GetObjectItemCaseSensitive(fmt, "schema");
+        if (schema) cJSON_AddItemToObject(js, "schema", cJSON_Duplicate(schema, 1));
+    }
     return 0;
 }
 

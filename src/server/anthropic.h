@@ -18,8 +18,8 @@
  *   thinking enabled / adaptive / between_tools / disabled -> enable_thinking
  *   stop_sequences, temperature ([0, 1]), top_p, top_k, max_tokens (required),
  *   stream                               -> the same-named OpenAI fields
- * Images, documents and server tools are 400s naming the block; an
- * output_config.format (structured output) is a 400 too, never ignored.
+ *   output_config.format json_schema     -> response_format json_schema (enforced)
+ * Images, documents and server tools are 400s naming the block.
  * Unknown top-level fields (metadata, cache_control, service_tier ...) are
  * ignored, as they are by Anthropic's own API for fields it does not use.
  * Any `model` string is accepted (one model is served; Claude Code names its

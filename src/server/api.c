@@ -510,34 +510,77 @@ static int parse_response_format(const cJSON *root, struct api_request *r, struc
     if (!cJSON_IsObject(rf) || !cJSON_IsString(type))
         return BAD("response_format", "'response_format' must be an object with a string 'type'"), -1;
     if (!strcmp(type->valuestring, "text")) return 0;
+    char err[320];
     if (!strcmp(type->valuestring, "json_object")) {
         r->json_object = true;
+        if (jg_compile(NULL, &r->grammar, err, sizeof err))
+            return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error"), -1;
         return 0;
     }
-    return BAD("response_format", "'response_format.type' must be text or json_object; '%.40s' is not supported",
-               type->valuestring),
-           -1;
+    if (strcmp(type->valuestring, "json_schema"))
+        return BAD("response_format", "'response_format.type' must be text, json_object or json_schema; '%.40s' is "
+                                      "not supported", type->valuestring),
+               -1;
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return BAD("response_format.json_schema", "'response_format.json_schema' must be an object"), -1;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (!cJSON_IsString(name) || !name->valuestring[0] || strlen(name->valuestring) > 64)
+        return BAD("response_format.json_schema.name", "'response_format.json_schema.name' must be a string of 1 to 64 "
+                                                       "characters"),
+               -1;
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (present(strict) && !cJSON_IsBool(strict))
+        return BAD("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean"), -1;
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (present(schema) && !cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        return BAD("response_format.json_schema.schema", "'response_format.json_schema.schema' must be a JSON Schema "
+                                                         "object"),
+               -1;
+    cJSON *any = present(schema) ? NULL : cJSON_CreateTrue();
+    int rc = jg_compile(any ? any : schema, &r->grammar, err, sizeof err);
+    cJSON_Delete(any);
+    if (rc)
+        return BAD("response_format.json_schema.schema", "'response_format.json_schema.schema' cannot be enforced: %s",
+                   err),
+               -1;
+    r->json_schema = present(schema) ? schema : NULL;
+    return 0;
 }
 
-/* Adds the json_object instruction to the system message (best effort). */
+/* Adds the JSON instruction to the system message: the model writes better
+ * JSON when told, and the constraint keeps it to what is allowed. */
 static void nudge_json(struct api_request *r) {
-    static const char *k_note = "Respond only with a single valid JSON object.";
+    static const char *k_object = "Respond only with a single valid JSON object.";
+    static const char *k_schema = "Respond only with JSON that matches this JSON Schema: ";
+    char *schema = r->json_schema ? cJSON_PrintUnformatted(r->json_schema) : NULL;
+    const char *note = schema ? k_schema : k_object;
+    size_t nl = strlen(note) + (schema ? strlen(schema) : 0) + 1;
+    char *full = malloc(nl);
+    if (!full) {
+        free(schema);
+        return;
+    }
+    snprintf(full, nl, "%s%s", note, schema ? schema : "");
+    free(schema);
     cJSON *first = cJSON_GetArrayItem(r->messages, 0);
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(first, "role");
     if (cJSON_IsString(role) && !strcmp(role->valuestring, "system")) {
         cJSON *c = cJSON_GetObjectItemCaseSensitive(first, "content");
-        size_t l = strlen(c->valuestring) + strlen(k_note) + 3;
+        size_t l = strlen(c->valuestring) + strlen(full) + 3;
         char *s = malloc(l);
-        if (!s) return;
-        snprintf(s, l, "%s%s%s", c->valuestring, c->valuestring[0] ? "\n\n" : "", k_note);
-        cJSON_ReplaceItemInObjectCaseSensitive(first, "content", cJSON_CreateString(s));
-        free(s);
+        if (s) {
+            snprintf(s, l, "%s%s%s", c->valuestring, c->valuestring[0] ? "\n\n" : "", full);
+            cJSON_ReplaceItemInObjectCaseSensitive(first, "content", cJSON_CreateString(s));
+            free(s);
+        }
     } else {
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "system");
-        cJSON_AddStringToObject(m, "content", k_note);
+        cJSON_AddStringToObject(m, "content", full);
         cJSON_InsertItemInArray(r->messages, 0, m);
     }
+    free(full);
 }
 
 /* ---- completions prompt ---- */
@@ -627,7 +670,11 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
         if (parse_tools(r->root, r, e)) return e->status;
         if (parse_thinking(r->root, default_thinking, r, e)) return e->status;
         if (parse_response_format(r->root, r, e)) return e->status;
-        if (r->json_object) nudge_json(r);
+        if (r->grammar && r->tools)
+            return BAD("response_format", "constrained JSON output ('response_format' %s) cannot be combined with "
+                                          "'tools' (send tool_choice \"none\" or no tools)",
+                       r->json_object ? "json_object" : "json_schema");
+        if (r->grammar) nudge_json(r);
         if (get_bool(r->root, "parallel_tool_calls", &b, e) < 0) return e->status;
     } else {
         long long ll = 0;
@@ -657,6 +704,7 @@ void api_request_free(struct api_request *r) {
     free(r->prompt_ids);
     free(r->prefill);
     free(r->echo);
+    jg_free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -684,7 +732,7 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
         size_t src_len;
         if (api_is_chat(r->kind)) {
             int thinking = r->enable_thinking;
-            if (r->tool_choice == TC_REQUIRED || r->tool_choice == TC_NAMED || r->prefill) thinking = 0;
+            if (r->tool_choice == TC_REQUIRED || r->tool_choice == TC_NAMED || r->prefill || r->grammar) thinking = 0;
             int rc = port->render_chat(port->ctx, r->messages, r->tools, thinking, &text, err, sizeof err);
             if (rc == ST_INVALID) return BAD("messages", "'messages' cannot be rendered by the chat template: %s", err);
             if (rc) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");

@@ -4,10 +4,12 @@
  *
  * Rules: unknown fields are ignored (as OpenAI does); a known field of the
  * wrong type or out of range is a 400 whose message and `param` name it;
- * unsupported values (n > 1, image parts, json_schema, echo) are 400s saying
- * so. response_format json_object is best effort: it adds "Respond only with
- * a single valid JSON object." to the system message (no constrained
- * decoding). logit_bias keys must be token ids inside the vocabulary and values
+ * unsupported values (n > 1, image parts, echo) are 400s saying so.
+ * response_format json_object and json_schema are enforced: the output is
+ * constrained to a JSON object / a document the schema allows
+ * (text/json_grammar.h says which keywords; others are 400s naming them),
+ * thinking is off for such requests, and the system message also asks for it
+ * (the model writes better JSON when told). They cannot be combined with tools. logit_bias keys must be token ids inside the vocabulary and values
  * numbers in [-100, 100], at most SAMPLER_MAX_LOGIT_BIAS entries. tool_choice "required" / a named function is enforced by ending
  * the prompt inside an opened "<tool_call>\n<function=" (thinking off). The parse does no tokenization: the HTTP layer renders and encodes the
  * request afterwards (api_prepare_prompt) and checks the context budget.
@@ -27,6 +29,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/sampler.h"
+#include "text/json_grammar.h"
 #include "server/port.h"
 #include "server/textout.h"
 
@@ -58,6 +61,8 @@ struct api_request {
     char tool_name[128];
     int enable_thinking; /* -1 template default, 0 off, 1 on */
     bool json_object;
+    struct jg_grammar *grammar; /* owned: constrained output (json_object / json_schema), or NULL */
+    const cJSON *json_schema;   /* into root: the schema (json_schema), for the prompt */
     char *prefill;       /* owned: text the reply continues (Anthropic final assistant message) */
     char *echo;          /* owned: the settings a Responses reply echoes (responses.h) */
     bool max_tokens_clamped; /* Anthropic: max_tokens cut to the context left */

@@ -21,6 +21,7 @@
 #include "runtime/status.h"
 #include "runtime/timing.h"
 #include "server/anthropic.h"
+#include "server/constraint.h"
 #include "server/responses.h"
 #include "server/jsonout.h"
 #include "text/output_parser.h"
@@ -136,6 +137,14 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     }
     g->job = j;
     g->call_salt = j->id;
+    if (g->ar.grammar) { /* the job owns it from here */
+        int crc = out_constraint_new(&j->constraint, g->ar.grammar, port);
+        g->ar.grammar = NULL;
+        if (crc) {
+            free(forced);
+            return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
+        }
+    }
     make_id(g->id, sizeof g->id,
             kind == API_MESSAGES ? "msg_" : kind == API_RESPONSES ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-",
             j->id);

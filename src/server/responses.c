@@ -306,9 +306,18 @@ static int translate_settings(const cJSON *in, cJSON *out, struct api_error *e) 
             if (!type) return BAD("text.format", "'text.format' must be an object with a string 'type'"), -1;
             if (!strcmp(type, "json_object")) {
                 cJSON_AddStringToObject(cJSON_AddObjectToObject(out, "response_format"), "type", "json_object");
+            } else if (!strcmp(type, "json_schema")) { /* flat here, nested in chat's response_format */
+                cJSON *rf = cJSON_AddObjectToObject(out, "response_format");
+                cJSON_AddStringToObject(rf, "type", "json_schema");
+                cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
+                static const char *const keys[] = {"name", "schema", "strict"};
+                for (size_t k = 0; k < 3; k++) {
+                    const cJSON *v = cJSON_GetObjectItemCaseSensitive(fmt, keys[k]);
+                    if (v) cJSON_AddItemToObject(js, keys[k], cJSON_Duplicate(v, 1));
+                }
             } else if (strcmp(type, "text")) {
-                return BAD("text.format", "'text.format.type' must be text or json_object; '%.40s' is not supported",
-                           type),
+                return BAD("text.format", "'text.format.type' must be text, json_object or json_schema; '%.40s' is not "
+                                          "supported", type),
                        -1;
             }
         }

@@ -19,11 +19,11 @@
  *   tool_choice auto / none / required / {type function, name} -> the same
  *   reasoning.effort none -> thinking off; minimal..xhigh -> on
  *   max_output_tokens, temperature, top_p, stream -> max_tokens and the same
- *   text.format text / json_object           -> response_format
+ *   text.format text / json_object / json_schema -> response_format (enforced)
  * What needs server-side storage (previous_response_id, conversation,
  * item_reference, background) is a 400 saying so: nothing is stored and every
  * request carries its whole conversation (store is accepted and ignored), as
- * Codex sends it. Images, files, json_schema and built-in tools (web search,
+ * Codex sends it. Images, files and built-in tools (web search,
  * file search, computer use, shell, custom grammar tools) are 400s naming the
  * item or field.
  *

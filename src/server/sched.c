@@ -38,6 +38,7 @@
 #include "runtime/status.h"
 #include "runtime/threadpool.h"
 #include "runtime/timing.h"
+#include "server/constraint.h"
 #include "server/metrics.h"
 
 struct slot {
@@ -189,6 +190,7 @@ void job_release(struct job *j) {
     free(j->prompt);
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     sampler_free(j->smp);
+    out_constraint_free(j->constraint);
     textout_free(&j->tx);
     free(j->recs);
     pthread_mutex_destroy(&j->mu);
@@ -298,6 +300,10 @@ static int admit(struct sched *S, struct job *j, int si) {
     char err[256];
     int rc = sampler_new(&j->smp, S->port.vocab, &j->sp, err, sizeof err);
     if (rc) return rc;
+    if (j->constraint) {
+        const struct sampler_constraint c = out_constraint_sampler(j->constraint);
+        if ((rc = sampler_set_constraint(j->smp, &c))) return rc;
+    }
     if (textout_init(&j->tx, 256, (const char *const *)j->stops, j->n_stops)) return ST_NOMEM;
     if (j->sp.logprobs || j->sp.top_logprobs > 0) {
         j->recs = calloc((size_t)j->max_tokens, sizeof *j->recs);

@@ -44,6 +44,8 @@ struct tok_rec {
     size_t text_start, text_end; /* this token's span in the output text */
 };
 
+struct out_constraint;
+
 struct job {
     /* request: set by the connection thread before sched_submit, then read-only */
     uint64_t id;
@@ -54,6 +56,7 @@ struct job {
     bool ignore_eos; /* stop ids are generated like any token (benchmarks) */
     char *stops[TEXTOUT_MAX_STOPS]; /* owned */
     int n_stops;
+    struct out_constraint *constraint; /* owned: constrained output (json_schema), or NULL */
     double t_arrive;
 
     /* scheduler-private */

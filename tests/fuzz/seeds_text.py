@@ -236,6 +236,21 @@ def seed_http(out: Path):
                        b"Content-Length: 5\r\n\r\n{\"\xff\"}")
 
 
+def seed_json_grammar(out: Path):
+    """fuzz_json_grammar: schema NUL document, and bare documents (json_object)."""
+    d = out / "json_grammar"
+    import test_structured_output as t  # tests/python: the schemas constrained output is tested with
+    person = {"name": "Ann", "age": 31, "ok": True, "color": "red", "tags": ["a", "b"], "pet": {"kind": "cat"}}
+    tree = {"v": 1.5e3, "kids": [{"v": -2}, {"v": 0, "kids": []}]}
+    pairs = [(t.PERSON, json.dumps(person)), (t.PERSON, json.dumps(person, indent=2)), (t.TREE, json.dumps(tree)),
+             ({"type": "string", "maxLength": 3}, '"\\u00e9\\n"'), ({"enum": ["a", 1, None]}, "1"),
+             ({"type": ["number", "null"]}, "-0.5E+2"), ({"anyOf": [{"const": "x"}, {"type": "array"}]}, "[1,[]]")]
+    for i, (schema, doc) in enumerate(pairs):
+        put(d, f"pair-{i}", json.dumps(schema).encode() + b"\0" + doc.encode())
+    for i, doc in enumerate(['{"a": {"b": [true, null, "\u00e9\\""]}}', "{}", '{"x": 1e5, "y": "\xe4\xb8\x96"}']):
+        put(d, f"object-{i}", doc.encode())
+
+
 def seed_safetensors_index(out: Path, model_dirs):
     """fuzz_safetensors_index links the tiny model's shards: its real index, and variants."""
     d = out / "safetensors_index"
@@ -259,6 +274,7 @@ def seed_safetensors_index(out: Path, model_dirs):
 def seed(out: Path, model_dirs):
     sys.path.insert(0, str(REPO / "tests" / "python"))
     makers = [("output_parser", seed_output_parser), ("chat", seed_chat), ("http", seed_http),
+              ("json_grammar", seed_json_grammar),
               ("safetensors_index", lambda o: seed_safetensors_index(o, model_dirs))]
     if (TOK_DIR / "tokenizer.json").exists():
         makers += [("tokenizer", seed_tokenizer), ("tokenizer_load", seed_tokenizer_load)]

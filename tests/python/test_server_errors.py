@@ -98,7 +98,7 @@ CASES = [
     ("tool_choice unknown string", "POST", C, chat(tools=[TOOL], tool_choice="sometimes"), 400, "tool_choice"),
     ("tool_choice names missing tool", "POST", C, chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}}), 400, "tool_choice"),
     ("tool_choice required without tools", "POST", C, chat(tool_choice="required"), 400, "tool_choice"),
-    ("response_format json_schema", "POST", C, chat(response_format={"type": "json_schema"}), 400, "response_format"),
+    ("response_format json_schema", "POST", C, chat(response_format={"type": "json_schema"}), 400, "response_format.json_schema"),
     ("response_format not object", "POST", C, chat(response_format="json"), 400, "response_format"),
     ("reasoning_effort unknown", "POST", C, chat(reasoning_effort="extreme"), 400, "reasoning_effort"),
     ("chat_template_kwargs not object", "POST", C, chat(chat_template_kwargs=[]), 400, "chat_template_kwargs"),

@@ -1,0 +1,27 @@
+/* server/constraint.h — constrained output for one request: a JSON grammar
+ * (text/json_grammar.h) read at the token level, as the sampler's
+ * constraint (model/sampler.h). A token is allowed when its bytes keep the
+ * text a prefix of an allowed document; an end-of-sequence token only when
+ * the document is complete; other special tokens never.
+ *
+ * Owned by the job (sched.h), used by its sampler on whichever scheduler
+ * thread samples it, one at a time. Per step the bytes each token may start
+ * with are worked out once (256 feeds), so most tokens of the vocabulary are
+ * turned away by one table lookup, without copying the parse state.
+ */
+#ifndef ORCHID_SERVER_CONSTRAINT_H
+#define ORCHID_SERVER_CONSTRAINT_H
+
+#include "model/sampler.h"
+#include "server/port.h"
+#include "text/json_grammar.h"
+
+struct out_constraint;
+
+/* Takes ownership of g (freed with the constraint, or here on failure).
+ * port must outlive the constraint. Returns 0 or ST_NOMEM. */
+int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct model_port *port);
+void out_constraint_free(struct out_constraint *c);
+struct sampler_constraint out_constraint_sampler(struct out_constraint *c);
+
+#endif

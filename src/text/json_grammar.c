@@ -1,0 +1,818 @@
+/* text/json_grammar.c — JSON Schema -> node graph, and the byte-level
+ * pushdown recognizer over it (see json_grammar.h).
+ *
+ * Nodes: ANY (any JSON value), OBJECT (declared properties, or generic: any
+ * key, values of one node), ARRAY, STRING, NUMBER, INTEGER, LITERAL (exact
+ * JSON text: true, false, null, an enum or const value), ALT (alternatives).
+ * A thread is one parse: a stack of frames, each a node and where in it the
+ * text is. Feeding a byte steps every thread; an ALT frame at a value's start
+ * splits its thread into one per alternative, and threads that die are
+ * dropped, so the state is the set of parses still possible (deduplicated,
+ * at most JG_MAX_THREADS: beyond that the extra parses are dropped, which only
+ * narrows what can be written).
+ *
+ * A number has no closing byte: the byte after it completes it and is then
+ * stepped again in the parent ("complete and re-step"). Every other value
+ * ends on its own last byte.
+ */
+#include "text/json_grammar.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum kind { K_ANY, K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_INTEGER, K_LITERAL, K_ALT };
+
+struct node {
+    enum kind kind;
+    /* OBJECT: declared properties (names as escaped JSON string content) */
+    int n_props;
+    char **names;
+    size_t *name_lens;
+    int *prop_nodes;
+    uint64_t required, all;
+    int value_node; /* generic object: the values' node (-1: declared properties) */
+    /* ARRAY */
+    int items;
+    uint32_t min_items, max_items;
+    /* STRING */
+    uint32_t min_len, max_len;
+    /* LITERAL */
+    char *text;
+    size_t len;
+    /* ALT */
+    int n_alt;
+    int *alts;
+};
+
+struct memo {
+    const cJSON *schema;
+    int node;
+};
+
+struct jg_grammar {
+    struct node *nodes;
+    int n, cap;
+    int root;
+    /* shared nodes of ANY */
+    int any, any_object, any_array, any_string, any_number, lit_true, lit_false, lit_null;
+    /* compile only */
+    const cJSON *doc;
+    struct memo *memo;
+    int n_memo, cap_memo;
+};
+
+/* ---- compiling ---- */
+
+static int new_node(jg_grammar *g, enum kind k) {
+    if (g->n == g->cap) {
+        int c = g->cap ? g->cap * 2 : 32;
+        struct node *p = realloc(g->nodes, (size_t)c * sizeof *p);
+        if (!p) return -1;
+        g->nodes = p;
+        g->cap = c;
+    }
+    memset(&g->nodes[g->n], 0, sizeof g->nodes[0]);
+    g->nodes[g->n].kind = k;
+    g->nodes[g->n].value_node = -1;
+    g->nodes[g->n].items = -1;
+    g->nodes[g->n].max_items = UINT32_MAX;
+    g->nodes[g->n].max_len = UINT32_MAX;
+    return g->n++;
+}
+
+static int literal(jg_grammar *g, const char *text) {
+    int id = new_node(g, K_LITERAL);
+    if (id < 0) return -1;
+    g->nodes[id].text = strdup(text);
+    g->nodes[id].len = strlen(text);
+    return g->nodes[id].text ? id : -1;
+}
+
+/* A property name as the model writes it between the quotes (JSON-escaped),
+ * malloc'd; NULL when out of memory. */
+static char *escaped(const char *name, size_t *len) {
+    cJSON *s = cJSON_CreateString(name);
+    char *q = s ? cJSON_PrintUnformatted(s) : NULL;
+    cJSON_Delete(s);
+    if (!q) return NULL;
+    size_t n = strlen(q);
+    memmove(q, q + 1, n - 2);
+    q[n - 2] = 0;
+    *len = n - 2;
+    return q;
+}
+
+static int err_at(char *err, size_t errlen, const char *path, const char *msg) {
+    snprintf(err, errlen, "%s: %s", path[0] ? path : "#", msg);
+    return -1;
+}
+
+static const char *const k_unsupported[] = {
+    "pattern", "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "multipleOf", "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    "uniqueItems", "contains", "minContains", "maxContains", "prefixItems", "additionalItems", "minProperties",
+    "maxProperties", "unevaluatedProperties", "unevaluatedItems"};
+
+static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen);
+
+/* A count keyword (minItems ...): absent -> dflt; else an integer >= 0. */
+static int count_kw(const cJSON *s, const char *kw, uint32_t dflt, uint32_t *out, const char *path, char *err,
+                    size_t errlen) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, kw);
+    *out = dflt;
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 || v->valuedouble != (double)(long)v->valuedouble) {
+        char m[96];
+        snprintf(m, sizeof m, "'%s' must be a non-negative integer", kw);
+        return err_at(err, errlen, path, m);
+    }
+    *out = (uint32_t)v->valuedouble;
+    return 0;
+}
+
+static int resolve_ref(jg_grammar *g, const char *ref, const char *path, int depth, char *err, size_t errlen) {
+    const cJSON *target = NULL;
+    if (!strcmp(ref, "#")) {
+        target = g->doc;
+    } else if (!strncmp(ref, "#/$defs/", 8) || !strncmp(ref, "#/definitions/", 14)) {
+        const char *sect = ref[2] == '$' ? "$defs" : "definitions";
+        const char *name = ref + (ref[2] == '$' ? 8 : 14);
+        target = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(g->doc, sect), name);
+    }
+    if (!target) {
+        char m[320];
+        snprintf(m, sizeof m, "'$ref' \"%.120s\" does not resolve (\"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\" "
+                              "in this schema are supported)", ref);
+        return err_at(err, errlen, path, m);
+    }
+    return compile(g, target, ref, depth + 1, err, errlen);
+}
+
+/* The node of one JSON type name, built from schema s's keywords for it. */
+static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char *path, int depth, char *err,
+                     size_t errlen) {
+    char sub[256];
+    if (!strcmp(type, "null")) return g->lit_null;
+    if (!strcmp(type, "boolean")) {
+        int id = new_node(g, K_ALT);
+        if (id < 0) return -1;
+        struct node *n = &g->nodes[id];
+        n->alts = malloc(2 * sizeof *n->alts);
+        if (!n->alts) return -1;
+        n->alts[0] = g->lit_true;
+        n->alts[1] = g->lit_false;
+        n->n_alt = 2;
+        return id;
+    }
+    if (!strcmp(type, "integer") || !strcmp(type, "number")) return new_node(g, type[0] == 'i' ? K_INTEGER : K_NUMBER);
+    if (!strcmp(type, "string")) {
+        uint32_t lo, hi;
+        if (count_kw(s, "minLength", 0, &lo, path, err, errlen) || count_kw(s, "maxLength", UINT32_MAX, &hi, path, err, errlen))
+            return -1;
+        if (lo > hi) return err_at(err, errlen, path, "'minLength' is above 'maxLength'");
+        int id = new_node(g, K_STRING);
+        if (id < 0) return -1;
+        g->nodes[id].min_len = lo;
+        g->nodes[id].max_len = hi;
+        return id;
+    }
+    if (!strcmp(type, "array")) {
+        uint32_t lo, hi;
+        if (count_kw(s, "minItems", 0, &lo, path, err, errlen) || count_kw(s, "maxItems", UINT32_MAX, &hi, path, err, errlen))
+            return -1;
+        if (lo > hi) return err_at(err, errlen, path, "'minItems' is above 'maxItems'");
+        const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+        if (items && cJSON_IsArray(items))
+            return err_at(err, errlen, path, "'items' as an array (a tuple) is not supported");
+        int id = new_node(g, K_ARRAY);
+        if (id < 0) return -1;
+        g->nodes[id].min_items = lo;
+        g->nodes[id].max_items = hi;
+        snprintf(sub, sizeof sub, "%s/items", path);
+        int it = items ? compile(g, items, sub, depth + 1, err, errlen) : g->any;
+        if (it < 0) return -1;
+        g->nodes[id].items = it;
+        return id;
+    }
+    if (!strcmp(type, "object")) {
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+        const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+        const cJSON *addl = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+        if (props && !cJSON_IsObject(props)) return err_at(err, errlen, path, "'properties' must be an object");
+        if (req && !cJSON_IsArray(req)) return err_at(err, errlen, path, "'required' must be an array of names");
+        int n_declared = props ? cJSON_GetArraySize(props) : 0;
+        int id = new_node(g, K_OBJECT);
+        if (id < 0) return -1;
+        if (n_declared == 0 && !(req && cJSON_GetArraySize(req) > 0)) {
+            /* generic: any key; values of additionalProperties (a schema) or anything */
+            int v = g->any;
+            if (cJSON_IsObject(addl)) {
+                snprintf(sub, sizeof sub, "%s/additionalProperties", path);
+                v = compile(g, addl, sub, depth + 1, err, errlen);
+                if (v < 0) return -1;
+            } else if (cJSON_IsFalse(addl)) {
+                v = -2; /* no keys at all: only {} */
+            }
+            g->nodes[id].value_node = v;
+            return id;
+        }
+        /* declared: the properties, and required names not among them (values: anything) */
+        int n_extra = 0;
+        const cJSON *r;
+        cJSON_ArrayForEach(r, req) {
+            if (!cJSON_IsString(r)) return err_at(err, errlen, path, "'required' must be an array of names");
+            if (!cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) n_extra++;
+        }
+        int total = n_declared + n_extra;
+        if (total > 64) return err_at(err, errlen, path, "more than 64 properties in one object are not supported");
+        struct node tmp = {0};
+        tmp.names = calloc((size_t)total, sizeof *tmp.names);
+        tmp.name_lens = calloc((size_t)total, sizeof *tmp.name_lens);
+        tmp.prop_nodes = calloc((size_t)total, sizeof *tmp.prop_nodes);
+        g->nodes[id].names = tmp.names;
+        g->nodes[id].name_lens = tmp.name_lens;
+        g->nodes[id].prop_nodes = tmp.prop_nodes;
+        if (!tmp.names || !tmp.name_lens || !tmp.prop_nodes) return -1;
+        int k = 0;
+        const cJSON *p;
+        cJSON_ArrayForEach(p, props) {
+            g->nodes[id].names[k] = escaped(p->string, &g->nodes[id].name_lens[k]);
+            if (!g->nodes[id].names[k]) return -1;
+            g->nodes[id].n_props = k + 1;
+            snprintf(sub, sizeof sub, "%s/properties/%.80s", path, p->string);
+            int pn = compile(g, p, sub, depth + 1, err, errlen);
+            if (pn < 0) return -1;
+            g->nodes[id].prop_nodes[k] = pn;
+            k++;
+        }
+        cJSON_ArrayForEach(r, req) {
+            size_t len;
+            char *name = escaped(r->valuestring, &len);
+            if (!name) return -1;
+            int at = -1;
+            for (int i = 0; i < k && at < 0; i++)
+                if (len == g->nodes[id].name_lens[i] && !memcmp(name, g->nodes[id].names[i], len)) at = i;
+            if (at < 0) { /* required but not declared: any value */
+                g->nodes[id].names[k] = name;
+                g->nodes[id].name_lens[k] = len;
+                g->nodes[id].prop_nodes[k] = g->any;
+                g->nodes[id].n_props = k + 1;
+                at = k++;
+            } else {
+                free(name);
+            }
+            g->nodes[id].required |= 1ull << at;
+        }
+        g->nodes[id].all = k == 64 ? ~0ull : (1ull << k) - 1;
+        return id;
+    }
+    char m[96];
+    snprintf(m, sizeof m, "unknown type '%.40s'", type);
+    return err_at(err, errlen, path, m);
+}
+
+static int alt_of(jg_grammar *g, int *ids, int n) {
+    if (n == 1) return ids[0];
+    int id = new_node(g, K_ALT);
+    if (id < 0) return -1;
+    g->nodes[id].alts = malloc((size_t)n * sizeof(int));
+    if (!g->nodes[id].alts) return -1;
+    memcpy(g->nodes[id].alts, ids, (size_t)n * sizeof(int));
+    g->nodes[id].n_alt = n;
+    return id;
+}
+
+static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen) {
+    if (depth > 64) return err_at(err, errlen, path, "the schema nests too deeply");
+    if (cJSON_IsTrue(s)) return g->any;
+    if (cJSON_IsFalse(s)) return err_at(err, errlen, path, "the schema 'false' allows nothing");
+    if (!cJSON_IsObject(s)) return err_at(err, errlen, path, "a schema must be an object or a boolean");
+    for (int i = 0; i < g->n_memo; i++)
+        if (g->memo[i].schema == s) return g->memo[i].node;
+    for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
+        if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i])) {
+            char m[128];
+            snprintf(m, sizeof m, "'%s' is not supported in constrained output", k_unsupported[i]);
+            return err_at(err, errlen, path, m);
+        }
+    /* reserve the node first (an ALT of one, filled below) so $ref cycles end here */
+    int self = new_node(g, K_ALT);
+    if (self < 0) return -1;
+    if (g->n_memo == g->cap_memo) {
+        int c = g->cap_memo ? g->cap_memo * 2 : 16;
+        struct memo *p = realloc(g->memo, (size_t)c * sizeof *p);
+        if (!p) return -1;
+        g->memo = p;
+        g->cap_memo = c;
+    }
+    g->memo[g->n_memo++] = (struct memo){s, self};
+
+    int ids[16], n = 0;
+    char sub[256];
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
+    const cJSON *any_of = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
+    if (!any_of) any_of = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (ref) {
+        if (!cJSON_IsString(ref)) return err_at(err, errlen, path, "'$ref' must be a string");
+        ids[n] = resolve_ref(g, ref->valuestring, path, depth, err, errlen);
+        if (ids[n++] < 0) return -1;
+    } else if (cn) {
+        char *t = cJSON_PrintUnformatted(cn);
+        if (!t) return -1;
+        ids[n] = literal(g, t);
+        free(t);
+        if (ids[n++] < 0) return -1;
+    } else if (en) {
+        if (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0)
+            return err_at(err, errlen, path, "'enum' must be a non-empty array");
+        int m = cJSON_GetArraySize(en);
+        int *lits = malloc((size_t)m * sizeof *lits);
+        if (!lits) return -1;
+        int k = 0;
+        const cJSON *v;
+        cJSON_ArrayForEach(v, en) {
+            char *t = cJSON_PrintUnformatted(v);
+            lits[k] = t ? literal(g, t) : -1;
+            free(t);
+            if (lits[k++] < 0) {
+                free(lits);
+                return -1;
+            }
+        }
+        ids[n] = alt_of(g, lits, m);
+        free(lits);
+        if (ids[n++] < 0) return -1;
+    } else if (any_of) {
+        if (!cJSON_IsArray(any_of) || cJSON_GetArraySize(any_of) == 0 || cJSON_GetArraySize(any_of) > 16)
+            return err_at(err, errlen, path, "'anyOf' / 'oneOf' must be an array of 1 to 16 schemas");
+        if (type) return err_at(err, errlen, path, "'anyOf' / 'oneOf' beside 'type' is not supported");
+        const cJSON *v;
+        int k = 0;
+        cJSON_ArrayForEach(v, any_of) {
+            snprintf(sub, sizeof sub, "%s/anyOf/%d", path, k++);
+            ids[n] = compile(g, v, sub, depth + 1, err, errlen);
+            if (ids[n++] < 0) return -1;
+        }
+    } else if (type) {
+        if (cJSON_IsString(type)) {
+            ids[n] = type_node(g, s, type->valuestring, path, depth, err, errlen);
+            if (ids[n++] < 0) return -1;
+        } else if (cJSON_IsArray(type) && cJSON_GetArraySize(type) > 0 && cJSON_GetArraySize(type) <= 7) {
+            const cJSON *t;
+            cJSON_ArrayForEach(t, type) {
+                if (!cJSON_IsString(t)) return err_at(err, errlen, path, "'type' must be a string or an array of strings");
+                ids[n] = type_node(g, s, t->valuestring, path, depth, err, errlen);
+                if (ids[n++] < 0) return -1;
+            }
+        } else {
+            return err_at(err, errlen, path, "'type' must be a string or an array of 1 to 7 strings");
+        }
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "required")) {
+        ids[n] = type_node(g, s, "object", path, depth, err, errlen);
+        if (ids[n++] < 0) return -1;
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "items")) {
+        ids[n] = type_node(g, s, "array", path, depth, err, errlen);
+        if (ids[n++] < 0) return -1;
+    } else {
+        ids[n++] = g->any;
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable")) && n < 16) ids[n++] = g->lit_null;
+    struct node *self_node = &g->nodes[self];
+    self_node->alts = malloc((size_t)n * sizeof(int));
+    if (!self_node->alts) return -1;
+    memcpy(self_node->alts, ids, (size_t)n * sizeof(int));
+    self_node->n_alt = n;
+    return self;
+}
+
+static void free_nodes(jg_grammar *g) {
+    for (int i = 0; i < g->n; i++) {
+        struct node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_props; k++) free(n->names[k]);
+        free(n->names);
+        free(n->name_lens);
+        free(n->prop_nodes);
+        free(n->text);
+        free(n->alts);
+    }
+    free(g->nodes);
+}
+
+int jg_compile(const cJSON *schema, jg_grammar **out, char *err, size_t errlen) {
+    *out = NULL;
+    jg_grammar *g = calloc(1, sizeof *g);
+    if (!g) return err_at(err, errlen, "#", "out of memory");
+    snprintf(err, errlen, "#: out of memory");
+    g->doc = schema;
+    int ok = (g->any = new_node(g, K_ANY)) >= 0 && (g->any_object = new_node(g, K_OBJECT)) >= 0 &&
+             (g->any_array = new_node(g, K_ARRAY)) >= 0 && (g->any_string = new_node(g, K_STRING)) >= 0 &&
+             (g->any_number = new_node(g, K_NUMBER)) >= 0 && (g->lit_true = literal(g, "true")) >= 0 &&
+             (g->lit_false = literal(g, "false")) >= 0 && (g->lit_null = literal(g, "null")) >= 0;
+    if (ok) {
+        g->nodes[g->any_object].value_node = g->any;
+        g->nodes[g->any_array].items = g->any;
+        g->root = schema ? compile(g, schema, "#", 0, err, errlen) : g->any_object;
+    }
+    free(g->memo);
+    g->memo = NULL;
+    g->doc = NULL;
+    if (!ok || g->root < 0) {
+        free_nodes(g);
+        free(g);
+        return -1;
+    }
+    err[0] = 0;
+    *out = g;
+    return 0;
+}
+
+void jg_free(jg_grammar *g) {
+    if (!g) return;
+    free_nodes(g);
+    free(g);
+}
+
+/* ---- recognizing ---- */
+
+enum phase {
+    P_START = 0, /* before the value (whitespace allowed) */
+    /* object */
+    P_O_FIRST,   /* after '{': a key or '}' */
+    P_O_KEY,     /* inside a declared key */
+    P_O_COLON,
+    P_O_NEXT,    /* after a value: ',' or '}' */
+    P_O_KEYSTART,/* after ',': a key */
+    /* array */
+    P_A_FIRST,   /* after '[': a value or ']' */
+    P_A_NEXT,    /* after a value: ',' or ']' */
+    P_A_VALUE,   /* after ',': a value */
+    /* string */
+    P_S_IN, P_S_ESC, P_S_HEX,
+    /* number */
+    P_N_SIGN, P_N_ZERO, P_N_INT, P_N_DOT, P_N_FRAC, P_N_E, P_N_ESIGN, P_N_EXP,
+    /* literal */
+    P_L_IN,
+};
+
+#define WS_MAX 32
+
+static bool is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static bool is_digit(int c) { return c >= '0' && c <= '9'; }
+static bool is_hex(int c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+/* Whitespace where it may stand; false when the run is too long. */
+static bool take_ws(struct jg_frame *f) { return ++f->ws <= WS_MAX; }
+
+static void emit(jg_state *out, const struct jg_thread *t) {
+    for (int i = 0; i < out->n; i++) {
+        const struct jg_thread *o = &out->t[i];
+        if (o->depth == t->depth && !memcmp(o->f, t->f, (size_t)t->depth * sizeof t->f[0])) return;
+    }
+    if (out->n == JG_MAX_THREADS) return; /* narrower, never wrong */
+    struct jg_thread *d = &out->t[out->n++];
+    d->depth = t->depth;
+    memcpy(d->f, t->f, (size_t)t->depth * sizeof t->f[0]);
+}
+
+static bool push(struct jg_thread *t, int node, int phase) {
+    if (t->depth == JG_MAX_DEPTH) return false;
+    struct jg_frame *f = &t->f[t->depth++];
+    memset(f, 0, sizeof *f);
+    f->node = node;
+    f->phase = (uint8_t)phase;
+    return true;
+}
+
+/* Steps thread t (a private copy) with byte c; the surviving threads go to out. */
+static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c, int hops) {
+    if (hops > 64) return; /* alternatives that only lead to themselves ($ref cycles) */
+    for (;;) {
+        if (t->depth == 0) return; /* nothing may follow the document */
+        struct jg_frame *f = &t->f[t->depth - 1];
+        const struct node *n = &g->nodes[f->node];
+        if (f->phase == P_START) {
+            if (is_ws(c)) {
+                /* no whitespace before the document itself */
+                if (t->depth > 1 && take_ws(f)) emit(out, t);
+                return;
+            }
+            switch (n->kind) {
+            case K_ALT:
+                for (int i = 0; i < n->n_alt; i++) {
+                    struct jg_thread copy;
+                    copy.depth = t->depth;
+                    memcpy(copy.f, t->f, (size_t)t->depth * sizeof t->f[0]);
+                    copy.f[copy.depth - 1].node = n->alts[i];
+                    step(g, out, &copy, c, hops + 1);
+                }
+                return;
+            case K_ANY:
+                f->node = c == '{' ? g->any_object : c == '[' ? g->any_array : c == '"' ? g->any_string
+                        : c == '-' || is_digit(c) ? g->any_number : c == 't' ? g->lit_true
+                        : c == 'f' ? g->lit_false : c == 'n' ? g->lit_null : -1;
+                if (f->node < 0) return;
+                continue;
+            /* a container opens only where its members fit under JG_MAX_DEPTH, so an
+             * opened value can always be finished */
+            case K_OBJECT:
+                if (c != '{' || t->depth >= JG_MAX_DEPTH) return;
+                f->phase = P_O_FIRST;
+                f->ws = 0;
+                emit(out, t);
+                return;
+            case K_ARRAY:
+                if (c != '[' || t->depth >= JG_MAX_DEPTH) return;
+                f->phase = P_A_FIRST;
+                f->ws = 0;
+                emit(out, t);
+                return;
+            case K_STRING: if (c != '"') return; f->phase = P_S_IN; emit(out, t); return;
+            case K_NUMBER:
+            case K_INTEGER:
+                if (c == '-') f->phase = P_N_SIGN;
+                else if (c == '0') f->phase = P_N_ZERO;
+                else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1;
+                else return;
+                emit(out, t);
+                return;
+            case K_LITERAL:
+                if ((unsigned char)n->text[0] != c) return;
+                if (n->len == 1) t->depth--;
+                else f->phase = P_L_IN, f->pos = 1;
+                emit(out, t);
+                return;
+            }
+            return;
+        }
+        switch (f->phase) {
+        case P_O_FIRST:
+        case P_O_KEYSTART:
+            if (is_ws(c)) {
+                if (take_ws(f)) emit(out, t);
+                return;
+            }
+            if (c == '}' && f->phase == P_O_FIRST && (n->value_node != -1 || !(n->required & ~f->seen))) {
+                t->depth--;
+                emit(out, t);
+                return;
+            }
+            if (c != '"') return;
+            f->ws = 0;
+            if (n->value_node == -2) return; /* additionalProperties false, no properties: only {} */
+            if (n->value_node >= 0) { /* generic: a free key, as a string */
+                f->phase = P_O_COLON;
+                if (push(t, g->any_string, P_S_IN)) emit(out, t);
+                return;
+            }
+            f->cand = n->all & ~f->seen;
+            if (!f->cand) return;
+            f->phase = P_O_KEY;
+            f->pos = 0;
+            emit(out, t);
+            return;
+        case P_O_KEY: {
+            uint64_t next = 0;
+            int closing = -1;
+            for (int i = 0; i < n->n_props; i++) {
+                if (!(f->cand >> i & 1)) continue;
+                if (f->pos < n->name_lens[i] && (unsigned char)n->names[i][f->pos] == c) next |= 1ull << i;
+                else if (c == '"' && f->pos == n->name_lens[i]) closing = i;
+            }
+            if (closing >= 0) {
+                f->seen |= 1ull << closing;
+                f->count = (uint32_t)closing;
+                f->phase = P_O_COLON;
+                f->ws = 0;
+                emit(out, t);
+                return;
+            }
+            if (!next) return;
+            f->cand = next;
+            f->pos++;
+            emit(out, t);
+            return;
+        }
+        case P_O_COLON:
+            if (is_ws(c)) {
+                if (take_ws(f)) emit(out, t);
+                return;
+            }
+            if (c != ':') return;
+            f->phase = P_O_NEXT;
+            f->ws = 0;
+            if (push(t, n->value_node >= 0 ? n->value_node : n->prop_nodes[f->count], P_START)) emit(out, t);
+            return;
+        case P_O_NEXT:
+            if (is_ws(c)) {
+                if (take_ws(f)) emit(out, t);
+                return;
+            }
+            if (c == '}') {
+                if (n->value_node == -1 && (n->required & ~f->seen)) return;
+                t->depth--;
+                emit(out, t);
+                return;
+            }
+            if (c != ',') return;
+            if (n->value_node == -1 && !(n->all & ~f->seen)) return;
+            f->phase = P_O_KEYSTART;
+            f->ws = 0;
+            emit(out, t);
+            return;
+        case P_A_FIRST:
+        case P_A_VALUE:
+            if (is_ws(c)) {
+                if (take_ws(f)) emit(out, t);
+                return;
+            }
+            if (c == ']' && f->phase == P_A_FIRST) {
+                if (f->count < n->min_items) return;
+                t->depth--;
+                emit(out, t);
+                return;
+            }
+            if (f->count >= n->max_items) return;
+            f->count++;
+            f->phase = P_A_NEXT;
+            f->ws = 0;
+            if (!push(t, n->items, P_START)) return;
+            continue; /* the value's first byte */
+        case P_A_NEXT:
+            if (is_ws(c)) {
+                if (take_ws(f)) emit(out, t);
+                return;
+            }
+            if (c == ']') {
+                if (f->count < n->min_items) return;
+                t->depth--;
+                emit(out, t);
+                return;
+            }
+            if (c != ',' || f->count >= n->max_items) return;
+            f->phase = P_A_VALUE;
+            f->ws = 0;
+            emit(out, t);
+            return;
+        case P_S_IN:
+            /* strict UTF-8 (RFC 3629), so the text never needs repair: pos holds the
+             * continuation bytes still due (low 4 bits) and the first one's range */
+            if (f->pos) {
+                const int need = f->pos & 15, range = f->pos >> 4;
+                const int lo = range == 1 ? 0xA0 : range == 3 ? 0x90 : 0x80;
+                const int hi = range == 2 ? 0x9F : range == 4 ? 0x8F : 0xBF;
+                if (c < lo || c > hi) return;
+                f->pos = (uint16_t)(need - 1);
+                emit(out, t);
+                return;
+            }
+            if (c >= 0x80) {
+                if (c < 0xC2 || c > 0xF4) return; /* a stray continuation, an overlong or beyond U+10FFFF */
+                if (++f->count > n->max_len) return;
+                if (c < 0xE0) f->pos = 1;
+                else if (c < 0xF0) f->pos = (uint16_t)(2 | (c == 0xE0 ? 1 : c == 0xED ? 2 : 0) << 4);
+                else f->pos = (uint16_t)(3 | (c == 0xF0 ? 3 : c == 0xF4 ? 4 : 0) << 4);
+                emit(out, t);
+                return;
+            }
+            if (c == '"') {
+                if (f->count < n->min_len) return;
+                t->depth--;
+                emit(out, t);
+                return;
+            }
+            if (c < 0x20) return;
+            if (c == '\\') {
+                if (f->count + 1 > n->max_len) return; /* the escape is a character */
+                f->phase = P_S_ESC;
+                emit(out, t);
+                return;
+            }
+            if (++f->count > n->max_len) return;
+            emit(out, t);
+            return;
+        case P_S_ESC:
+            if (c == 'u') {
+                f->phase = P_S_HEX;
+                f->pos = 0;
+            } else if (c && strchr("\"\\/bfnrt", c)) {
+                f->phase = P_S_IN;
+            } else {
+                return;
+            }
+            f->count++; /* room was checked at the backslash */
+            emit(out, t);
+            return;
+        case P_S_HEX:
+            if (!is_hex(c)) return;
+            if (++f->pos == 4) {
+                f->phase = P_S_IN;
+                f->pos = 0;
+            }
+            emit(out, t);
+            return;
+        case P_N_SIGN:
+            if (c == '0') f->phase = P_N_ZERO;
+            else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1;
+            else return;
+            emit(out, t);
+            return;
+        case P_N_ZERO:
+        case P_N_INT:
+        case P_N_FRAC:
+        case P_N_EXP:
+            if (is_digit(c) && f->phase != P_N_ZERO) {
+                int cap = f->phase == P_N_INT ? 18 : f->phase == P_N_FRAC ? 15 : 3;
+                if (++f->pos > cap) return;
+                emit(out, t);
+                return;
+            }
+            if (n->kind == K_NUMBER && c == '.' && f->phase <= P_N_INT) {
+                f->phase = P_N_DOT;
+                emit(out, t);
+                return;
+            }
+            if (n->kind == K_NUMBER && (c == 'e' || c == 'E') && f->phase != P_N_EXP) {
+                f->phase = P_N_E;
+                emit(out, t);
+                return;
+            }
+            t->depth--; /* the number ended before c: the parent takes c */
+            continue;
+        case P_N_DOT:
+            if (!is_digit(c)) return;
+            f->phase = P_N_FRAC;
+            f->pos = 1;
+            emit(out, t);
+            return;
+        case P_N_E:
+            if (c == '+' || c == '-') {
+                f->phase = P_N_ESIGN;
+                emit(out, t);
+                return;
+            }
+            /* fall through */
+        case P_N_ESIGN:
+            if (!is_digit(c)) return;
+            f->phase = P_N_EXP;
+            f->pos = 1;
+            emit(out, t);
+            return;
+        case P_L_IN:
+            if ((unsigned char)n->text[f->pos] != c) return;
+            if (++f->pos == n->len) t->depth--;
+            emit(out, t);
+            return;
+        default:
+            return;
+        }
+    }
+}
+
+void jg_start(const jg_grammar *g, jg_state *s) {
+    s->n = 1;
+    s->t[0].depth = 0;
+    push(&s->t[0], g->root, P_START);
+}
+
+void jg_copy(jg_state *dst, const jg_state *src) {
+    dst->n = src->n;
+    for (int i = 0; i < src->n; i++) {
+        dst->t[i].depth = src->t[i].depth;
+        memcpy(dst->t[i].f, src->t[i].f, (size_t)src->t[i].depth * sizeof src->t[i].f[0]);
+    }
+}
+
+bool jg_feed(const jg_grammar *g, jg_state *s, const char *bytes, size_t n) {
+    jg_state next;
+    for (size_t i = 0; i < n && s->n; i++) {
+        next.n = 0;
+        for (int k = 0; k < s->n; k++) {
+            struct jg_thread t;
+            t.depth = s->t[k].depth;
+            memcpy(t.f, s->t[k].f, (size_t)t.depth * sizeof t.f[0]);
+            step(g, &next, &t, (unsigned char)bytes[i], 0);
+        }
+        jg_copy(s, &next);
+    }
+    return s->n > 0;
+}
+
+bool jg_complete(const jg_grammar *g, const jg_state *s) {
+    for (int k = 0; k < s->n; k++) {
+        const struct jg_thread *t = &s->t[k];
+        if (t->depth == 0) return true;
+        /* a number at the top level ends with the document */
+        if (t->depth == 1) {
+            const struct jg_frame *f = &t->f[0];
+            const enum kind kd = g->nodes[f->node].kind;
+            if ((kd == K_NUMBER || kd == K_INTEGER) &&
+                (f->phase == P_N_ZERO || f->phase == P_N_INT || f->phase == P_N_FRAC || f->phase == P_N_EXP))
+                return true;
+        }
+    }
+    return false;
+}

@@ -1,0 +1,82 @@
+/* text/json_grammar.h — a byte-level recognizer of the JSON documents a JSON
+ * Schema allows, for constrained decoding (response_format json_schema /
+ * json_object): the sampler asks whether a token's bytes can extend the text
+ * so far, and only tokens that can are chosen.
+ *
+ * Schemas compile to a graph of nodes (recursion through $ref is a cycle).
+ * Supported: type (one or a list), enum, const, anyOf / oneOf (oneOf is
+ * enforced as anyOf), $ref to "#", "#/$defs/..." or "#/definitions/...",
+ * properties + required (at most 64 properties; keys only from properties,
+ * each at most once, in any order; every required one before the '}'),
+ * additionalProperties (a schema for the values of an object without
+ * properties), items, minItems / maxItems, minLength / maxLength, nullable.
+ * Annotations (title, description, default, examples, format, $schema, ...)
+ * and unknown keywords are ignored, as JSON Schema says. Validation keywords
+ * that cannot be enforced here (pattern, minimum / maximum, multipleOf, allOf,
+ * not, if / then / else, uniqueItems, prefixItems, ...) are an error naming the
+ * keyword and where it is, never silently unenforced. An object schema with
+ * properties never gets keys outside them: the documents produced are a
+ * subset of those the schema allows, so every one validates.
+ *
+ * Documents: no whitespace before the value or after it; between tokens at
+ * most 32 whitespace bytes in a row (pretty-printing fits; endless blank runs
+ * do not). Numbers: at most 18 integer digits, 15 fraction digits and 3
+ * exponent digits, so a number always ends. Strings are valid UTF-8 (RFC
+ * 3629) without control characters, with valid escapes; min/maxLength count
+ * characters (an escape is one), as JSON Schema does (code points; an escaped
+ * surrogate pair counts two).
+ *
+ * State: a small fixed-size struct (several alternative parses when anyOf,
+ * enum or a type list leave more than one open), copied cheaply with
+ * jg_copy; no allocation after jg_compile.
+ */
+#ifndef ORCHID_TEXT_JSON_GRAMMAR_H
+#define ORCHID_TEXT_JSON_GRAMMAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#define JG_MAX_DEPTH 32   /* nesting of values */
+#define JG_MAX_THREADS 8  /* alternative parses kept at once */
+
+typedef struct jg_grammar jg_grammar;
+
+struct jg_frame {
+    int32_t node;
+    uint8_t phase;
+    uint8_t ws;     /* whitespace bytes in a row here */
+    uint16_t pos;   /* literal / key byte position, digit count */
+    uint32_t count; /* array items, string characters, the property being read */
+    uint64_t seen;  /* object: properties given */
+    uint64_t cand;  /* object key: properties the key can still be */
+};
+
+struct jg_thread {
+    int depth; /* 0: the document is complete */
+    struct jg_frame f[JG_MAX_DEPTH];
+};
+
+typedef struct jg_state {
+    int n; /* 0: dead (no parse left) */
+    struct jg_thread t[JG_MAX_THREADS];
+} jg_state;
+
+/* schema NULL: any JSON object (json_object). Returns 0, or -1 with err
+ * naming the keyword and its place ("#/properties/age: 'minimum' is not
+ * supported"). */
+int jg_compile(const cJSON *schema, jg_grammar **out, char *err, size_t errlen);
+void jg_free(jg_grammar *g);
+
+void jg_start(const jg_grammar *g, jg_state *s);
+/* dst = src (only what is in use). */
+void jg_copy(jg_state *dst, const jg_state *src);
+/* Feeds bytes; false when the text can no longer be a prefix of an allowed
+ * document (s is then dead). */
+bool jg_feed(const jg_grammar *g, jg_state *s, const char *bytes, size_t n);
+/* True when the text so far is a whole allowed document. */
+bool jg_complete(const jg_grammar *g, const jg_state *s);
+
+#endif

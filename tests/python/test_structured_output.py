@@ -1,0 +1,156 @@
+"""Constrained JSON output (response_format json_schema / json_object, the
+Responses API's text.format, Anthropic's output_config.format), checked with
+the `jsonschema` package as the reference validator.
+
+The scripted mock follows its script where the schema allows and is forced
+off it where it does not (a script of plain prose still yields a valid
+document); its seeded noise, sampled at several temperatures, must stay
+valid too. The tiny model (random weights, the real 248k-token vocabulary with
+its multi-byte tokens) is the hard case: noise that a constraint alone turns
+into valid documents, greedy and sampled, every request ending on its own
+(bounded schemas: enums, short strings, few items).
+"""
+
+import json
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from models import model_dir
+from serverproc import MODEL, Server
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "ok": {"type": "boolean"},
+        "color": {"enum": ["red", "green", None]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+        "pet": {"anyOf": [{"type": "null"},
+                          {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]}]},
+    },
+    "required": ["name", "age", "ok", "color"],
+    "additionalProperties": False,
+}
+
+TREE = {
+    "$ref": "#/$defs/node",
+    "$defs": {"node": {"type": "object",
+                       "properties": {"v": {"type": "number"},
+                                      "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+                       "required": ["v"], "additionalProperties": False}},
+}
+
+
+def fmt(schema, name="out"):
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+def valid(text, schema):
+    doc = json.loads(text)
+    jsonschema.validate(doc, schema)
+    return doc
+
+
+def ask(client, content, **kw):
+    kw.setdefault("max_tokens", 400)
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kw)
+
+
+# ---- the mock: scripts, noise, every API ----
+
+def test_script_that_fits_is_followed(client):
+    doc = {"name": "Ann", "age": 31, "ok": True, "color": "red", "tags": ["a", "b"], "pet": {"kind": "cat"}}
+    r = ask(client, "SCRIPT:" + json.dumps(doc), response_format=fmt(PERSON))
+    assert valid(r.choices[0].message.content, PERSON) == doc and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.model_extra.get("reasoning_content") in (None, "")  # thinking is off
+
+
+@pytest.mark.parametrize("content", ["SCRIPT:I would rather write prose.", "SCRIPT:{\"name\": 5}", "no script"])
+@pytest.mark.parametrize("temperature", [0, 0.8, 1.5])
+def test_output_is_always_valid(client, content, temperature):
+    for seed in range(4):
+        r = ask(client, content, response_format=fmt(PERSON), temperature=temperature, seed=seed)
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        valid(r.choices[0].message.content, PERSON)
+        if temperature == 0:
+            break
+
+
+def test_recursive_schema_and_stream(client):
+    for seed in range(6):
+        chunks = list(ask(client, "no script", response_format=fmt(TREE), temperature=1.0, seed=seed, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        valid(text, TREE)
+
+
+def test_json_object_is_enforced(client):
+    r = ask(client, "SCRIPT:plain words, not JSON", response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = ask(client, 'SCRIPT:{"a": [1, {"b": null}]}', response_format={"type": "json_object"})
+    assert json.loads(r.choices[0].message.content) == {"a": [1, {"b": None}]}
+
+
+def test_responses_and_anthropic(srv, client):
+    r = client.responses.create(model=MODEL, input="SCRIPT:prose", max_output_tokens=400,
+                                text={"format": {"type": "json_schema", "name": "p", "schema": PERSON}})
+    valid(r.output_text, PERSON)
+    assert [it.type for it in r.output] == ["message"]
+    ac = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0)
+    m = ac.messages.create(model=MODEL, max_tokens=400, messages=[{"role": "user", "content": "SCRIPT:prose"}],
+                           extra_body={"output_config": {"format": {"type": "json_schema", "schema": PERSON}}})
+    assert [b.type for b in m.content] == ["text"] and m.stop_reason == "end_turn"
+    valid(m.content[0].text, PERSON)
+
+
+def test_logprobs_and_penalties_still_work(client):
+    r = ask(client, "SCRIPT:prose", response_format=fmt(PERSON), logprobs=True, top_logprobs=2,
+            frequency_penalty=0.5, temperature=0.7, seed=1)
+    valid(r.choices[0].message.content, PERSON)
+    assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens - 1  # the end token is not text
+
+
+BAD = [
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"schema": PERSON}}, "response_format.json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a"}}},
+     "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}},
+     "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nope"}}},
+     "response_format.json_schema.schema"),
+]
+
+
+@pytest.mark.parametrize("rf,param", BAD)
+def test_unenforceable_schemas_are_refused(client, rf, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, "x", response_format=rf)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_refused_with_tools(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, "x", response_format=fmt(PERSON), tools=tools)
+    assert "tools" in e.value.message
+    r = ask(client, "SCRIPT:prose", response_format=fmt(PERSON), tools=tools, tool_choice="none")
+    valid(r.choices[0].message.content, PERSON)
+
+
+# ---- the tiny model: the real vocabulary ----
+
+def test_tiny_model_noise_becomes_valid_documents():
+    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
+        c = s.client(timeout=300)
+        for schema in (PERSON, TREE):
+            for temperature, seed in ((0, 0), (0.7, 1), (1.0, 2), (1.0, 3)):
+                r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe it."}],
+                                              max_tokens=600, temperature=temperature, seed=seed,
+                                              response_format=fmt(schema))
+                assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+                valid(r.choices[0].message.content, schema)

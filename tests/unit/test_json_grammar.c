@@ -1,0 +1,183 @@
+/* tests/unit/test_json_grammar.c — the JSON Schema recognizer of constrained
+ * output (text/json_grammar.h): documents a schema allows are accepted whole
+ * and byte by byte, and every prefix of them stays alive; documents it does
+ * not allow die (or are not complete); unsupported keywords are errors naming
+ * the keyword and the place. The Python tests check generated outputs against
+ * the `jsonschema` package; these pin the recognizer's edges. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "text/json_grammar.h"
+
+static jg_grammar *grammar(const char *schema_json) {
+    cJSON *s = schema_json ? cJSON_Parse(schema_json) : NULL;
+    jg_grammar *g = NULL;
+    char err[256];
+    int rc = jg_compile(s, &g, err, sizeof err);
+    CHECK(rc == 0, "compile %s: %s", schema_json ? schema_json : "(any object)", err);
+    cJSON_Delete(s);
+    return g;
+}
+
+/* 1: whole document accepted and complete, with every prefix alive and (for
+ * documents that are not a bare number) not complete before the end; fed in
+ * one piece and byte by byte alike. 0: rejected or incomplete. */
+static int accepts(const jg_grammar *g, const char *doc) {
+    static jg_state a, b;
+    jg_start(g, &a);
+    bool whole = jg_feed(g, &a, doc, strlen(doc)) && jg_complete(g, &a);
+    jg_start(g, &b);
+    bool bytes = true;
+    for (size_t i = 0; doc[i] && bytes; i++) {
+        bytes = jg_feed(g, &b, doc + i, 1);
+        if (bytes && doc[i + 1] && jg_complete(g, &b) && !strchr("0123456789", doc[i])) bytes = false;
+    }
+    bytes = bytes && jg_complete(g, &b);
+    CHECK(whole == bytes, "whole %d vs byte by byte %d: %s", whole, bytes, doc);
+    return whole;
+}
+
+static void yes(const jg_grammar *g, const char *doc) { CHECK(accepts(g, doc), "should accept: %s", doc); }
+static void no(const jg_grammar *g, const char *doc) { CHECK(!accepts(g, doc), "should reject: %s", doc); }
+
+static void compile_error(const char *schema_json, const char *needle) {
+    cJSON *s = cJSON_Parse(schema_json);
+    jg_grammar *g = NULL;
+    char err[256] = "";
+    int rc = jg_compile(s, &g, err, sizeof err);
+    CHECK(rc < 0 && strstr(err, needle), "%s: want an error with '%s', got rc %d '%s'", schema_json, needle, rc, err);
+    jg_free(g);
+    cJSON_Delete(s);
+}
+
+int main(void) {
+    /* json_object: any object, values anything */
+    jg_grammar *g = grammar(NULL);
+    yes(g, "{}");
+    yes(g, "{\"a\": 1, \"b\": [true, false, null, \"x\\n\\u00e9\"], \"c\": {\"d\": -0.5e+3}}");
+    yes(g, "{\n  \"k\": \"v\"\n}");
+    no(g, "[]");
+    no(g, " {}");       /* nothing before the value */
+    no(g, "{} ");       /* nor after it */
+    no(g, "{\"a\" 1}");
+    no(g, "{\"a\": 01}");
+    no(g, "{\"a\": 1,}");
+    no(g, "{\"a\": \"x\ny\"}"); /* raw control character in a string */
+    no(g, "{\"a\": \"\\q\"}");
+    no(g, "{\"a\": tru}");
+    no(g, "{");
+    {
+        char blanks[80] = "{";
+        memset(blanks + 1, ' ', 40);
+        strcpy(blanks + 41, "}");
+        no(g, blanks); /* a whitespace run beyond 32 */
+    }
+    jg_free(g);
+
+    /* declared properties: required ones before '}', each key once, no others */
+    g = grammar("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+                "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},"
+                "\"minItems\":1,\"maxItems\":2}},\"required\":[\"name\",\"age\"],\"additionalProperties\":false}");
+    yes(g, "{\"name\":\"Ann\",\"age\":30}");
+    yes(g, "{\"age\": -2, \"name\": \"\", \"tags\": [\"a\", \"b\"]}");
+    no(g, "{\"name\":\"Ann\"}");                 /* age missing */
+    no(g, "{\"name\":\"Ann\",\"age\":30,\"x\":1}"); /* not declared */
+    no(g, "{\"name\":\"Ann\",\"name\":\"B\",\"age\":1}");
+    no(g, "{\"name\":\"Annabel\",\"age\":30}");  /* maxLength 5 */
+    no(g, "{\"name\":\"A\",\"age\":3.5}");       /* integer */
+    no(g, "{\"name\":\"A\",\"age\":3,\"tags\":[]}");
+    no(g, "{\"name\":\"A\",\"age\":3,\"tags\":[\"a\",\"b\",\"a\"]}");
+    no(g, "{\"name\":\"A\",\"age\":3,\"tags\":[\"c\"]}");
+    jg_free(g);
+
+    /* numbers, with their digit caps; a bare number ends with the document */
+    g = grammar("{\"type\":\"number\"}");
+    yes(g, "0");
+    yes(g, "-12.5E-3");
+    yes(g, "123456789012345678");
+    no(g, "1234567890123456789");
+    no(g, "1.");
+    no(g, "-");
+    no(g, "1e");
+    jg_free(g);
+
+    /* anyOf / nullable / type lists / const: several parses at once */
+    g = grammar("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"const\":1}},\"required\":[\"a\"]},"
+                "{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"boolean\"}},\"required\":[\"ab\"]},"
+                "{\"type\":[\"null\",\"string\"]}]}");
+    yes(g, "{\"a\":1}");
+    yes(g, "{\"ab\":true}");
+    yes(g, "null");
+    yes(g, "\"s\"");
+    no(g, "{\"a\":2}");
+    no(g, "{\"ab\":1}");
+    jg_free(g);
+
+    /* enum of mixed values; a numeric literal is exact */
+    g = grammar("{\"enum\":[\"red\",1,10,[1,2],{\"k\":null}]}");
+    yes(g, "\"red\"");
+    yes(g, "1");
+    yes(g, "10");
+    yes(g, "[1,2]");
+    yes(g, "{\"k\":null}");
+    no(g, "100");
+    no(g, "\"blue\"");
+    jg_free(g);
+
+    /* $ref recursion through $defs; keys with escapes */
+    g = grammar("{\"$ref\":\"#/$defs/node\",\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{"
+                "\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}},"
+                "\"q\\\"k\":{\"type\":\"boolean\"}},\"required\":[\"v\"]}}}");
+    yes(g, "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[]},{\"v\":3,\"kids\":[{\"v\":4}]}]}");
+    yes(g, "{\"q\\\"k\":false,\"v\":0}");
+    no(g, "{\"v\":1,\"kids\":[{\"kids\":[]}]}");
+    jg_free(g);
+
+    /* generic objects: additionalProperties as the values' schema, or none at all */
+    g = grammar("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}");
+    yes(g, "{\"x\":1,\"y\":2}");
+    no(g, "{\"x\":\"1\"}");
+    jg_free(g);
+    g = grammar("{\"type\":\"object\",\"additionalProperties\":false}");
+    yes(g, "{}");
+    no(g, "{\"x\":1}");
+    jg_free(g);
+
+    /* string lengths count characters (an escape or a UTF-8 character is one) */
+    g = grammar("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}");
+    yes(g, "\"\\u00e9\\n\"");
+    yes(g, "\"\xc3\xa9\xc3\xa9\xc3\xa9\"");
+    no(g, "\"a\"");
+    no(g, "\"abcd\"");
+    no(g, "\"\x80\x80\"");         /* stray continuation bytes */
+    no(g, "\"\xc0\xaf\xc3\xa9\""); /* an overlong */
+    no(g, "\"\xed\xa0\x80x\"");    /* a UTF-16 surrogate */
+    no(g, "\"\xe4\xb8\"");         /* a character cut short */
+    yes(g, "\"\xf0\x9f\x98\x80\xe4\xb8\x96\"");
+    jg_free(g);
+
+    /* a $ref cycle with no value in between is refused at compile or dies, never loops */
+    {
+        cJSON *s = cJSON_Parse("{\"$ref\":\"#\"}");
+        jg_grammar *c = NULL;
+        char err[256];
+        if (jg_compile(s, &c, err, sizeof err) == 0) {
+            jg_state st;
+            jg_start(c, &st);
+            CHECK(!jg_feed(c, &st, "{}", 2), "a self-reference allows nothing");
+            jg_free(c);
+        }
+        cJSON_Delete(s);
+    }
+
+    compile_error("{\"type\":\"string\",\"pattern\":\"^a\"}", "'pattern' is not supported");
+    compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0}}}",
+                  "#/properties/n: 'minimum'");
+    compile_error("{\"allOf\":[{}]}", "'allOf'");
+    compile_error("{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
+    compile_error("{\"type\":\"widget\"}", "unknown type");
+    compile_error("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems");
+    compile_error("false", "allows nothing");
+    return check_summary();
+}
