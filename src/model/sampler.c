@@ -411,20 +411,22 @@ int32_t sampler_sample(sampler *s, float *logits, struct sample_result *res) {
     if (s->p.temperature <= 0.0f || s->p.top_k == 1 || !s->probs) {
         tok = s->has_con ? allowed_argmax(s, logits) : sampler_argmax(logits, V);
     } else {
-        /* Constrained: the filters run on the logits with the disallowed candidates
-         * masked, again until every candidate is allowed — the same set (and draw)
-         * as masking every disallowed token first, asking only about candidates. */
-        int n;
-        for (;;) {
-            n = candidates(s, logits);
-            if (n == 0 || !s->has_con) break;
-            int bad = 0;
-            for (int i = 0; i < n; i++)
-                if (!allowed(s, s->idx[i])) {
-                    logits[s->idx[i]] = -INFINITY;
-                    bad++;
-                }
-            if (!bad) break;
+        /* Constrained: when every candidate is allowed, the set and its weights are
+         * the ones masking every disallowed token first would give, having asked only
+         * about the candidates (the RNG may have moved differently: same distribution,
+         * not the same bits as a pre-masked row); otherwise every disallowed token is masked in one pass
+         * (redoing the filters candidate by candidate can take thousands of rounds
+         * where few tokens fit, e.g. top_k 20 inside a JSON key) and the filters run
+         * again. */
+        int n = candidates(s, logits);
+        if (n > 0 && s->has_con) {
+            bool bad = false;
+            for (int i = 0; i < n && !bad; i++) bad = !allowed(s, s->idx[i]);
+            if (bad) {
+                for (int i = 0; i < V; i++)
+                    if (logits[i] > -INFINITY && !allowed(s, i)) logits[i] = -INFINITY;
+                n = candidates(s, logits);
+            }
         }
         if (n == 0) {
             tok = s->has_con ? allowed_argmax(s, logits) : sampler_argmax(logits, V);

@@ -88,8 +88,10 @@ int32_t sampler_sample(sampler *s, float *logits, struct sample_result *res);
 /* Constrained output: only tokens allow() accepts are chosen (the filters and
  * the draw act as if every other token's logit were -inf; greedy takes the
  * best allowed token); advance() is told each generated token in order
- * (sampler_accept). allow is asked at most once per token per step, about as
- * few tokens as the choice needs. logprobs stay those of the model's
+ * (sampler_accept). allow is asked at most once per token per step: greedy asks
+ * only about tokens that would beat the best allowed one so far; sampling asks
+ * about the filtered candidates, and about every token only when one of them
+ * is not allowed. logprobs stay those of the model's
  * distribution. A constrained sampler is never argmax-only or device-sampled:
  * it needs the logits row. Allocates a [vocab] byte map (ST_NOMEM). */
 struct sampler_constraint {

@@ -5,15 +5,36 @@
 #include <string.h>
 
 #include "runtime/status.h"
+#include "text/utf8.h"
 
 struct out_constraint {
     jg_grammar *g;
     const struct model_port *port;
     jg_state cur;      /* the text generated so far */
     jg_state scratch;  /* a candidate token's trial */
-    bool first_known;  /* first[] is for cur */
+    bool first_known;  /* first[] and room are for cur */
+    int64_t room;      /* jg_string_room of cur */
     uint8_t first[256]; /* 1: a byte that may come next */
+    uint8_t *plain;    /* [vocab]: 1..255 characters when the token is a run of plain
+                          string characters (no quote, backslash or control byte; whole
+                          UTF-8 characters), else 0: inside a string such a token is
+                          allowed exactly when the string has room for it */
 };
+
+/* The token's characters when it is a plain string run, else 0. */
+static uint8_t plain_chars(const char *b, size_t n) {
+    if (!b || n == 0) return 0;
+    size_t chars = 0;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)b[i];
+        if (c < 0x20 || c == '"' || c == '\\') return 0;
+        int l = c < 0x80 ? 1 : utf8_seq_len((const unsigned char *)b + i, n - i);
+        if (l <= 0) return 0;
+        i += (size_t)l;
+        chars++;
+    }
+    return chars > 255 ? 0 : (uint8_t)chars;
+}
 
 int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct model_port *port) {
     *out = NULL;
@@ -24,6 +45,16 @@ int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct 
     }
     c->g = g;
     c->port = port;
+    c->plain = malloc((size_t)port->vocab);
+    if (!c->plain) {
+        out_constraint_free(c);
+        return ST_NOMEM;
+    }
+    for (int t = 0; t < port->vocab; t++) {
+        size_t n = 0;
+        const char *b = port->token_bytes(port->ctx, t, &n);
+        c->plain[t] = port->is_special && port->is_special(port->ctx, t) ? 0 : plain_chars(b, n);
+    }
     jg_start(g, &c->cur);
     *out = c;
     return ST_OK;
@@ -32,6 +63,7 @@ int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct 
 void out_constraint_free(struct out_constraint *c) {
     if (!c) return;
     jg_free(c->g);
+    free(c->plain);
     free(c);
 }
 
@@ -56,8 +88,10 @@ static bool allow(void *ctx, int32_t t) {
             jg_copy(&c->scratch, &c->cur);
             c->first[x] = jg_feed(c->g, &c->scratch, &ch, 1);
         }
+        c->room = jg_string_room(c->g, &c->cur);
         c->first_known = true;
     }
+    if (c->room >= 0 && c->plain[t]) return c->plain[t] <= c->room;
     if (!c->first[(unsigned char)b[0]]) return false;
     if (n == 1) return true;
     jg_copy(&c->scratch, &c->cur);

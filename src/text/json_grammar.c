@@ -816,3 +816,11 @@ bool jg_complete(const jg_grammar *g, const jg_state *s) {
     }
     return false;
 }
+
+int64_t jg_string_room(const jg_grammar *g, const jg_state *s) {
+    if (s->n != 1 || s->t[0].depth == 0) return -1;
+    const struct jg_frame *f = &s->t[0].f[s->t[0].depth - 1];
+    if (f->phase != P_S_IN || f->pos) return -1;
+    const struct node *n = &g->nodes[f->node];
+    return n->max_len == UINT32_MAX ? (int64_t)UINT32_MAX : (int64_t)n->max_len - f->count;
+}

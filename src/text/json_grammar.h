@@ -78,5 +78,10 @@ void jg_copy(jg_state *dst, const jg_state *src);
 bool jg_feed(const jg_grammar *g, jg_state *s, const char *bytes, size_t n);
 /* True when the text so far is a whole allowed document. */
 bool jg_complete(const jg_grammar *g, const jg_state *s);
+/* When the text is inside a string, between characters, in its only parse:
+ * how many more characters the string takes (UINT32_MAX: no limit). Else -1.
+ * Lets a caller accept a run of plain string characters (no quote, backslash
+ * or control character; whole UTF-8 characters) without feeding it. */
+int64_t jg_string_room(const jg_grammar *g, const jg_state *s);
 
 #endif

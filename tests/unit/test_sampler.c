@@ -1,6 +1,8 @@
 /* tests/unit/test_sampler.c — sampler semantics: greedy tie/NaN rules, seeded
  * reproducibility, top_k / top_p / min_p support sets, penalties, logprobs,
- * logit_bias (forcing, banning, logprobs of the biased distribution, validation). */
+ * logit_bias (forcing, banning, logprobs of the biased distribution, validation),
+ * constraints (greedy and top_k over the allowed tokens, an all-allowing one
+ * changes nothing). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,77 @@ static double lse_biased(int k, double b) {
     double z = 0;
     for (int i = 0; i < V; i++) z += exp(base[i] + (i == k ? b : 0) - m);
     return m + log(z);
+}
+
+/* constraint: tokens whose id is a multiple of `mod` (mod 1: everything) */
+struct con_ctx {
+    int mod, asked, advanced, last;
+};
+static bool con_allow(void *ctx, int32_t t) {
+    struct con_ctx *c = ctx;
+    c->asked++;
+    return t % c->mod == 0;
+}
+static void con_advance(void *ctx, int32_t t) {
+    struct con_ctx *c = ctx;
+    c->advanced++;
+    c->last = t;
+}
+
+static void test_constraint(void) {
+    char err[256];
+    struct sampler_params p = sampler_params_default();
+    struct con_ctx cc = {.mod = 7};
+    struct sampler_constraint con = {con_allow, con_advance, &cc};
+    /* greedy: the best allowed token; only tokens that would beat it are asked about */
+    sampler *s;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(sampler_set_constraint(s, &con) == 0, "set");
+    CHECK(!sampler_argmax_only(s), "a constrained sampler needs the logits row");
+    int32_t want = -1;
+    for (int i = 0; i < V; i++)
+        if (i % 7 == 0 && (want < 0 || base[i] > base[want])) want = i;
+    CHECK(draw(s, NULL) == want, "greedy over the allowed: want %d", want);
+    CHECK(cc.asked < V / 2, "asked %d of %d", cc.asked, V);
+    sampler_accept(s, &want, 1, false);
+    sampler_accept(s, &want, 1, true); /* prompt tokens are not output */
+    CHECK(cc.advanced == 1 && cc.last == want, "advance per generated token: %d", cc.advanced);
+    sampler_free(s);
+
+    /* top_k 3 over the allowed tokens (mask first): exactly the 3 best allowed are drawn */
+    p.temperature = 5.0f;
+    p.top_k = 3;
+    p.seed = 5;
+    p.has_seed = true;
+    int32_t top[3] = {-1, -1, -1};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < V; i++)
+            if (i % 7 == 0 && i != top[0] && i != top[1] && (top[k] < 0 || base[i] > base[top[k]])) top[k] = i;
+    CHECK(sampler_new(&s, V, &p, err, sizeof err) == 0, "%s", err);
+    sampler_set_constraint(s, &con);
+    int hits[3] = {0, 0, 0}, other = 0;
+    for (int n = 0; n < 3000; n++) {
+        int32_t t = draw(s, NULL);
+        int k = t == top[0] ? 0 : t == top[1] ? 1 : t == top[2] ? 2 : -1;
+        if (k < 0) other++;
+        else hits[k]++;
+    }
+    CHECK(other == 0 && hits[0] > 0 && hits[1] > 0 && hits[2] > 0, "support: %d %d %d other %d", hits[0], hits[1],
+          hits[2], other);
+    sampler_free(s);
+
+    /* everything allowed: the same draws as no constraint at all, bit for bit */
+    cc.mod = 1;
+    p.top_k = 0;
+    p.top_p = 0.9f;
+    sampler *a, *b;
+    CHECK(sampler_new(&a, V, &p, err, sizeof err) == 0 && sampler_new(&b, V, &p, err, sizeof err) == 0, "%s", err);
+    sampler_set_constraint(b, &con);
+    bool same = true;
+    for (int n = 0; n < 200; n++) same = same && draw(a, NULL) == draw(b, NULL);
+    CHECK(same, "an all-allowing constraint changes nothing");
+    sampler_free(a);
+    sampler_free(b);
 }
 
 static void test_logit_bias(int32_t best) {
@@ -293,5 +366,6 @@ int main(void) {
     sampler_free(s);
 
     test_logit_bias(best);
+    test_constraint();
     return check_summary();
 }
