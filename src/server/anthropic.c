@@ -355,6 +355,7 @@ static int translate_thinking(const cJSON *in, cJSON *out, struct api_error *e) 
         const cJSON *b = cJSON_GetObjectItemCaseSensitive(th, "budget_tokens");
         if (!cJSON_IsNumber(b) || b->valuedouble < 1 || b->valuedouble != (double)(long long)b->valuedouble)
             return BAD("thinking.budget_tokens", "'thinking.budget_tokens' must be a positive integer"), -1;
+        cJSON_AddNumberToObject(out, "thinking_budget", b->valuedouble); /* enforced (constraint.h) */
         on = true;
     } else if (!strcmp(t, "adaptive") || !strcmp(t, "between_tools")) {
         on = true;

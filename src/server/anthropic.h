@@ -24,8 +24,9 @@
  * ignored, as they are by Anthropic's own API for fields it does not use.
  * Any `model` string is accepted (one model is served; Claude Code names its
  * own models), and responses carry the served model's id. thinking's
- * budget_tokens is validated but not enforced, and disable_parallel_tool_use is
- * accepted but not enforced.
+ * budget_tokens is enforced (the reasoning is closed once it has taken that
+ * many tokens: constraint.h); disable_parallel_tool_use is accepted but not
+ * enforced.
  *
  * Responses: a message object {id "msg_...", type, role, model, content
  * [thinking?, text?, tool_use*], stop_reason end_turn | max_tokens |

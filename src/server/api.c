@@ -489,6 +489,10 @@ static int parse_thinking(const cJSON *root, int default_thinking, struct api_re
         else
             return BAD("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high"), -1;
     }
+    long long budget = 0;
+    int brc = get_int(root, "thinking_budget", 1, 1e9, &budget, e);
+    if (brc < 0) return -1;
+    r->thinking_budget = brc ? (int)budget : 0;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (present(kw)) {
         if (!cJSON_IsObject(kw)) return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object"), -1;

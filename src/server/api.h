@@ -9,7 +9,9 @@
  * constrained to a JSON object / a document the schema allows
  * (text/json_grammar.h says which keywords; others are 400s naming them),
  * thinking is off for such requests, and the system message also asks for it
- * (the model writes better JSON when told). They cannot be combined with tools. logit_bias keys must be token ids inside the vocabulary and values
+ * (the model writes better JSON when told). They cannot be combined with tools.
+ * thinking_budget (Qwen's API name, an integer >= 1) caps the reasoning tokens
+ * of a reply that starts inside reasoning (constraint.h). logit_bias keys must be token ids inside the vocabulary and values
  * numbers in [-100, 100], at most SAMPLER_MAX_LOGIT_BIAS entries. tool_choice "required" / a named function is enforced by ending
  * the prompt inside an opened "<tool_call>\n<function=" (thinking off). The parse does no tokenization: the HTTP layer renders and encodes the
  * request afterwards (api_prepare_prompt) and checks the context budget.
@@ -60,6 +62,7 @@ struct api_request {
     enum tool_choice tool_choice;
     char tool_name[128];
     int enable_thinking; /* -1 template default, 0 off, 1 on */
+    int thinking_budget; /* > 0: reasoning tokens before the reply is made to close it (constraint.h) */
     bool json_object;
     struct jg_grammar *grammar; /* owned: constrained output (json_object / json_schema), or NULL */
     const cJSON *json_schema;   /* into root: the schema (json_schema), for the prompt */

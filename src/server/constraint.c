@@ -1,4 +1,5 @@
-/* server/constraint.c — a JSON grammar as a sampler constraint (see constraint.h). */
+/* server/constraint.c — a JSON grammar or a thinking budget as a sampler
+ * constraint (see constraint.h). */
 #include "server/constraint.h"
 
 #include <stdlib.h>
@@ -7,7 +8,21 @@
 #include "runtime/status.h"
 #include "text/utf8.h"
 
+/* Qwen's documented way to end thinking early: this text, "</think>" included
+ * (without the "." Qwen's example has after the tag, which would open the
+ * content). */
+static const char k_budget_close[] =
+    "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly "
+    "now.\n</think>\n\n";
+
 struct out_constraint {
+    /* thinking budget (g == NULL) */
+    int budget, spent;   /* reasoning tokens allowed, taken */
+    int32_t think_end;   /* the "</think>" token */
+    bool reasoning;      /* still inside the reasoning */
+    int32_t *forced;     /* the closing text's tokens, forced one by one once spent == budget */
+    int n_forced, at;    /* at: forced tokens already given */
+    /* JSON grammar */
     jg_grammar *g;
     const struct model_port *port;
     jg_state cur;      /* the text generated so far */
@@ -64,7 +79,55 @@ void out_constraint_free(struct out_constraint *c) {
     if (!c) return;
     jg_free(c->g);
     free(c->plain);
+    free(c->forced);
     free(c);
+}
+
+int out_constraint_new_budget(struct out_constraint **out, int budget, const struct model_port *port) {
+    *out = NULL;
+    struct out_constraint *c = calloc(1, sizeof *c);
+    if (!c) return ST_NOMEM;
+    c->port = port;
+    c->budget = budget;
+    c->reasoning = true;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[128];
+    int rc = port->encode(port->ctx, "</think>", 8, &ids, &n, err, sizeof err);
+    if (rc || n != 1) {
+        free(ids);
+        free(c);
+        return rc == ST_NOMEM ? ST_NOMEM : ST_INVALID;
+    }
+    c->think_end = ids[0];
+    free(ids);
+    size_t nf = 0;
+    if ((rc = port->encode(port->ctx, k_budget_close, sizeof k_budget_close - 1, &c->forced, &nf, err, sizeof err))) {
+        free(c);
+        return rc == ST_NOMEM ? ST_NOMEM : ST_INVALID;
+    }
+    c->n_forced = (int)nf;
+    *out = c;
+    return ST_OK;
+}
+
+/* Budget: free until the reasoning has spent it, then the closing text's
+ * tokens in order; content after it is free. */
+static bool budget_allow(struct out_constraint *c, int32_t t) {
+    if (!c->reasoning || c->spent < c->budget) return true;
+    return c->at < c->n_forced ? t == c->forced[c->at] : true;
+}
+
+static void budget_advance(struct out_constraint *c, int32_t t) {
+    if (!c->reasoning) return;
+    if (c->spent < c->budget) {
+        c->spent++;
+    } else if (c->at < c->n_forced) {
+        c->at++;
+        if (c->at == c->n_forced) c->reasoning = false; /* the forced text closed it */
+        return;
+    }
+    if (t == c->think_end) c->reasoning = false;
 }
 
 static bool is_stop(const struct model_port *p, int32_t t) {
@@ -75,6 +138,7 @@ static bool is_stop(const struct model_port *p, int32_t t) {
 
 static bool allow(void *ctx, int32_t t) {
     struct out_constraint *c = ctx;
+    if (!c->g) return budget_allow(c, t);
     /* end of sequence: when the document is complete — or, as a safety net that
      * should never be needed, when no parse is left, so the request ends */
     if (is_stop(c->port, t)) return jg_complete(c->g, &c->cur) || c->cur.n == 0;
@@ -100,6 +164,10 @@ static bool allow(void *ctx, int32_t t) {
 
 static void advance(void *ctx, int32_t t) {
     struct out_constraint *c = ctx;
+    if (!c->g) {
+        budget_advance(c, t);
+        return;
+    }
     if (is_stop(c->port, t)) return;
     size_t n = 0;
     const char *b = c->port->token_bytes(c->port->ctx, t, &n);

@@ -1,8 +1,14 @@
-/* server/constraint.h — constrained output for one request: a JSON grammar
- * (text/json_grammar.h) read at the token level, as the sampler's
- * constraint (model/sampler.h). A token is allowed when its bytes keep the
- * text a prefix of an allowed document; an end-of-sequence token only when
- * the document is complete; other special tokens never.
+/* server/constraint.h — constrained output for one request, as the sampler's
+ * constraint (model/sampler.h). Two kinds:
+ *   - a JSON grammar (text/json_grammar.h) read at the token level: a token is
+ *     allowed when its bytes keep the text a prefix of an allowed document; an
+ *     end-of-sequence token only when the document is complete; other special
+ *     tokens never;
+ *   - a thinking budget: once the reasoning has taken `budget` tokens without
+ *     closing, the next tokens are forced — the closing text Qwen's guidance
+ *     uses ("\n\nConsidering the limited time by the user, I have to give the
+ *     solution based on the thinking directly now.\n</think>\n\n") — and the
+ *     reply goes on as content, unconstrained.
  *
  * Owned by the job (sched.h), used by its sampler on whichever scheduler
  * thread samples it, one at a time. Per step the bytes each token may start
@@ -21,6 +27,10 @@ struct out_constraint;
 /* Takes ownership of g (freed with the constraint, or here on failure).
  * port must outlive the constraint. Returns 0 or ST_NOMEM. */
 int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct model_port *port);
+/* A thinking budget for a reply that starts inside reasoning. The forced text
+ * is encoded here (port->encode). Returns 0, ST_NOMEM or ST_INVALID (the
+ * model has no single "</think>" token). */
+int out_constraint_new_budget(struct out_constraint **out, int budget, const struct model_port *port);
 void out_constraint_free(struct out_constraint *c);
 struct sampler_constraint out_constraint_sampler(struct out_constraint *c);
 

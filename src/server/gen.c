@@ -137,13 +137,16 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     }
     g->job = j;
     g->call_salt = j->id;
+    int crc = 0;
     if (g->ar.grammar) { /* the job owns it from here */
-        int crc = out_constraint_new(&j->constraint, g->ar.grammar, port);
+        crc = out_constraint_new(&j->constraint, g->ar.grammar, port);
         g->ar.grammar = NULL;
-        if (crc) {
-            free(forced);
-            return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
-        }
+    } else if (g->ar.thinking_budget > 0 && in_reasoning) {
+        crc = out_constraint_new_budget(&j->constraint, g->ar.thinking_budget, port);
+    }
+    if (crc) {
+        free(forced);
+        return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
     }
     make_id(g->id, sizeof g->id,
             kind == API_MESSAGES ? "msg_" : kind == API_RESPONSES ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-",

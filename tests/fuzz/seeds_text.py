@@ -230,6 +230,16 @@ def seed_http(out: Path):
                     {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
                     {"role": "user", "content": "SCRIPT:ok"}]}
     put(d, "responses", http_request("POST", "/v1/responses", rs))
+    # constrained output and a thinking budget
+    schema = {"type": "object", "properties": {"a": {"enum": [1, "x"]}, "b": {"type": "string", "maxLength": 3}},
+              "required": ["a"]}
+    put(d, "json-schema", http_request("POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 24, "stream": True, "temperature": 1.0, "seed": 3,
+        "messages": [{"role": "user", "content": "SCRIPT:{\"a\": 1}"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}))
+    put(d, "thinking-budget", http_request("POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 40, "thinking_budget": 2,
+        "messages": [{"role": "user", "content": "SCRIPT:abcdef</think>ok"}]}))
     put(d, "responses-stream", http_request("POST", "/v1/responses", dict(rs, stream=True, tool_choice="required"),
                                             chunked=True))
     put(d, "bad-utf8", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer fuzz-key\r\n"

@@ -136,6 +136,13 @@ def test_thinking_blocks(client, thinking):
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in r.content]
 
 
+def test_budget_tokens_enforced(client):
+    r = ask(client, "SCRIPT:" + "b" * 60 + "</think>\n\nThe answer.", max_tokens=200,
+            thinking={"type": "enabled", "budget_tokens": 6})
+    assert r.content[0].type == "thinking" and r.content[0].thinking.startswith("bbbbbb\n\nConsidering the limited")
+    assert r.content[1].type == "text"
+
+
 def test_thinking_stream_indices(srv):
     ev = raw_events(srv, {"model": MODEL, "max_tokens": 100, "messages": [{"role": "user", "content": THOUGHT}]})
     starts = [d for n, d in ev if n == "content_block_start"]

@@ -242,6 +242,27 @@ def test_thinking_on_splits_reasoning(client):
     assert joined(chunks) == "The answer."
 
 
+CLOSE = "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now."
+
+
+def test_thinking_budget(client):
+    # 40 reasoning characters (one token each in the mock) against a budget of 5: the
+    # reasoning is closed with Qwen's closing text after 5, the reply goes on as content
+    r = chat(client, "SCRIPT:" + "a" * 40 + "</think>\n\nanswer", max_tokens=200, extra_body={"thinking_budget": 5})
+    m = r.choices[0].message
+    assert m.model_extra["reasoning_content"] == "aaaaa" + CLOSE
+    assert m.content and "Considering" not in m.content
+    # within the budget nothing changes
+    r = chat(client, "SCRIPT:aaaa</think>\n\nanswer", extra_body={"thinking_budget": 5})
+    assert r.choices[0].message.model_extra["reasoning_content"] == "aaaa" and r.choices[0].message.content == "answer"
+    # thinking off: no reasoning to close
+    r = chat(client, "SCRIPT:plain", extra_body={"thinking_budget": 1, "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].message.content == "plain"
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, "x", extra_body={"thinking_budget": 0})
+    assert e.value.body["param"] == "thinking_budget"
+
+
 def test_thinking_off(client):
     for kw in (NOTHINK, {"reasoning_effort": "none"}):
         r = chat(client, "SCRIPT:Direct.", **kw)
