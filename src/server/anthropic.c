@@ -169,14 +169,14 @@ static int assistant_message(const cJSON *content, int i, cJSON *msgs, bool *has
             rc = -1;
             break;
         }
-        if (!strcmp(t, "text") || !strcmp(t, "thinking")) {
-            const char *key = t[1] == 'e' ? "text" : "thinking";
-            const cJSON *s = cJSON_GetObjectItemCaseSensitive(blk, key);
+        const bool is_text = !strcmp(t, "text");
+        if (is_text || !strcmp(t, "thinking")) {
+            const cJSON *s = cJSON_GetObjectItemCaseSensitive(blk, t); /* the text is under the type's name */
             if (!cJSON_IsString(s)) {
-                rc = BAD(w, "'%s.%s' must be a string", w, key);
+                rc = BAD(w, "'%s.%s' must be a string", w, t);
                 break;
             }
-            buf_puts(t[1] == 'e' ? text : &reasoning, s->valuestring);
+            buf_puts(is_text ? text : &reasoning, s->valuestring);
         } else if (!strcmp(t, "redacted_thinking")) {
             continue; /* opaque to this model */
         } else if (!strcmp(t, "tool_use")) {
@@ -273,13 +273,8 @@ static int translate_messages(const cJSON *in, cJSON *out, char **prefill, struc
     }
     free(last_text.data);
     if (rc) return -1;
-    bool any_turn = false;
-    const cJSON *x;
-    cJSON_ArrayForEach(x, nm) {
-        const char *r = cJSON_GetObjectItemCaseSensitive(x, "role")->valuestring;
-        if (strcmp(r, "system")) any_turn = true;
-    }
-    if (!any_turn) return BAD("messages", "'messages' must hold a user message"), -1;
+    if (cJSON_GetArraySize(nm) == (present(sys) ? 1 : 0)) /* only the system message */
+        return BAD("messages", "'messages' must hold a user message"), -1;
     return 0;
 }
 
@@ -301,14 +296,7 @@ static int translate_tools(const cJSON *in, cJSON *out, bool has_prefill, struct
                            w, cJSON_IsString(ty) ? "'" : "", cJSON_IsString(ty) ? ty->valuestring : "(not a string)",
                            cJSON_IsString(ty) ? "'" : ""),
                        -1;
-            const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
-            if (!cJSON_IsString(name) || !api_valid_function_name(name->valuestring))
-                return BAD(w, "'%s.name' must be 1-64 characters of a-z, A-Z, 0-9, _ . -", w), -1;
-            const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
-            if (present(desc) && !cJSON_IsString(desc)) return BAD(w, "'%s.description' must be a string", w), -1;
-            const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
-            if (!cJSON_IsObject(schema)) return BAD(w, "'%s.input_schema' must be a JSON Schema object", w), -1;
-            api_chat_tool(nt, name->valuestring, cJSON_IsString(desc) ? desc->valuestring : NULL, schema);
+            if (api_chat_tool_from_flat(nt, t, w, "input_schema", true, e)) return -1;
         }
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(in, "tool_choice");
@@ -405,11 +393,7 @@ static int translate_sampling(const cJSON *in, bool count_only, cJSON *out, stru
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(fmt, "type");
         if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "json_schema"))
             return BAD("output_config.format", "'output_config.format.type' must be \"json_schema\""), -1;
-        cJSON *js = cJSON_AddObjectToObject(cJSON_AddObjectToObject(out, "response_format"), "json_schema");
-        cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(out, "response_format"), "type", "json_schema");
-        cJSON_AddStringToObject(js, "name", "output");
-        const cJSON *schema = cJSON_GetObjectItemCaseSensitive(fmt, "schema");
-        if (schema) cJSON_AddItemToObject(js, "schema", cJSON_Duplicate(schema, 1));
+        api_chat_json_schema(out, "output", cJSON_GetObjectItemCaseSensitive(fmt, "schema"), NULL);
     }
     return 0;
 }

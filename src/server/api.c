@@ -15,6 +15,7 @@
 #include "runtime/status.h"
 #include "server/anthropic.h"
 #include "server/responses.h"
+#include "text/utf8.h"
 
 int api_error_set(struct api_error *e, int status, const char *type, const char *param, const char *code,
                   const char *fmt, ...) {
@@ -312,6 +313,30 @@ void api_chat_tool_choice(cJSON *req, const char *name) {
     cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "function"), "name", name);
 }
 
+void api_chat_json_schema(cJSON *req, const char *name, const cJSON *schema, const cJSON *strict) {
+    cJSON *rf = cJSON_AddObjectToObject(req, "response_format");
+    cJSON_AddStringToObject(rf, "type", "json_schema");
+    cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
+    if (name) cJSON_AddStringToObject(js, "name", name);
+    if (schema) cJSON_AddItemToObject(js, "schema", cJSON_Duplicate(schema, 1));
+    if (strict) cJSON_AddItemToObject(js, "strict", cJSON_Duplicate(strict, 1));
+}
+
+int api_chat_tool_from_flat(cJSON *tools, const cJSON *t, const char *where, const char *schema_key,
+                            bool schema_required, struct api_error *e) {
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(t, "name");
+    if (!cJSON_IsString(name) || !api_valid_function_name(name->valuestring))
+        return BAD(where, "'%s.name' must be 1-64 characters of a-z, A-Z, 0-9, _ . -", where), -1;
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
+    if (present(desc) && !cJSON_IsString(desc)) return BAD(where, "'%s.description' must be a string", where), -1;
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(t, schema_key);
+    if ((schema_required || present(schema)) && !cJSON_IsObject(schema))
+        return BAD(where, "'%s.%s' must be a JSON Schema object", where, schema_key), -1;
+    api_chat_tool(tools, name->valuestring, cJSON_IsString(desc) ? desc->valuestring : NULL,
+                  cJSON_IsObject(schema) ? schema : NULL);
+    return 0;
+}
+
 static int parse_messages(const cJSON *msgs, struct api_request *r, struct api_error *e) {
     if (!present(msgs)) return BAD("messages", "'messages' is required"), -1;
     if (!cJSON_IsArray(msgs)) return BAD("messages", "'messages' must be an array"), -1;
@@ -555,36 +580,34 @@ static int parse_response_format(const cJSON *root, struct api_request *r, struc
 /* Adds the JSON instruction to the system message: the model writes better
  * JSON when told, and the constraint keeps it to what is allowed. */
 static void nudge_json(struct api_request *r) {
-    static const char *k_object = "Respond only with a single valid JSON object.";
-    static const char *k_schema = "Respond only with JSON that matches this JSON Schema: ";
-    char *schema = r->json_schema ? cJSON_PrintUnformatted(r->json_schema) : NULL;
-    const char *note = schema ? k_schema : k_object;
-    size_t nl = strlen(note) + (schema ? strlen(schema) : 0) + 1;
-    char *full = malloc(nl);
-    if (!full) {
-        free(schema);
-        return;
-    }
-    snprintf(full, nl, "%s%s", note, schema ? schema : "");
-    free(schema);
     cJSON *first = cJSON_GetArrayItem(r->messages, 0);
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(first, "role");
-    if (cJSON_IsString(role) && !strcmp(role->valuestring, "system")) {
-        cJSON *c = cJSON_GetObjectItemCaseSensitive(first, "content");
-        size_t l = strlen(c->valuestring) + strlen(full) + 3;
-        char *s = malloc(l);
-        if (s) {
-            snprintf(s, l, "%s%s%s", c->valuestring, c->valuestring[0] ? "\n\n" : "", full);
-            cJSON_ReplaceItemInObjectCaseSensitive(first, "content", cJSON_CreateString(s));
-            free(s);
-        }
-    } else {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "system");
-        cJSON_AddStringToObject(m, "content", full);
-        cJSON_InsertItemInArray(r->messages, 0, m);
+    const bool has_system = cJSON_IsString(role) && !strcmp(role->valuestring, "system");
+    buf b = {0};
+    if (has_system) {
+        const char *c = cJSON_GetObjectItemCaseSensitive(first, "content")->valuestring;
+        buf_puts(&b, c);
+        if (c[0]) buf_puts(&b, "\n\n");
     }
-    free(full);
+    char *schema = r->json_schema ? cJSON_PrintUnformatted(r->json_schema) : NULL;
+    if (schema) {
+        buf_puts(&b, "Respond only with JSON that matches this JSON Schema: ");
+        buf_puts(&b, schema);
+        free(schema);
+    } else {
+        buf_puts(&b, "Respond only with a single valid JSON object.");
+    }
+    if (!b.oom) {
+        if (has_system) {
+            cJSON_ReplaceItemInObjectCaseSensitive(first, "content", cJSON_CreateString(b.data));
+        } else {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", "system");
+            cJSON_AddStringToObject(m, "content", b.data);
+            cJSON_InsertItemInArray(r->messages, 0, m);
+        }
+    }
+    free(b.data);
 }
 
 /* ---- completions prompt ---- */
@@ -639,15 +662,10 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
                        (size_t)(end - body));
     }
     if (!cJSON_IsObject(r->root)) return BAD(NULL, "request body must be a JSON object");
-    if (kind == API_MESSAGES || kind == API_MESSAGES_COUNT) {
+    if (kind != API_CHAT && kind != API_COMPLETION) { /* another dialect: into the chat shape */
         cJSON *chat = NULL;
-        int rc = anthropic_translate(r->root, kind == API_MESSAGES_COUNT, &chat, &r->prefill, e);
-        if (rc) return rc;
-        cJSON_Delete(r->root);
-        r->root = chat;
-    } else if (kind == API_RESPONSES) {
-        cJSON *chat = NULL;
-        int rc = responses_translate(r->root, &chat, &r->echo, e);
+        int rc = kind == API_RESPONSES ? responses_translate(r->root, &chat, &r->echo, e)
+                                       : anthropic_translate(r->root, kind == API_MESSAGES_COUNT, &chat, &r->prefill, e);
         if (rc) return rc;
         cJSON_Delete(r->root);
         r->root = chat;
@@ -712,6 +730,21 @@ void api_request_free(struct api_request *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* Appends s to the malloc'd *text (reallocated). Returns 0 or -1 (out of memory:
+ * *text freed and NULL). */
+static int append_text(char **text, const char *s) {
+    size_t a = strlen(*text), b = strlen(s);
+    char *t2 = realloc(*text, a + b + 1);
+    if (!t2) {
+        free(*text);
+        *text = NULL;
+        return -1;
+    }
+    memcpy(t2 + a, s, b + 1);
+    *text = t2;
+    return 0;
+}
+
 static bool ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && memcmp(s + a - b, suf, b) == 0;
@@ -749,29 +782,12 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
             } else if (r->tool_choice == TC_REQUIRED) {
                 prefix = "<tool_call>\n<function=";
             }
-            if (r->prefill) { /* the reply continues it; the client has it, so the parser does not see it */
-                size_t a = strlen(text), b = strlen(r->prefill);
-                char *t2 = realloc(text, a + b + 1);
-                if (!t2) {
-                    free(text);
-                    return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-                }
-                memcpy(t2 + a, r->prefill, b + 1);
-                text = t2;
-                *start_in_reasoning = false;
-            }
-            if (prefix) {
-                size_t a = strlen(text), b = strlen(prefix);
-                char *t2 = realloc(text, a + b + 1);
-                if (!t2) {
-                    free(text);
-                    return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-                }
-                memcpy(t2 + a, prefix, b + 1);
-                text = t2;
-                *forced_prefix = strdup(prefix);
-                *start_in_reasoning = false;
-            }
+            /* the prefill: the reply continues it, and the client has it, so the parser does not see it;
+             * the forced prefix: the parser must see it first */
+            if ((r->prefill && append_text(&text, r->prefill)) || (prefix && append_text(&text, prefix)))
+                return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            if (prefix) *forced_prefix = strdup(prefix);
+            if (r->prefill || prefix) *start_in_reasoning = false;
             src = text;
             src_len = strlen(text);
         } else {

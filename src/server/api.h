@@ -110,6 +110,14 @@ cJSON *api_chat_message(cJSON *msgs, const char *role, const char *content);
 void api_chat_tool(cJSON *tools, const char *name, const char *description, const cJSON *parameters);
 void api_chat_tool_call(cJSON *assistant, const char *id, const char *name, cJSON *arguments);
 void api_chat_tool_choice(cJSON *req, const char *name);
+/* response_format {type json_schema, json_schema: {name?, schema?, strict?}}
+ * set on the request (each copied when given; api_parse checks them). */
+void api_chat_json_schema(cJSON *req, const char *name, const cJSON *schema, const cJSON *strict);
+/* A flat tool definition {name, description?, <schema_key>} (Anthropic's and
+ * the Responses API's shape), validated with errors naming `where`, appended
+ * to tools as a function tool. Returns 0 or -1 (e set). */
+int api_chat_tool_from_flat(cJSON *tools, const cJSON *t, const char *where, const char *schema_key,
+                            bool schema_required, struct api_error *e);
 
 /* Renders (chat) and encodes the prompt, checks it against max_seq and fixes
  * max_tokens. Also returns the forced output prefix (tool_choice required or

@@ -30,28 +30,59 @@ struct out_constraint {
     bool first_known;  /* first[] and room are for cur */
     int64_t room;      /* jg_string_room of cur */
     uint8_t first[256]; /* 1: a byte that may come next */
-    uint8_t *plain;    /* [vocab]: 1..255 characters when the token is a run of plain
-                          string characters (no quote, backslash or control byte; whole
-                          UTF-8 characters), else 0: inside a string such a token is
-                          allowed exactly when the string has room for it */
+    const struct out_vocab *vocab;
 };
 
-/* The token's characters when it is a plain string run, else 0. */
-static uint8_t plain_chars(const char *b, size_t n) {
-    if (!b || n == 0) return 0;
+/* out_vocab's classes: a special token or one without bytes (never part of a
+ * JSON text), a token to feed to the parse, or (1..VOCAB_PLAIN_MAX) a run of
+ * that many plain string characters — no quote, backslash or control byte,
+ * whole UTF-8 characters — which inside a string is allowed exactly when the
+ * string has room for it. */
+enum { VOCAB_FEED = 0, VOCAB_PLAIN_MAX = 254, VOCAB_NEVER = 255 };
+
+struct out_vocab {
+    const struct model_port *port;
+    uint8_t *cls; /* [vocab] */
+};
+
+static uint8_t token_class(const struct model_port *p, int32_t t) {
+    size_t n = 0;
+    const char *b = p->token_bytes(p->ctx, t, &n);
+    if (!b || n == 0 || (p->is_special && p->is_special(p->ctx, t))) return VOCAB_NEVER;
     size_t chars = 0;
     for (size_t i = 0; i < n;) {
         const unsigned char c = (unsigned char)b[i];
-        if (c < 0x20 || c == '"' || c == '\\') return 0;
+        if (c < 0x20 || c == '"' || c == '\\') return VOCAB_FEED;
         int l = c < 0x80 ? 1 : utf8_seq_len((const unsigned char *)b + i, n - i);
-        if (l <= 0) return 0;
+        if (l <= 0) return VOCAB_FEED;
         i += (size_t)l;
         chars++;
     }
-    return chars > 255 ? 0 : (uint8_t)chars;
+    return chars > VOCAB_PLAIN_MAX ? VOCAB_FEED : (uint8_t)chars;
 }
 
-int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct model_port *port) {
+int out_vocab_new(struct out_vocab **out, const struct model_port *port) {
+    *out = NULL;
+    struct out_vocab *v = calloc(1, sizeof *v);
+    if (!v) return ST_NOMEM;
+    v->port = port;
+    v->cls = malloc((size_t)port->vocab);
+    if (!v->cls) {
+        free(v);
+        return ST_NOMEM;
+    }
+    for (int t = 0; t < port->vocab; t++) v->cls[t] = token_class(port, t);
+    *out = v;
+    return ST_OK;
+}
+
+void out_vocab_free(struct out_vocab *v) {
+    if (!v) return;
+    free(v->cls);
+    free(v);
+}
+
+int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct out_vocab *v) {
     *out = NULL;
     struct out_constraint *c = calloc(1, sizeof *c);
     if (!c) {
@@ -59,17 +90,8 @@ int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct 
         return ST_NOMEM;
     }
     c->g = g;
-    c->port = port;
-    c->plain = malloc((size_t)port->vocab);
-    if (!c->plain) {
-        out_constraint_free(c);
-        return ST_NOMEM;
-    }
-    for (int t = 0; t < port->vocab; t++) {
-        size_t n = 0;
-        const char *b = port->token_bytes(port->ctx, t, &n);
-        c->plain[t] = port->is_special && port->is_special(port->ctx, t) ? 0 : plain_chars(b, n);
-    }
+    c->port = v->port;
+    c->vocab = v;
     jg_start(g, &c->cur);
     *out = c;
     return ST_OK;
@@ -78,7 +100,6 @@ int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct 
 void out_constraint_free(struct out_constraint *c) {
     if (!c) return;
     jg_free(c->g);
-    free(c->plain);
     free(c->forced);
     free(c);
 }
@@ -130,22 +151,14 @@ static void budget_advance(struct out_constraint *c, int32_t t) {
     if (t == c->think_end) c->reasoning = false;
 }
 
-static bool is_stop(const struct model_port *p, int32_t t) {
-    for (int i = 0; i < p->n_stop; i++)
-        if (p->stop_ids[i] == t) return true;
-    return false;
-}
-
 static bool allow(void *ctx, int32_t t) {
     struct out_constraint *c = ctx;
     if (!c->g) return budget_allow(c, t);
     /* end of sequence: when the document is complete — or, as a safety net that
      * should never be needed, when no parse is left, so the request ends */
-    if (is_stop(c->port, t)) return jg_complete(c->g, &c->cur) || c->cur.n == 0;
-    if (c->port->is_special && c->port->is_special(c->port->ctx, t)) return false;
-    size_t n = 0;
-    const char *b = c->port->token_bytes(c->port->ctx, t, &n);
-    if (!b || n == 0) return false;
+    if (port_is_stop(c->port, t)) return jg_complete(c->g, &c->cur) || c->cur.n == 0;
+    const uint8_t cls = c->vocab->cls[t];
+    if (cls == VOCAB_NEVER) return false;
     if (!c->first_known) {
         for (int x = 0; x < 256; x++) {
             const char ch = (char)x;
@@ -155,7 +168,9 @@ static bool allow(void *ctx, int32_t t) {
         c->room = jg_string_room(c->g, &c->cur);
         c->first_known = true;
     }
-    if (c->room >= 0 && c->plain[t]) return c->plain[t] <= c->room;
+    if (c->room >= 0 && cls != VOCAB_FEED) return cls <= c->room;
+    size_t n = 0;
+    const char *b = c->port->token_bytes(c->port->ctx, t, &n);
     if (!c->first[(unsigned char)b[0]]) return false;
     if (n == 1) return true;
     jg_copy(&c->scratch, &c->cur);
@@ -168,7 +183,7 @@ static void advance(void *ctx, int32_t t) {
         budget_advance(c, t);
         return;
     }
-    if (is_stop(c->port, t)) return;
+    if (port_is_stop(c->port, t)) return;
     size_t n = 0;
     const char *b = c->port->token_bytes(c->port->ctx, t, &n);
     if (b && n) jg_feed(c->g, &c->cur, b, n); /* an allowed token: it stays alive */

@@ -13,7 +13,10 @@
  * Owned by the job (sched.h), used by its sampler on whichever scheduler
  * thread samples it, one at a time. Per step the bytes each token may start
  * with are worked out once (256 feeds), so most tokens of the vocabulary are
- * turned away by one table lookup, without copying the parse state.
+ * turned away by one table lookup, without copying the parse state; what
+ * depends only on the vocabulary (which tokens are special, which are runs of
+ * plain string characters and how many) is one out_vocab, built when the
+ * model is loaded and shared by every request.
  */
 #ifndef ORCHID_SERVER_CONSTRAINT_H
 #define ORCHID_SERVER_CONSTRAINT_H
@@ -23,10 +26,17 @@
 #include "text/json_grammar.h"
 
 struct out_constraint;
+struct out_vocab;
 
-/* Takes ownership of g (freed with the constraint, or here on failure).
- * port must outlive the constraint. Returns 0 or ST_NOMEM. */
-int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct model_port *port);
+/* The vocabulary's table (a byte a token: special, a run of plain string
+ * characters and how many, or neither). port must outlive it. Returns 0 or
+ * ST_NOMEM. */
+int out_vocab_new(struct out_vocab **out, const struct model_port *port);
+void out_vocab_free(struct out_vocab *v);
+
+/* Takes ownership of g (freed with the constraint, or here on failure). v (of
+ * the same port) must outlive the constraint. Returns 0 or ST_NOMEM. */
+int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct out_vocab *v);
 /* A thinking budget for a reply that starts inside reasoning. The forced text
  * is encoded here (port->encode). Returns 0, ST_NOMEM or ST_INVALID (the
  * model has no single "</think>" token). */

@@ -78,10 +78,11 @@ static bool is_chat(const struct gen *g) { return api_is_chat(g->ar.kind); }
 static bool is_messages(const struct gen *g) { return g->ar.kind == API_MESSAGES; }
 static bool is_responses(const struct gen *g) { return g->ar.kind == API_RESPONSES; }
 
+bool gen_finished(const struct gen *g) { return g && g->finished; }
+
 static struct rs_meta rs_meta_of(const struct gen *g) {
     return (struct rs_meta){.id = g->id, .model = g->model, .created = g->created, .echo = g->ar.echo};
 }
-bool gen_finished(const struct gen *g) { return g && g->finished; }
 
 static void make_id(char *out, size_t n, const char *prefix, uint64_t a) {
     uint64_t x = a * 0x9e3779b97f4a7c15ull ^ (uint64_t)time(NULL) * 0xbf58476d1ce4e5b9ull;
@@ -89,16 +90,25 @@ static void make_id(char *out, size_t n, const char *prefix, uint64_t a) {
     snprintf(out, n, "%s%016llx%08x", prefix, (unsigned long long)x, (unsigned)(a & 0xffffffffu));
 }
 
+/* The model port when the scheduler takes requests; else NULL with e the 503. */
+static const struct model_port *ready_port(const struct gen_config *cfg, struct api_error *e) {
+    enum sched_state st = sched_state(cfg->sched, NULL, 0);
+    if (st != SCHED_READY) {
+        api_error_set(e, 503, "server_error", NULL, st == SCHED_LOADING ? "model_loading" : "unavailable",
+                      st == SCHED_LOADING ? "the model is still loading" : "the server is shutting down");
+        return NULL;
+    }
+    const struct model_port *port = sched_port(cfg->sched);
+    if (!port) api_error_set(e, 503, "server_error", NULL, "unavailable", "the server is not ready");
+    return port;
+}
+
 int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind, const char *body, size_t len,
               struct api_error *e) {
     *out = NULL;
     memset(e, 0, sizeof *e);
-    enum sched_state st = sched_state(cfg->sched, NULL, 0);
-    if (st != SCHED_READY)
-        return api_error_set(e, 503, "server_error", NULL, st == SCHED_LOADING ? "model_loading" : "unavailable",
-                             st == SCHED_LOADING ? "the model is still loading" : "the server is shutting down");
-    const struct model_port *port = sched_port(cfg->sched);
-    if (!port) return api_error_set(e, 503, "server_error", NULL, "unavailable", "the server is not ready");
+    const struct model_port *port = ready_port(cfg, e);
+    if (!port) return e->status;
     struct gen *g = calloc(1, sizeof *g);
     if (!g) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
     *out = g;
@@ -139,7 +149,7 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     g->call_salt = j->id;
     int crc = 0;
     if (g->ar.grammar) { /* the job owns it from here */
-        crc = out_constraint_new(&j->constraint, g->ar.grammar, port);
+        crc = out_constraint_new(&j->constraint, g->ar.grammar, sched_out_vocab(cfg->sched));
         g->ar.grammar = NULL;
     } else if (g->ar.thinking_budget > 0 && in_reasoning) {
         crc = out_constraint_new_budget(&j->constraint, g->ar.thinking_budget, port);
@@ -383,6 +393,24 @@ static const char *finish_name(const struct gen *g) {
     return "stop";
 }
 
+/* The error a job's FIN_ERROR / FIN_CANCELLED stands for. */
+static void fin_error(const struct gen *g, struct api_error *e) {
+    if (g->fin == FIN_ERROR) api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
+    else api_error_set(e, 503, "server_error", NULL, "cancelled", "the request was cancelled (server shutting down)");
+}
+
+/* An error body in the request's dialect; *status its HTTP status. */
+static char *error_body(const struct gen *g, const struct api_error *e, int *status) {
+    *status = e->status;
+    return is_messages(g) ? anthropic_error_json(e) : api_error_json(e);
+}
+
+static char *internal_error(const struct gen *g, int *status) {
+    struct api_error e;
+    api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
+    return error_body(g, &e, status);
+}
+
 static struct am_usage am_usage_of(const struct gen *g) {
     return (struct am_usage){.prompt = g->n_prompt, .cached = g->cached, .output = g->n_gen};
 }
@@ -408,32 +436,32 @@ static void add_parsed(cJSON *obj, const char *key, buf *t) {
 }
 
 static void stream_finish(struct gen *g) {
+    const bool failed = g->fin == FIN_ERROR || g->fin == FIN_CANCELLED;
+    struct api_error e;
+    if (failed) fin_error(g, &e);
     if (is_responses(g)) {
         struct rs_meta m = rs_meta_of(g);
-        if (g->fin == FIN_ERROR) rs_stream_fail(&g->rs, &g->out, &m, "server_error", "internal server error");
-        else if (g->fin == FIN_CANCELLED)
-            rs_stream_fail(&g->rs, &g->out, &m, "cancelled", "the request was cancelled (server shutting down)");
-        else {
+        if (failed) {
+            rs_stream_fail(&g->rs, &g->out, &m, e.code ? e.code : e.type, e.message);
+        } else {
             struct rs_usage u = rs_usage_of(g);
             rs_stream_finish(&g->rs, &g->out, &m, g->fin == FIN_LENGTH ? "max_output_tokens" : NULL, &u);
         }
         return;
     }
     if (is_messages(g)) {
-        if (g->fin == FIN_ERROR) am_stream_error(&g->out, 500, "internal server error");
-        else if (g->fin == FIN_CANCELLED) am_stream_error(&g->out, 503, "the request was cancelled (server shutting down)");
-        else {
+        if (failed) {
+            am_stream_error(&g->out, e.status, e.message);
+        } else {
             struct am_usage u = am_usage_of(g);
             am_stream_finish(&g->am, &g->out, finish_name(g), g->stop_seq, &u);
         }
         return;
     }
-    if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
-        buf_puts(&g->out, g->fin == FIN_ERROR
-                            ? "data: {\"error\":{\"message\":\"internal server error\",\"type\":\"server_error\","
-                              "\"param\":null,\"code\":null}}\n\n"
-                            : "data: {\"error\":{\"message\":\"the request was cancelled (server shutting down)\","
-                              "\"type\":\"server_error\",\"param\":null,\"code\":\"cancelled\"}}\n\n");
+    if (failed) {
+        char *body = api_error_json(&e);
+        buf_printf(&g->out, "data: %s\n\n", body ? body : "{}");
+        free(body);
         buf_puts(&g->out, "data: [DONE]\n\n");
         return;
     }
@@ -511,34 +539,21 @@ char *gen_final_json(struct gen *g, int *status) {
     *status = 200;
     if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
         struct api_error e;
-        if (g->fin == FIN_ERROR) {
-            api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
-        } else {
-            api_error_set(&e, 503, "server_error", NULL, "cancelled", "the request was cancelled (server shutting down)");
-        }
-        *status = e.status;
-        return is_messages(g) ? anthropic_error_json(&e) : api_error_json(&e);
+        fin_error(g, &e);
+        return error_body(g, &e, status);
     }
     if (is_responses(g)) {
         struct rs_meta m = rs_meta_of(g);
         struct rs_usage u = rs_usage_of(g);
         char *s = rs_response_json(&m, g->reasoning.data, g->content.data, g->tool_calls,
                                    g->fin == FIN_LENGTH ? "max_output_tokens" : NULL, &u);
-        if (s) return s;
-        struct api_error e;
-        api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
-        *status = 500;
-        return api_error_json(&e);
+        return s ? s : internal_error(g, status);
     }
     if (is_messages(g)) {
         struct am_usage u = am_usage_of(g);
         char *s = am_message_json(g->id, g->model, g->reasoning.data, g->content.data, g->tool_calls, finish_name(g),
                                   g->stop_seq, &u);
-        if (s) return s;
-        struct api_error e;
-        api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
-        *status = 500;
-        return anthropic_error_json(&e);
+        return s ? s : internal_error(g, status);
     }
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "id", g->id);
@@ -598,23 +613,14 @@ char *gen_final_json(struct gen *g, int *status) {
     cJSON_AddNumberToObject(pd, "cached_tokens", g->cached);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!s) {
-        struct api_error e;
-        api_error_set(&e, 500, "server_error", NULL, NULL, "internal server error");
-        *status = 500;
-        return api_error_json(&e);
-    }
-    return s;
+    return s ? s : internal_error(g, status);
 }
 
 int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len, char **json, struct api_error *e) {
     *json = NULL;
     memset(e, 0, sizeof *e);
-    enum sched_state st = sched_state(cfg->sched, NULL, 0);
-    const struct model_port *port = st == SCHED_READY ? sched_port(cfg->sched) : NULL;
-    if (!port)
-        return api_error_set(e, 503, "server_error", NULL, NULL,
-                             st == SCHED_LOADING ? "the model is still loading" : "the server is not ready");
+    const struct model_port *port = ready_port(cfg, e);
+    if (!port) return e->status;
     struct api_request ar;
     int32_t *ids = NULL;
     int n_ids = 0;

@@ -14,6 +14,7 @@
 #ifndef ORCHID_SERVER_PORT_H
 #define ORCHID_SERVER_PORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -93,5 +94,12 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
  * and restore; tests call it to check the /metrics lines). */
 struct prefix_cache;
 void port_publish_cache_stats(const struct prefix_cache *pc);
+
+/* True when t is one of the port's end-of-sequence ids. */
+static inline bool port_is_stop(const struct model_port *p, int32_t t) {
+    for (int i = 0; i < p->n_stop; i++)
+        if (p->stop_ids[i] == t) return true;
+    return false;
+}
 
 #endif

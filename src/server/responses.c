@@ -111,7 +111,7 @@ static int message_item(const cJSON *it, const char *w, struct input_state *st, 
         api_chat_message(st->msgs, "user", t);
         st->open_asst = NULL;
     }
-    if (!sys || st->any_turn) st->any_turn = true;
+    if (!sys) st->any_turn = true;
     free(text.data);
     return 0;
 }
@@ -232,16 +232,7 @@ static int translate_tools(const cJSON *in, cJSON *out, struct api_error *e) {
             if (!cJSON_IsObject(t) || !type) return BAD(w, "'%s' must be an object with a string 'type'", w), -1;
             if (strcmp(type, "function"))
                 return BAD(w, "'%s.type' '%.40s' is not supported: only function tools are", w, type), -1;
-            const char *name = str_of(t, "name");
-            if (!name || !api_valid_function_name(name))
-                return BAD(w, "'%s.name' must be 1-64 characters of a-z, A-Z, 0-9, _ . -", w), -1;
-            const cJSON *desc = cJSON_GetObjectItemCaseSensitive(t, "description");
-            const cJSON *params = cJSON_GetObjectItemCaseSensitive(t, "parameters");
-            if (present(desc) && !cJSON_IsString(desc)) return BAD(w, "'%s.description' must be a string", w), -1;
-            if (present(params) && !cJSON_IsObject(params))
-                return BAD(w, "'%s.parameters' must be a JSON Schema object", w), -1;
-            api_chat_tool(nt, name, cJSON_IsString(desc) ? desc->valuestring : NULL,
-                          cJSON_IsObject(params) ? params : NULL);
+            if (api_chat_tool_from_flat(nt, t, w, "parameters", false, e)) return -1;
         }
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(in, "tool_choice");
@@ -307,14 +298,8 @@ static int translate_settings(const cJSON *in, cJSON *out, struct api_error *e) 
             if (!strcmp(type, "json_object")) {
                 cJSON_AddStringToObject(cJSON_AddObjectToObject(out, "response_format"), "type", "json_object");
             } else if (!strcmp(type, "json_schema")) { /* flat here, nested in chat's response_format */
-                cJSON *rf = cJSON_AddObjectToObject(out, "response_format");
-                cJSON_AddStringToObject(rf, "type", "json_schema");
-                cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
-                static const char *const keys[] = {"name", "schema", "strict"};
-                for (size_t k = 0; k < 3; k++) {
-                    const cJSON *v = cJSON_GetObjectItemCaseSensitive(fmt, keys[k]);
-                    if (v) cJSON_AddItemToObject(js, keys[k], cJSON_Duplicate(v, 1));
-                }
+                api_chat_json_schema(out, str_of(fmt, "name"), cJSON_GetObjectItemCaseSensitive(fmt, "schema"),
+                                     cJSON_GetObjectItemCaseSensitive(fmt, "strict"));
             } else if (strcmp(type, "text")) {
                 return BAD("text.format", "'text.format.type' must be text, json_object or json_schema; '%.40s' is not "
                                           "supported", type),

@@ -61,6 +61,7 @@ struct sched {
     bool stopping, joined;
     struct model_port port;
     bool port_open;
+    struct out_vocab *out_vocab; /* the vocabulary's table for constrained output (constraint.h) */
 
     /* pending queue: ring of max_queue */
     struct job **q, **tmp;
@@ -234,12 +235,6 @@ static void finish_job(struct sched *S, struct slot *sl, struct job *j, enum fin
     job_release(j);
 }
 
-static bool is_stop_id(const struct model_port *p, int32_t t) {
-    for (int i = 0; i < p->n_stop; i++)
-        if (p->stop_ids[i] == t) return true;
-    return false;
-}
-
 /* Handles one sampled token; returns true when the job finished. */
 static bool take_token(struct sched *S, struct slot *sl, struct job *j, const struct sample_result *r) {
     double now = now_seconds();
@@ -252,7 +247,7 @@ static bool take_token(struct sched *S, struct slot *sl, struct job *j, const st
     j->t_last_tok = now;
     int32_t t = r->token;
     sampler_accept(j->smp, &t, 1, false);
-    if (!j->ignore_eos && is_stop_id(&S->port, t)) {
+    if (!j->ignore_eos && port_is_stop(&S->port, t)) {
         pthread_mutex_lock(&j->mu);
         j->n_gen++;
         pthread_mutex_unlock(&j->mu);
@@ -443,6 +438,10 @@ static int load(struct sched *S) {
     int rc = S->opt.open(&S->port, &S->opt.port, err, sizeof err);
     if (rc) goto fail;
     S->port_open = true;
+    if ((rc = out_vocab_new(&S->out_vocab, &S->port))) {
+        errorf(err, sizeof err, rc, "out of memory for the vocabulary table");
+        goto fail;
+    }
     pthread_mutex_lock(&S->mu);
     if (S->port.max_position > 0 && S->opt.max_seq > S->port.max_position) S->opt.max_seq = S->port.max_position;
     pthread_mutex_unlock(&S->mu);
@@ -770,6 +769,10 @@ enum sched_state sched_wait_loaded(struct sched *S, char *err, size_t errlen) {
     return st;
 }
 
+const struct out_vocab *sched_out_vocab(struct sched *S) {
+    return sched_state(S, NULL, 0) == SCHED_READY ? S->out_vocab : NULL;
+}
+
 const struct model_port *sched_port(struct sched *S) {
     return sched_state(S, NULL, 0) == SCHED_READY ? &S->port : NULL;
 }
@@ -825,6 +828,7 @@ void sched_free(struct sched *S) {
             else free(S->slots[i].logits);
         }
     }
+    out_vocab_free(S->out_vocab);
     if (S->port_open && S->port.close) S->port.close(S->port.ctx);
     free(S->slots);
     free(S->batch);

@@ -136,6 +136,10 @@ enum sched_state sched_state(struct sched *s, char *err, size_t errlen);
 enum sched_state sched_wait_loaded(struct sched *s, char *err, size_t errlen);
 /* The loaded port (NULL while loading). Text functions are safe from any thread. */
 const struct model_port *sched_port(struct sched *s);
+/* The vocabulary's table for constrained output (constraint.h), built with the
+ * port; NULL until then. */
+struct out_vocab;
+const struct out_vocab *sched_out_vocab(struct sched *s);
 int sched_max_seq(struct sched *s);
 /* Queues a job (takes a reference). ST_RANGE: queue full; ST_UNSUPPORTED: not ready / stopping. */
 int sched_submit(struct sched *s, struct job *j);

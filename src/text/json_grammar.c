@@ -149,22 +149,29 @@ static int resolve_ref(jg_grammar *g, const char *ref, const char *path, int dep
     return compile(g, target, ref, depth + 1, err, errlen);
 }
 
+/* Gives node id the alternatives ids[0, n) (copied). Returns id, or -1. */
+static int set_alts(jg_grammar *g, int id, const int *ids, int n) {
+    int *a = malloc((size_t)n * sizeof *a);
+    if (!a) return -1;
+    memcpy(a, ids, (size_t)n * sizeof *a);
+    g->nodes[id].alts = a;
+    g->nodes[id].n_alt = n;
+    return id;
+}
+
+/* The alternatives ids[0, n) as one node (the one itself when n is 1). */
+static int alt_of(jg_grammar *g, const int *ids, int n) {
+    if (n == 1) return ids[0];
+    int id = new_node(g, K_ALT);
+    return id < 0 ? -1 : set_alts(g, id, ids, n);
+}
+
 /* The node of one JSON type name, built from schema s's keywords for it. */
 static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char *path, int depth, char *err,
                      size_t errlen) {
     char sub[256];
     if (!strcmp(type, "null")) return g->lit_null;
-    if (!strcmp(type, "boolean")) {
-        int id = new_node(g, K_ALT);
-        if (id < 0) return -1;
-        struct node *n = &g->nodes[id];
-        n->alts = malloc(2 * sizeof *n->alts);
-        if (!n->alts) return -1;
-        n->alts[0] = g->lit_true;
-        n->alts[1] = g->lit_false;
-        n->n_alt = 2;
-        return id;
-    }
+    if (!strcmp(type, "boolean")) return alt_of(g, (const int[]){g->lit_true, g->lit_false}, 2);
     if (!strcmp(type, "integer") || !strcmp(type, "number")) return new_node(g, type[0] == 'i' ? K_INTEGER : K_NUMBER);
     if (!strcmp(type, "string")) {
         uint32_t lo, hi;
@@ -226,14 +233,11 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         }
         int total = n_declared + n_extra;
         if (total > 64) return err_at(err, errlen, path, "more than 64 properties in one object are not supported");
-        struct node tmp = {0};
-        tmp.names = calloc((size_t)total, sizeof *tmp.names);
-        tmp.name_lens = calloc((size_t)total, sizeof *tmp.name_lens);
-        tmp.prop_nodes = calloc((size_t)total, sizeof *tmp.prop_nodes);
-        g->nodes[id].names = tmp.names;
-        g->nodes[id].name_lens = tmp.name_lens;
-        g->nodes[id].prop_nodes = tmp.prop_nodes;
-        if (!tmp.names || !tmp.name_lens || !tmp.prop_nodes) return -1;
+        struct node *o = &g->nodes[id]; /* valid until the next new_node */
+        o->names = calloc((size_t)total, sizeof *o->names);
+        o->name_lens = calloc((size_t)total, sizeof *o->name_lens);
+        o->prop_nodes = calloc((size_t)total, sizeof *o->prop_nodes);
+        if (!o->names || !o->name_lens || !o->prop_nodes) return -1;
         int k = 0;
         const cJSON *p;
         cJSON_ArrayForEach(p, props) {
@@ -270,17 +274,6 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
     char m[96];
     snprintf(m, sizeof m, "unknown type '%.40s'", type);
     return err_at(err, errlen, path, m);
-}
-
-static int alt_of(jg_grammar *g, int *ids, int n) {
-    if (n == 1) return ids[0];
-    int id = new_node(g, K_ALT);
-    if (id < 0) return -1;
-    g->nodes[id].alts = malloc((size_t)n * sizeof(int));
-    if (!g->nodes[id].alts) return -1;
-    memcpy(g->nodes[id].alts, ids, (size_t)n * sizeof(int));
-    g->nodes[id].n_alt = n;
-    return id;
 }
 
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen) {
@@ -381,12 +374,7 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
         ids[n++] = g->any;
     }
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable")) && n < 16) ids[n++] = g->lit_null;
-    struct node *self_node = &g->nodes[self];
-    self_node->alts = malloc((size_t)n * sizeof(int));
-    if (!self_node->alts) return -1;
-    memcpy(self_node->alts, ids, (size_t)n * sizeof(int));
-    self_node->n_alt = n;
-    return self;
+    return set_alts(g, self, ids, n);
 }
 
 static void free_nodes(jg_grammar *g) {
