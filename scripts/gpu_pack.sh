@@ -7,7 +7,7 @@
 #
 #   scripts/gpu_pack.sh NAME      build + pack .cache/dev/NAME.txz:
 #                                   bin/orchid, bin/test_cuda_{ops,model,sample},
-#                                   bin/bench_batch_decode (and, TRACE=1, tr/bench_batch_decode
+#                                   bin/bench_batch_decode, bin/bench_stream (and, TRACE=1, tr/bench_batch_decode
 #                                   built with -DORCHID_TRACE for tools/trace_report.py)
 #   and, once (kept while present): .cache/dev/lib.txz (orchid's non-libc shared libraries),
 #   .cache/dev/tok.txz (the tokenizer files: the server's synthetic checkpoint needs them),
@@ -33,7 +33,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin"
 cp "$BUILD/orchid" "$BUILD"/tests/gpu/test_cuda_ops "$BUILD"/tests/gpu/test_cuda_model "$BUILD"/tests/gpu/test_cuda_sample \
-   "$BUILD"/tests/gpu/bench_batch_decode "$stage/bin/"
+   "$BUILD"/tests/gpu/bench_batch_decode "$BUILD"/tests/gpu/bench_stream "$stage/bin/"
 if [ "${TRACE:-0}" = 1 ]; then
     make -j"$JOBS" BUILD="$BUILD-trace" ARCHFLAGS=-march=x86-64-v3 NVCC_GENCODE="$GENCODE" \
         NVCC_EXTRA="${NVCC_EXTRA:-} -DORCHID_TRACE" "$BUILD-trace/tests/gpu/bench_batch_decode" >/dev/null

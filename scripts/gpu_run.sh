@@ -25,6 +25,14 @@
 #             (default 'serial,replay'; '' = the issue's full set), SERVE_ARGS (more
 #             serve_load flags, e.g. '--prompt-tokens 64'); SERVE_SHAPE / SERVE_BACKEND
 #             (default 35b-a3b / cuda; tiny / cpu try the script without a GPU)
+#   ncu       Nsight Compute on bench_batch_decode --ctx 512 --batches NCU_BATCH (default 64),
+#             every arm: kernels matching NCU_KERNEL (a regex, default skinny_pipe), NCU_SKIP
+#             (default 40: past the first forward) then NCU_COUNT (default 2) launches, the
+#             sections NCU_SECTIONS (default SpeedOfLight MemoryWorkloadAnalysis WarpStateStats
+#             SchedulerStats); clocks left alone, the program killed once they are taken,
+#             NCU_TIMEOUT (default 240) s; the report's text into res/ncu_ARM.txt
+#   stream    bench_stream --mb STREAM_MB (default 256) of the first arm's pack: the DRAM read rate each way of loading
+#             (per SM and all SMs) — the ceiling the weight-streaming kernels are held to
 #   same      bench/serve_same.py (batch invariance end to end: requests together and alone,
 #             bitwise) against each arm's server on the same synthetic checkpoint; SAME_ARGS
 #             (e.g. '--lengths 17,600,4100 --max-seq 8192 --expect-same')
@@ -118,6 +126,22 @@ for phase in $PHASES; do
                     fi
                 done
             done
+        done
+        ;;
+    stream)
+        arm 0 "$root/${packs[0]}/bin/bench_stream" --mb "${STREAM_MB:-256}" >"$res/stream.log" 2>&1
+        note "stream (exit $?):"
+        grep -E '^\| [a-z]' "$res/stream.log" >>"$summary"
+        ;;
+    ncu)
+        secs=""
+        for sct in ${NCU_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis WarpStateStats SchedulerStats}; do secs="$secs --section $sct"; done
+        for i in "${!packs[@]}"; do
+            l=$res/ncu_${names[$i]}.txt
+            arm "$i" timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --kill yes -k "regex:${NCU_KERNEL:-skinny_pipe}" \
+                --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-2}" $secs \
+                "$root/${packs[$i]}/bin/bench_batch_decode" --ctx 512 --batches "${NCU_BATCH:-64}" >"$l" 2>&1
+            note "ncu ${names[$i]} (exit $?): $(grep -E 'Duration|DRAM Throughput|Memory Throughput' "$l" | tr -s ' ' | tr '\n' ';' | head -c 600)"
         done
         ;;
     batch)

@@ -271,6 +271,7 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
         cpa_commit();
         cpa_wait<0>();
         __syncthreads();
+        trace_mark(TRACE_MARK4); /* the tokens staged */
     }
     const bool is_r = row < E;
     cuda_qmat m; /* by value (see gateup_pairs_kernel) */
@@ -302,6 +303,7 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
         const float *xs = MODE == RT_STAGED ? rt_xs : nullptr;
         if (m.bits == 4) router_row<4>(m, r, x, ldx, t0, nt, acc, lane, xs);
         else router_row<8>(m, r, x, ldx, t0, nt, acc, lane, xs);
+        if (MODE == RT_STAGED) trace_mark(TRACE_MARK5); /* (warp 0's) row summed in its lanes */
     } else if (MODE == RT_PLAIN) {
         pdl_wait();
     }

@@ -313,15 +313,14 @@ int cuda_skinny_kslices(int K);
 /* cuda_skinny_pipe.cu: the grouped forms as persistent pipelined kernels (sm_90+, tensor-map
  * copies), the same sums as cuda_skinny.cu's grouped kernel for tiles of RB rows. Return 1
  * when launched, 0 when the case is not theirs (the caller launches the other), negative on
- * error. cuda_skinny_grouped_swiglu hands over to them by default (ORCHID_SK_PIPE=0: never;
- * =1 the down launch too; =swiglu / =down: that one only); cuda_skinny_pipe_enable (tests)
+ * error. cuda_skinny_grouped_swiglu and _down hand over to them by default (ORCHID_SK_PIPE=0:
+ * never; =swiglu / =down: that one only); cuda_skinny_pipe_enable (tests)
  * switches them (bit 0 the gate/up launch, bit 1 the down launch), returning the previous
  * bits, and cuda_skinny_pipe_launches counts the launches they took. */
 int cuda_skinny_pipe_init(char *err, size_t errlen);
 int cuda_skinny_pipe_enable(int on);
 int cuda_skinny_pipe_launches(void);
-int cuda_skinny_pipe_q_launches(void); /* of them, the gate/up launches in k-range stages (ORCHID_SPQ=1: on) */
-int cuda_skinny_pipe_q_enable(int on);  /* that form on (where the device takes it) or off; the previous state */
+int cuda_skinny_pipe_down_sets(int sets); /* the direct down launch's consumer sets (1 or 2); the previous */
 int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act);
 int cuda_skinny_pipe_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,

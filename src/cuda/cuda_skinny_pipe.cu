@@ -5,11 +5,17 @@
 // instructions a unit) while the consumer warps compute on the ones before. cuda_skinny.cu's
 // grouped kernel gives each unit a block of its own (copy the tile, wait, compute, exit)
 // and so idles its SM through every copy. H200, 64 sequences (docs/PERFORMANCE.md, session
-// 17): gate/up 140.6 -> 110.0 µs a layer here, the default; the down launch (54 units of
-// 16 KB an SM) was slower here (93–128 µs against 78) and stays there unless
-// ORCHID_SK_PIPE=1 or =down (=0: neither here; cuda_skinny_pipe_init). A second form of the
-// gate/up launch, skinny_pipe_q_kernel (below: 128-row units in k-range stages, so several
-// copies are in flight while one stage is computed), is opt-in and unmeasured (ORCHID_SPQ=1).
+// 17): gate/up 140.6 -> 110.0 µs a layer here. The down launch's units are small (128 rows ×
+// K = 512: 36 KB), and handing each to reducer warps cost more than the copies it hid
+// (93–128 µs against the grouped kernel's 78, session 17); its direct form (session 30:
+// each consumer warp adds its own k-slices and stores, two sets of 8 consumer warps taking
+// every other unit) is 67.5 -> 59.5 µs a layer at 64 sequences on the H100. Both launches
+// come here by default (ORCHID_SK_PIPE=0 / swiglu / down: A/B; cuda_skinny_pipe_init).
+//
+// Measured and removed (session 30, H100, 64 sequences): gate/up as 128-row units in
+// k-range stages (four stages of 45 KB, three copies in flight) 115 -> 119 µs, with two
+// consumer sets 115 -> 115; ncu puts this launch at 2.5 TB/s of DRAM against bench_stream's
+// 2.94 (85 %): it is bound by its bytes, not its copies' latency or its consumers.
 //
 // History (docs/PERFORMANCE.md, session 8; trap 24): the first forms fed the stages with
 // cp.async from producer warps (~4.5 GB/s a warp) or a cp.async.bulk a 1 KB codes row
@@ -51,6 +57,8 @@
 #define SP_REDUCERS 64   /* 2 warps: the reductions and stores */
 #define SP_PRODUCER 32   /* 1 warp: lane 0 the tensor copies, lane j < n slot j's x row */
 #define SP_THREADS (SP_CONSUMERS + SP_REDUCERS + SP_SUMS + SP_PRODUCER)
+/* a block with SETS sets of 8 consumer warps (the direct down launch takes 2) */
+#define SP_THREADS_SETS(SETS) (SP_CONSUMERS * (SETS) + SP_REDUCERS + SP_SUMS + SP_PRODUCER)
 #define SP_SEG 32        /* words of a 128-byte codes segment (4 groups) */
 
 /* Kernel arguments; the tensor maps live in the parameter space (__grid_constant__) where
@@ -65,6 +73,7 @@ struct sp_args {
     const int32_t *counts, *offsets;/* route: slots of each expert, its first slot */
     int E, n_slots;
     int RB, stages;
+    int KS;                         /* DIRECT (down): cuda_skinny.cu's k-slices for K, each warp takes them all */
     float *y;                       /* down: y[slot][ldy] */
     int ldy;
     uint16_t *act;                  /* SwiGLU: act[slot][ld_act] = bf16(silu(gate)·up) */
@@ -104,11 +113,6 @@ __device__ __forceinline__ void sp_tma3(void *dst, const CUtensorMap *m, int c0,
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
                  ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2),
                  "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void sp_tma2(void *dst, const CUtensorMap *m, int c0, int c1, unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
 __device__ __forceinline__ void sp_bulk(void *dst, const void *src, unsigned bytes, unsigned bar) {
@@ -206,7 +210,7 @@ struct sp_clock {
 struct sp_shared {
     __align__(8) unsigned long long full[SP_MAX_STAGES], ready[SP_MAX_STAGES], empty[SP_MAX_STAGES];
     unsigned long long redfull[2], redfree[2];
-    int wtot[8];
+    int wtot[16];
 };
 __device__ __forceinline__ void sp_init_bars(sp_shared &sh, int S) {
     const int tid = threadIdx.x;
@@ -223,13 +227,15 @@ __device__ __forceinline__ void sp_init_bars(sp_shared &sh, int S) {
 }
 
 /* The route into shared memory (counts, offsets) and its units a expert (row blocks × passes,
- * upt row blocks an expert) scanned into pfx[0..E] over the experts by the consumers (thread
- * t owns experts [t·per, t·per + per), warps by shuffles, then the warp totals in wtot[8]);
- * every thread calls it (two block barriers); returns the launch's units, pfx[E]. */
+ * upt row blocks an expert) scanned into pfx[0..E] over the experts by the NC consumer
+ * threads (thread t owns experts [t·per, t·per + per), warps by shuffles, then the warp
+ * totals in wtot[NC / 32]); every thread calls it (two block barriers); returns the launch's
+ * units, pfx[E]. */
+template <int NC = SP_CONSUMERS>
 __device__ __forceinline__ int sp_route_units(const int32_t *counts, const int32_t *offsets, int E, int upt, int *pfx, int *cnt,
                                               int *off, int *wtot) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int per = (E + SP_CONSUMERS - 1) / SP_CONSUMERS, e0 = min(E, tid * per), e1 = tid < SP_CONSUMERS ? min(E, e0 + per) : e0;
+    const int per = (E + NC - 1) / NC, e0 = min(E, tid * per), e1 = tid < NC ? min(E, e0 + per) : e0;
     int mine = 0;
     for (int e = e0; e < e1; e++) {
         cnt[e] = counts[e];
@@ -241,16 +247,16 @@ __device__ __forceinline__ int sp_route_units(const int32_t *counts, const int32
         const int y = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= o) incl += y;
     }
-    if (lane == 31 && warp < 8) wtot[warp] = incl;
+    if (lane == 31 && warp < NC / 32) wtot[warp] = incl;
     __syncthreads();
-    if (tid < SP_CONSUMERS) {
+    if (tid < NC) {
         int run = incl - mine;
         for (int w = 0; w < warp; w++) run += wtot[w];
         for (int e = e0; e < e1; e++) {
             pfx[e] = run;
             run += (cnt[e] + SP_SLOTS - 1) / SP_SLOTS * upt;
         }
-        if (tid == SP_CONSUMERS - 1) pfx[E] = run; /* the last consumer's run is the total */
+        if (tid == NC - 1) pfx[E] = run; /* the last consumer's run is the total */
     }
     __syncthreads();
     return pfx[E];
@@ -304,10 +310,14 @@ __device__ __forceinline__ void sp_products(const uint32_t *cw0, const uint32_t 
  * their products. Measured instead (H200, session 17, µs a gate/up launch at 64 sequences):
  * the eight consumers reducing after a named barrier a unit, 128 (each waits for the
  * slowest); a lead warp an output m-tile summing its group's partials, 184 (the leads
- * waited ~3.5 µs a unit for the others). The down launch (54 units an SM of 16 KB) waits
- * on its reducers ~1 µs a unit and stays on cuda_skinny.cu's kernel (sp_on_down). */
-template <bool SWIGLU>
-static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const __grid_constant__ sp_args a) {
+ * waited ~3.5 µs a unit for the others). The down launch in that form (54 units an SM of
+ * 16 KB) waited on its reducers ~1 µs a unit; it runs DIRECT instead (1 or 2 consumer sets):
+ *   consumers (8 warps a set, m-tile warp % 8 of a 128-row unit; set s = warp / 8 takes the
+ *     units i with i % sets == s): wait ready[st], every k-slice of cuda_skinny.cu's split for
+ *     K (a.KS) summed apart and added in slice order onto 0 — the reducers' operations —
+ *     arrive empty[st], store y; the reducer warps exit at once. */
+template <bool SWIGLU, int DIRECT>
+static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1), 1) skinny_pipe_kernel(const __grid_constant__ sp_args a) {
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) unsigned char sm_raw[];
@@ -320,19 +330,20 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const
     const int E = a.E, orows = SWIGLU ? RB / 2 : RB, upt = a.rows / orows;
     const sp_layout L = sp_lay(RB, K, S, E);
     int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E;
+    constexpr int SETS = DIRECT > 1 ? DIRECT : 1, NC = SP_CONSUMERS * SETS; /* consumer sets, threads */
     pdl_trigger();
     sp_init_bars(sh, S);
     pdl_wait(); /* the route is the previous kernels' */
     sp_clock clk;
     clk.start();
-    const int U = sp_route_units(a.counts, a.offsets, E, upt, pfx, cnt, off, sh.wtot);
+    const int U = sp_route_units<NC>(a.counts, a.offsets, E, upt, pfx, cnt, off, sh.wtot);
     const int u0 = (int)((long long)U * blockIdx.x / gridDim.x), u1 = (int)((long long)U * (blockIdx.x + 1) / gridDim.x);
     const int n_mine = u1 - u0;
     const int MT = RB / 16, KS = 8 / MT;
     const int halves = SWIGLU ? 2 : 1;
     int ec = -1; /* this thread's cursor over the experts */
 
-    if (tid >= SP_CONSUMERS + SP_REDUCERS + SP_SUMS) { /* the producer warp */
+    if (tid >= NC + SP_REDUCERS + SP_SUMS) { /* the producer warp */
         const unsigned wbytes = (unsigned)(halves * orows * (K / 2 + 4 * G));
         /* unit i + 1's slots' x row ids are requested while unit i is issued (an L2 round
          * trip a unit otherwise on the producer's path) */
@@ -370,8 +381,8 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const
         return; /* the consumers wait for every stage: the copies land before the block ends */
     }
 
-    if (tid >= SP_CONSUMERS + SP_REDUCERS) { /* Σx of each unit's tokens into its stage, the tokens rearranged (PX) */
-        const int at = tid - SP_CONSUMERS - SP_REDUCERS;
+    if (tid >= NC + SP_REDUCERS) { /* Σx of each unit's tokens into its stage, the tokens rearranged (PX) */
+        const int at = tid - NC - SP_REDUCERS;
         for (int i = 0; i < n_mine; i++) {
             const int st = i % S;
             const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, orows, ec);
@@ -384,8 +395,8 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const
         return;
     }
 
-    if (tid >= SP_CONSUMERS) { /* each unit's reduction: the k-slices meet in slice order (cuda_skinny.cu's, one n-tile) */
-        for (int j = 0; j < n_mine; j++) {
+    if (tid >= NC) { /* each unit's reduction: the k-slices meet in slice order (cuda_skinny.cu's, one n-tile) */
+        for (int j = 0; !DIRECT && j < n_mine; j++) { /* DIRECT: the consumers add their own slices */
             const sp_unit w = sp_locate(u0 + j, pfx, cnt, off, E, orows, ec);
             sp_reduce_unit<SWIGLU>(reinterpret_cast<const float *>(sm + L.red) + (size_t)(j & 1) * 8 * 4 * 32, MT, KS, w, j,
                                    redfull, redfree, a.act, a.ld_act, a.y, a.ldy);
@@ -393,13 +404,15 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const
         return;
     }
 
-    /* consumers: tile rows lr0 = mt·16 + sp_prow(g) and lr0 + 8, in half h at row rr */
-    const int mt = warp % MT, ks = warp / MT, gper = G / KS, g0 = ks * gper;
+    /* consumers: tile rows lr0 = mt·16 + sp_prow(g) and lr0 + 8, in half h at row rr (DIRECT:
+     * 8 m-tiles, a warp each, every k-slice of a.KS; with two sets, set s = warp / 8 takes the
+     * units i with i % 2 == s) */
+    const int mt = DIRECT ? warp & 7 : warp % MT, ks = warp / MT, gper = DIRECT ? G / a.KS : G / KS, g0 = DIRECT ? 0 : ks * gper;
     const int lr0 = mt * 16 + sp_prow(gq), lr1 = lr0 + 8, h = lr0 / orows, rr = lr0 % orows;
     const int seg = orows * SP_SEG; /* words of one segment of a half */
     const size_t cw = (size_t)h * orows * (K / 8) + (size_t)rr * SP_SEG + (c & 1) * 2;
     clk.lap(0);
-    for (int i = 0; i < n_mine; i++) {
+    for (int i = DIRECT ? warp >> 3 : 0; i < n_mine; i += SETS) {
         const int st = i % S, rb = i & 1;
         const unsigned char *stage = sm + (size_t)st * L.stage;
         const uint32_t *codes = reinterpret_cast<const uint32_t *>(stage);
@@ -409,6 +422,28 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const
         mbar_wait(&ready[st], (unsigned)(i / S) & 1u);
         clk.lap(1);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (DIRECT) {
+            /* the k-slices' sums added in slice order onto 0: the reducers' operations, here in
+             * the warp that made them (no hand-off), stored straight to y */
+            float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int k = 0; k < a.KS; k++) {
+                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                sp_products(codes + cw, codes + cw + 8 * SP_SEG, rr & 7, c >> 1, seg, scs + lr0 * G, bis + lr0 * G,
+                            scs + lr1 * G, bis + lr1 * G, xs + (size_t)gq * xstride + 16 * c, xsum + (2 * c) * (G + 4),
+                            xsum + (2 * c + 1) * (G + 4), k * gper, gper, part);
+#pragma unroll
+                for (int e = 0; e < 4; e++) tot[e] += part[e];
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[st]);
+            const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, orows, ec);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int jj = 2 * c + (e & 1);
+                if (jj < w.n) a.y[(size_t)(w.m0 + jj) * a.ldy + w.rbase + (e >= 2 ? lr1 : lr0)] = tot[e];
+            }
+            continue;
+        }
         sp_products(codes + cw, codes + cw + 8 * SP_SEG, rr & 7, c >> 1, seg, scs + lr0 * G, bis + lr0 * G, scs + lr1 * G,
                     bis + lr1 * G, xs + (size_t)gq * xstride + 16 * c, xsum + (2 * c) * (G + 4), xsum + (2 * c + 1) * (G + 4),
                     g0, gper, acc);
@@ -431,175 +466,10 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_kernel(const
 #endif
 }
 
-/* ---- the gate/up launch in k-range stages (skinny_pipe_q_kernel) ----
- * Why (docs/PERFORMANCE.md, session 28): a gate/up unit above is 72 KB of weights and 33 KB
- * of tokens in one stage, two stages fit, so while the consumers compute one unit only one
- * copy is in flight an SM, and a unit's ~4.3 µs is that copy's latency plus its transfer at
- * the SM's share of DRAM — not the products (two consumer groups, one a stage, made it
- * slower: no copy was ever ahead). Here a unit is a 128-row tile (64 gate rows, the same 64
- * up rows; 8 m-tiles, one a consumer warp) and its K is cut into NQ stages of G/NQ groups
- * (~45 KB at K = 2,048, NQ = 4: four stages fit), so the 8 warps work on one stage while
- * the next ones' copies are in flight. Prediction (not yet measured: written in session 28
- * after its device time ran out; opt-in, ORCHID_SPQ=1): gate/up at 64 sequences on the H100
- * 115.8 -> ~85-90 µs a layer, the 64-sequence forward ~-1 ms.
- * Bits: warp w's rows are summed over the stages' groups in order, its acc carried from
- * stage to stage within a k-slice of cuda_skinny.cu's split (KS = 128 / RB slices of G/KS
- * groups: a slice is NQ/KS stages) and written to the red buffer at each slice's end, then
- * reset; the reducers add the slices in order from 0 — each (row, slot) the same operations
- * in the same order as the grouped kernel's (the GPU test compares them bitwise).
- * Stage layout (1,024-aligned): codes [gate, up][NQS segments][64 rows][128 B] (swizzled
- * 128B, one tensor-map box a half: 32 words × 64 rows × NQS segments), scales [128 rows][GQ],
- * biases [128 rows][GQ] (a 2-D tensor-map box a half and array: GQ groups × 64 rows), x
- * [8 slots][KQ + 8] bf16, Σx [8][GQ + 4] fp32; then red [2][KS][8 warps][4][32] fp32 and the
- * route prefix. */
-#define SQ_ROWS 64 /* gate (and up) rows of a unit */
-struct sq_args {
-    CUtensorMap codes[2], scales[2], biases[2];
-    int rows, K, KS;
-    const uint16_t *x;
-    int ldx;
-    const int32_t *x_rows, *counts, *offsets;
-    int E, n_slots, stages;
-    uint16_t *act;
-    int ld_act;
-};
-struct sq_layout {
-    size_t scales, biases, x, xsum, stage, red, pfx, total;
-};
-__host__ __device__ __forceinline__ sq_layout sq_lay(int K, int NQ, int KS, int S, int E) {
-    const int GQ = K / QGROUP / NQ, KQ = K / NQ;
-    sq_layout l;
-    l.scales = (size_t)2 * SQ_ROWS * KQ / 2;
-    l.biases = l.scales + (size_t)2 * SQ_ROWS * GQ * 2;
-    l.x = l.biases + (size_t)2 * SQ_ROWS * GQ * 2;
-    l.xsum = l.x + (size_t)SP_SLOTS * (KQ + 8) * 2;
-    l.stage = (l.xsum + (size_t)SP_SLOTS * (GQ + 4) * 4 + 1023) & ~(size_t)1023;
-    l.red = l.stage * S;
-    l.pfx = l.red + (size_t)2 * KS * 8 * 4 * 32 * 4;
-    l.total = l.pfx + (size_t)4 * ((E + 1) + 2 * E) + 1024;
-    return l;
-}
-
-template <int NQ>
-static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_q_kernel(const __grid_constant__ sq_args a) {
-    TRACE_KERNEL();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(1024) unsigned char sm_raw[];
-    __shared__ sp_shared sh;
-    unsigned long long *full = sh.full, *ready = sh.ready, *empty = sh.empty, *redfull = sh.redfull, *redfree = sh.redfree;
-    unsigned char *sm = sm_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(sm_raw) & 1023)) & 1023);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
-    const int S = a.stages, K = a.K, KS = a.KS, G = K / QGROUP, GQ = G / NQ, KQ = K / NQ, NQS = KQ / 256;
-    const int xstride = KQ + 8, E = a.E, upt = a.rows / SQ_ROWS, qps = NQ / KS; /* qps: stages a k-slice */
-    const sq_layout L = sq_lay(K, NQ, KS, S, E);
-    int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E;
-    pdl_trigger();
-    sp_init_bars(sh, S);
-    pdl_wait(); /* the route is the previous kernels' */
-    const int U = sp_route_units(a.counts, a.offsets, E, upt, pfx, cnt, off, sh.wtot);
-    const int u0 = (int)((long long)U * blockIdx.x / gridDim.x), u1 = (int)((long long)U * (blockIdx.x + 1) / gridDim.x);
-    const int n_mine = u1 - u0, n_steps = n_mine * NQ;
-    int ec = -1;
-
-    if (tid >= SP_CONSUMERS + SP_REDUCERS + SP_SUMS) { /* the producer warp: step j = unit j / NQ, k-range j % NQ */
-        const unsigned wbytes = (unsigned)(2 * SQ_ROWS * (KQ / 2) + 2 * 2 * SQ_ROWS * GQ * 2);
-        sp_unit w = {0, 0, 0, 0};
-        int xr = 0;
-        for (int j = 0; j < n_steps; j++) {
-            const int st = j % S, q = j % NQ;
-            if (q == 0) { /* a new unit: its slots' x rows */
-                w = sp_locate(u0 + j / NQ, pfx, cnt, off, E, SQ_ROWS, ec);
-                xr = lane < w.n ? (a.x_rows ? a.x_rows[w.m0 + lane] : w.m0 + lane) : 0;
-            }
-            if (j >= S) mbar_wait(&empty[st], (unsigned)(j / S - 1) & 1u);
-            unsigned char *stage = sm + (size_t)st * L.stage;
-            const unsigned bar = (unsigned)__cvta_generic_to_shared(&full[st]);
-            if (lane == 0) {
-                sp_expect_tx(bar, wbytes + (unsigned)(w.n * KQ * 2));
-                const int row = w.e * a.rows + w.rbase;
-                for (int h = 0; h < 2; h++) {
-                    sp_tma3(stage + (size_t)h * NQS * SQ_ROWS * 128, &a.codes[h], 0, row, q * NQS, bar);
-                    sp_tma2(stage + L.scales + (size_t)h * SQ_ROWS * GQ * 2, &a.scales[h], q * GQ, row, bar);
-                    sp_tma2(stage + L.biases + (size_t)h * SQ_ROWS * GQ * 2, &a.biases[h], q * GQ, row, bar);
-                }
-            }
-            __syncwarp();
-            if (lane < w.n)
-                sp_bulk(stage + L.x + (size_t)lane * xstride * 2, a.x + (size_t)xr * a.ldx + (size_t)q * KQ, (unsigned)(KQ * 2), bar);
-        }
-        return;
-    }
-
-    if (tid >= SP_CONSUMERS + SP_REDUCERS) { /* Σx of each stage's groups, the tokens rearranged (PX) */
-        const int at = tid - SP_CONSUMERS - SP_REDUCERS;
-        int n = 0;
-        for (int j = 0; j < n_steps; j++) {
-            const int st = j % S;
-            if (j % NQ == 0) n = sp_locate(u0 + j / NQ, pfx, cnt, off, E, SQ_ROWS, ec).n;
-            unsigned char *stage = sm + (size_t)st * L.stage;
-            mbar_wait(&full[st], (unsigned)(j / S) & 1u);
-            sk_group_sums_by<true>(reinterpret_cast<const uint16_t *>(stage + L.x), n, xstride, GQ,
-                                   reinterpret_cast<float *>(stage + L.xsum), at, SP_SUMS, GQ + 4);
-            mbar_arrive(&ready[st]);
-        }
-        return;
-    }
-
-    if (tid >= SP_CONSUMERS) { /* each unit's reduction: the k-slices meet in slice order (8 m-tiles) */
-        for (int i = 0; i < n_mine; i++) {
-            const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, SQ_ROWS, ec);
-            sp_reduce_unit<true>(reinterpret_cast<const float *>(sm + L.red) + (size_t)(i & 1) * KS * 8 * 4 * 32, 8, KS, w, i,
-                                 redfull, redfree, a.act, a.ld_act, nullptr, 0);
-        }
-        return;
-    }
-
-    /* consumers: warp w = m-tile w of the 128-row tile (gate 0..3, up 4..7): tile rows lr0 =
-     * 16w + sp_prow(g) and lr0 + 8, in half h at row rr */
-    const int lr0 = warp * 16 + sp_prow(gq), lr1 = lr0 + 8, h = lr0 / SQ_ROWS, rr = lr0 % SQ_ROWS;
-    const int seg = SQ_ROWS * SP_SEG; /* words of one segment of a half */
-    const size_t cw = (size_t)h * NQS * SQ_ROWS * SP_SEG + (size_t)rr * SP_SEG + (c & 1) * 2;
-    for (int i = 0; i < n_mine; i++) {
-        const int rb = i & 1;
-        float *red = reinterpret_cast<float *>(sm + L.red) + (size_t)rb * KS * 8 * 4 * 32;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int q = 0; q < NQ; q++) {
-            const int j = i * NQ + q, st = j % S;
-            const unsigned char *stage = sm + (size_t)st * L.stage;
-            const uint32_t *codes = reinterpret_cast<const uint32_t *>(stage);
-            const uint16_t *scs = reinterpret_cast<const uint16_t *>(stage + L.scales);
-            const uint16_t *bis = reinterpret_cast<const uint16_t *>(stage + L.biases);
-            const uint16_t *xs = reinterpret_cast<const uint16_t *>(stage + L.x);
-            const float *xsum = reinterpret_cast<const float *>(stage + L.xsum);
-            mbar_wait(&ready[st], (unsigned)(j / S) & 1u);
-            sp_products(codes + cw, codes + cw + 8 * SP_SEG, rr & 7, c >> 1, seg, scs + lr0 * GQ, bis + lr0 * GQ, scs + lr1 * GQ,
-                        bis + lr1 * GQ, xs + (size_t)gq * xstride + 16 * c, xsum + (2 * c) * (GQ + 4),
-                        xsum + (2 * c + 1) * (GQ + 4), 0, GQ, acc);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[st]); /* this warp is done with the stage */
-            if ((q + 1) % qps == 0) { /* a k-slice ends: its partial sums, then the next slice from 0 */
-                const int k = q / qps;
-                if (k == 0 && i >= 2) mbar_wait(&redfree[rb], (unsigned)(i / 2 - 1) & 1u);
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    red[((size_t)(k * 8 + warp) * 4 + e) * 32 + lane] = acc[e];
-                    acc[e] = 0.0f;
-                }
-            }
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&redfull[rb]);
-    }
-#else
-    pdl_trigger();
-    pdl_wait();
-#endif
-}
-
 static int sp_sms = 0, sp_optin = 0, sp_sm90 = 0; /* sp_sm90: the device takes them (init) */
 static int sp_on_swiglu = 0, sp_on_down = 0;       /* which of the two launches go here */
+static int sp_down_sets = 2; /* consumer sets of the direct down launch (ORCHID_SP_DOWN_SETS=1: one; A/B) */
 static int sp_launches = 0;                                  /* launches taken (tests: the kernel ran) */
-static int sq_on = 0, sq_launches = 0; /* the k-range stage form of gate/up (ORCHID_SPQ=1: on), its launches */
 static PFN_cuTensorMapEncodeTiled_v12000 sp_encode = NULL;    /* the driver's encoder (init) */
 static int sp_stages_env(const char *name) {
     const char *s = getenv(name);
@@ -617,19 +487,12 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     sp_sms = caps.sms;
     /* the dynamic opt-in is what the static barriers leave of the block's maximum */
     cudaFuncAttributes fa0, fa1;
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa0, skinny_pipe_kernel<true>);
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa1, skinny_pipe_kernel<false>);
-    cudaFuncAttributes fq;
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fq, skinny_pipe_q_kernel<4>);
-    if (e == cudaSuccess) {
-        size_t st = fa0.sharedSizeBytes > fa1.sharedSizeBytes ? fa0.sharedSizeBytes : fa1.sharedSizeBytes;
-        if (fq.sharedSizeBytes > st) st = fq.sharedSizeBytes;
-        sp_optin -= (int)st;
-    }
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_q_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_q_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa0, skinny_pipe_kernel<true, 0>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa1, skinny_pipe_kernel<false, 2>);
+    if (e == cudaSuccess) sp_optin -= (int)(fa0.sharedSizeBytes > fa1.sharedSizeBytes ? fa0.sharedSizeBytes : fa1.sharedSizeBytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<true, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
     sp_sm90 = 0;
     /* the sm_90a body must be what runs (another architecture or a build without sm_90a gets
@@ -647,18 +510,16 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
         }
         (void)cudaGetLastError();
     }
-    /* default: the gate/up launch here, the down launch on cuda_skinny.cu's kernel (measured,
-     * docs/PERFORMANCE.md session 17); ORCHID_SK_PIPE=0: neither, =1: both, =swiglu or =down:
-     * that one only (A/B) */
+    /* default: both launches here (the down launch in its direct form with two consumer
+     * sets since session 30; its reducer form lost to cuda_skinny.cu's kernel in session 17:
+     * docs/PERFORMANCE.md); ORCHID_SK_PIPE=0: neither, =1: both, =swiglu or =down: that one
+     * only (A/B) */
     const char *pe = getenv("ORCHID_SK_PIPE");
     const bool set = pe && *pe, sw = set && !strcmp(pe, "swiglu"), dn = set && !strcmp(pe, "down");
     const bool all = set && strcmp(pe, "0") && !sw && !dn;
     sp_on_swiglu = sp_sm90 && (!set || all || sw);
-    sp_on_down = sp_sm90 && (all || dn);
-    /* the k-range stage form: opt-in (ORCHID_SPQ=1) until measured on a card (session 28 wrote
-     * it with no device time left; the GPU tests switch it on to hold its bits) */
-    const char *qe = getenv("ORCHID_SPQ");
-    sq_on = sp_sm90 && qe && !strcmp(qe, "1");
+    sp_on_down = sp_sm90 && (!set || all || dn);
+    sp_down_sets = sp_stages_env("ORCHID_SP_DOWN_SETS") == 1 ? 1 : 2;
     return 0;
 }
 
@@ -669,13 +530,13 @@ extern "C" int cuda_skinny_pipe_enable(int on) {
     return was;
 }
 
-extern "C" int cuda_skinny_pipe_launches(void) { return sp_launches; }
-extern "C" int cuda_skinny_pipe_q_launches(void) { return sq_launches; }
-extern "C" int cuda_skinny_pipe_q_enable(int on) {
-    const int was = sq_on;
-    sq_on = on && sp_sm90;
+extern "C" int cuda_skinny_pipe_down_sets(int sets) {
+    const int was = sp_down_sets;
+    sp_down_sets = sets == 1 ? 1 : 2;
     return was;
 }
+
+extern "C" int cuda_skinny_pipe_launches(void) { return sp_launches; }
 
 /* Stages for a unit layout: as many as fit the opt-in (at most SP_MAX_STAGES, or the
  * ORCHID_SP_STAGES_SWIGLU / _DOWN override), 0 when fewer than 2 fit. */
@@ -687,43 +548,30 @@ static int sp_stages(int RB, int K, int E, bool swiglu) {
     return S >= 2 ? S : 0;
 }
 
-/* The tensor maps of one stack of expert matrices, encoded once per (stack, kind, box) and
- * kept: a forward reuses its layers' weights every step and encoding costs host time. The
- * table is the backend thread's (one stream of launches); a full table encodes without
- * keeping. Kinds: SPM_CODES, boxes of orows rows × `inner` 128-byte segments; SPM_SCALES /
- * SPM_BIASES (skinny_pipe_q_kernel), boxes of orows rows × `inner` groups. */
-enum { SPM_CODES = 0, SPM_SCALES = 1, SPM_BIASES = 2 };
+/* The codes' tensor maps of one stack of expert matrices (boxes of orows rows × `inner`
+ * 128-byte segments), encoded once per (stack, box) and kept: a forward reuses its layers'
+ * weights every step and encoding costs host time. The table is the backend thread's (one
+ * stream of launches); a full table encodes without keeping. */
 struct sp_map {
     cuda_qmat w; /* the stack it describes (w.codes NULL: a free slot) */
-    int kind, orows, inner;
+    int orows, inner;
     CUtensorMap m;
 };
 #define SP_MAP_CACHE 1024
 static sp_map sp_cache[SP_MAP_CACHE];
 
-/* 0 = encoded; the encoder's refusal (CUresult) otherwise. Codes: the view (32 words, rows,
- * K/256 segments), strides K/2 and 128 bytes, swizzled 128B; scales and biases: (G, rows)
- * bf16, stride 2G bytes, unswizzled. */
-static int sp_encode_map(const cuda_qmat &w, int kind, int orows, int inner, sp_map *out) {
-    const int K = w.cols, G = K / QGROUP;
+/* 0 = encoded; the encoder's refusal (CUresult) otherwise. The view (32 words, rows, K/256
+ * segments), strides K/2 and 128 bytes, swizzled 128B. */
+static int sp_encode_map(const cuda_qmat &w, int orows, int inner, sp_map *out) {
+    const int K = w.cols;
     const cuuint64_t rows = (cuuint64_t)w.rows * (cuuint64_t)(w.n_mats > 0 ? w.n_mats : 1);
     const cuuint32_t one[3] = {1, 1, 1};
-    CUresult r;
-    if (kind == SPM_CODES) {
-        const cuuint64_t dim[3] = {SP_SEG, rows, (cuuint64_t)K / 256}, str[2] = {(cuuint64_t)K / 2, 128};
-        const cuuint32_t box[3] = {SP_SEG, (cuuint32_t)orows, (cuuint32_t)inner};
-        r = sp_encode(&out->m, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, (void *)w.codes, dim, str, box, one,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    } else {
-        const cuuint64_t dim[2] = {(cuuint64_t)G, rows}, str[1] = {(cuuint64_t)G * 2};
-        const cuuint32_t box[2] = {(cuuint32_t)inner, (cuuint32_t)orows};
-        r = sp_encode(&out->m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)(kind == SPM_SCALES ? w.scales : w.biases), dim, str,
-                      box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    }
+    const cuuint64_t dim[3] = {SP_SEG, rows, (cuuint64_t)K / 256}, str[2] = {(cuuint64_t)K / 2, 128};
+    const cuuint32_t box[3] = {SP_SEG, (cuuint32_t)orows, (cuuint32_t)inner};
+    const CUresult r = sp_encode(&out->m, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, (void *)w.codes, dim, str, box, one,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     out->w = w;
-    out->kind = kind;
     out->orows = orows;
     out->inner = inner;
     return (int)r;
@@ -735,14 +583,14 @@ static bool sp_same(const cuda_qmat &a, const cuda_qmat &b) {
     return a.codes == b.codes && a.scales == b.scales && a.biases == b.biases && a.rows == b.rows && a.cols == b.cols &&
            a.n_mats == b.n_mats && a.bits == b.bits;
 }
-static const CUtensorMap *sp_map_for(const cuda_qmat &w, int kind, int orows, int inner, sp_map *scratch, int *rc) {
+static const CUtensorMap *sp_map_for(const cuda_qmat &w, int orows, int inner, sp_map *scratch, int *rc) {
     const size_t h0 = ((uintptr_t)w.codes >> 12) * 2654435761u % SP_MAP_CACHE;
     for (size_t i = 0; i < SP_MAP_CACHE; i++) {
         sp_map *s = &sp_cache[(h0 + i) % SP_MAP_CACHE];
-        if (s->w.codes && s->kind == kind && s->orows == orows && s->inner == inner && sp_same(s->w, w)) return &s->m;
-        if (!s->w.codes) return (*rc = sp_encode_map(w, kind, orows, inner, s)) ? (s->w.codes = NULL, nullptr) : &s->m;
+        if (s->w.codes && s->orows == orows && s->inner == inner && sp_same(s->w, w)) return &s->m;
+        if (!s->w.codes) return (*rc = sp_encode_map(w, orows, inner, s)) ? (s->w.codes = NULL, nullptr) : &s->m;
     }
-    return (*rc = sp_encode_map(w, kind, orows, inner, scratch)) ? nullptr : &scratch->m;
+    return (*rc = sp_encode_map(w, orows, inner, scratch)) ? nullptr : &scratch->m;
 }
 
 /* Whether a stack's codes, scales and biases (and the second's, w1 non-NULL) start on 16
@@ -760,12 +608,20 @@ static bool sp_aligned(const cuda_qmat &w0, const cuda_qmat *w1) {
  * rows. */
 static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, const cuda_qmat *w1, bool swiglu,
                      const char *what) {
+    /* the down launch in its direct form: 128-row units, each warp an m-tile over all of
+     * cuda_skinny.cu's k-slices for K (a.KS of its RB), no reducers */
+    const bool direct = !swiglu && a.RB >= 16 && a.RB <= 128 && 128 % a.RB == 0 && w0.rows % 128 == 0;
+    if (!swiglu && !direct) return 0; /* the reducer form of the down launch lost (session 17): the grouped kernel */
+    if (direct) {
+        a.KS = 8 / (a.RB / 16);
+        a.RB = 128;
+    }
     const int K = w0.cols, G = K / QGROUP, orows = swiglu ? a.RB / 2 : a.RB;
     if (!(swiglu ? sp_on_swiglu : sp_on_down) || a.RB < 16 || w0.bits != 4 || K % 256 || a.E > SP_MAX_E || a.n_slots < 1 ||
         orows > 256)
         return 0;
     if (w0.rows % orows || a.ldx % 8 || ((uintptr_t)a.x & 15) || (orows * G * 2) % 16) return 0;
-    if ((G / (8 / (a.RB / 16))) % 2) return 0; /* a warp's groups go two at a time (sp_products) */
+    if (direct ? G % a.KS || (G / a.KS) % 2 : (G / (8 / (a.RB / 16))) % 2) return 0; /* a warp's groups go two at a time (sp_products) */
     if (w0.n_mats < a.E || (w1 && (w1->cols != K || w1->rows != w0.rows || w1->bits != 4 || w1->n_mats < a.E))) return 0;
     if (!sp_aligned(w0, w1)) return 0;
     a.stages = sp_stages(a.RB, K, a.E, swiglu);
@@ -776,15 +632,20 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
         const cuda_qmat &w = h ? *w1 : w0;
         sp_map scratch;
         int rc = 0;
-        const CUtensorMap *m = sp_map_for(w, SPM_CODES, orows, K / 256, &scratch, &rc);
+        const CUtensorMap *m = sp_map_for(w, orows, K / 256, &scratch, &rc);
         if (!m) return errorf(c->err, c->errlen, ST_DEVICE, "%s: tensor map refused (CUresult %d)", what, rc);
         a.codes[h] = *m;
         a.scales[h] = w.scales;
         a.biases[h] = w.biases;
     }
     const size_t smem = sp_lay(a.RB, K, a.stages, a.E).total;
-    if (swiglu) LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<true>, dim3(sp_sms), dim3(SP_THREADS), smem, cstream(c), a), what);
-    else LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<false>, dim3(sp_sms), dim3(SP_THREADS), smem, cstream(c), a), what);
+    const dim3 grid(sp_sms);
+    if (swiglu)
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<true, 0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
+    else if (direct && sp_down_sets == 2)
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<false, 2>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a), what);
+    else
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<false, 1>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     sp_launches++;
     return 1;
 }
@@ -803,71 +664,9 @@ static sp_args sp_args_for(const uint16_t *x, int ldx, const struct cuda_moe_rou
     return a;
 }
 
-/* The gate/up launch in k-range stages (skinny_pipe_q_kernel): 1 = launched, 0 = not this
- * form's case (the caller tries skinny_pipe_kernel), negative = error. NQ: 4 stages a unit
- * where each keeps 8 groups (the scales' boxes are 16 bytes wide at least), else 2; a
- * k-slice must be whole stages; at least 3 stages must fit (else no copy is ahead). */
-static int sq_launch(const struct cuda_ctx *c, const sp_args &p, const cuda_qmat &gate, const cuda_qmat &up) {
-    const int K = gate.cols, G = K / QGROUP, KS = 128 / p.RB;
-    if (!sq_on || gate.bits != 4 || up.bits != 4 || K % 256 || up.cols != K || up.rows != gate.rows || p.E > SP_MAX_E ||
-        p.n_slots < 1 || p.RB < 16 || 128 % p.RB || gate.rows % SQ_ROWS || gate.n_mats < p.E || up.n_mats < p.E)
-        return 0;
-    const int NQ = G % 32 == 0 && (K / 256) % 4 == 0 ? 4 : G % 16 == 0 && (K / 256) % 2 == 0 ? 2 : 0;
-    if (!NQ || NQ % KS || (G / NQ) % 2 || p.ldx % 8 || ((uintptr_t)p.x & 15) || (G * 2) % 16) return 0;
-    if (!sp_aligned(gate, &up)) return 0;
-    sq_args a;
-    memset(&a, 0, sizeof a);
-    int S = SP_MAX_STAGES;
-    while (S >= 3 && sq_lay(K, NQ, KS, S, p.E).total > (size_t)sp_optin) S--;
-    if (S < 3) return 0;
-    a.stages = S;
-    a.rows = gate.rows;
-    a.K = K;
-    a.KS = KS;
-    a.x = p.x;
-    a.ldx = p.ldx;
-    a.x_rows = p.x_rows;
-    a.counts = p.counts;
-    a.offsets = p.offsets;
-    a.E = p.E;
-    a.n_slots = p.n_slots;
-    a.act = p.act;
-    a.ld_act = p.ld_act;
-    for (int h = 0; h < 2; h++) {
-        const cuda_qmat &w = h ? up : gate;
-        const int kinds[3] = {SPM_CODES, SPM_SCALES, SPM_BIASES}, inner[3] = {K / 256 / NQ, G / NQ, G / NQ};
-        CUtensorMap *dst[3] = {&a.codes[h], &a.scales[h], &a.biases[h]};
-        for (int k = 0; k < 3; k++) {
-            sp_map scratch;
-            int rc = 0;
-            const CUtensorMap *m = sp_map_for(w, kinds[k], SQ_ROWS, inner[k], &scratch, &rc);
-            if (!m) return errorf(c->err, c->errlen, ST_DEVICE, "skinny_pipe_swiglu: tensor map refused (CUresult %d)", rc);
-            *dst[k] = *m;
-        }
-    }
-    const size_t smem = sq_lay(K, NQ, KS, S, p.E).total;
-    if (NQ == 4)
-        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_q_kernel<4>, dim3(sp_sms), dim3(SP_THREADS), smem, cstream(c), a),
-                   "skinny_pipe_swiglu");
-    else
-        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_q_kernel<2>, dim3(sp_sms), dim3(SP_THREADS), smem, cstream(c), a),
-                   "skinny_pipe_swiglu");
-    sp_launches++;
-    sq_launches++;
-    return 1;
-}
-
 extern "C" int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                                        const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act) {
     sp_args a = sp_args_for(xn, ldx, r, RB);
-    a.x_rows = r->row_of_slot;
-    a.act = act;
-    a.ld_act = gate->rows;
-    if (sp_on_swiglu) {
-        const int rc = sq_launch(c, a, *gate, *up);
-        if (rc) return rc;
-    }
-    a = sp_args_for(xn, ldx, r, RB);
     a.x_rows = r->row_of_slot;
     a.act = act;
     a.ld_act = gate->rows;

@@ -81,7 +81,10 @@ int main(int argc, char **argv) {
     printf("%s built in %.1f s\n", where, now_seconds() - t0);
     struct backend *be;
     if (cuda_backend_create(&be, &m.cfg, &m.w, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    const int V = m.cfg.vocab, cap = ctx + (steps + 1) * nT * 5 + 5 * nT + 16;
+    /* positions a session takes: the prompt, every (T, output mode) pair's warm-up step and
+     * timed steps, the two traced steps, the five profiled ones a T (a step past the cap is
+     * refused: an error, reported below, not a fast step) */
+    const int V = m.cfg.vocab, cap = ctx + (steps + 1) * nT * (OUT_SAMPLE_TOPP + 1) + 2 + 5 * nT + 16;
     struct backend_session **ss = calloc((size_t)maxT, sizeof *ss);
     for (int i = 0; i < maxT; i++)
         if (be->session_create(be, cap, &ss[i], err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
@@ -138,7 +141,11 @@ int main(int argc, char **argv) {
         for (int mode = OUT_LOGITS; mode <= OUT_SAMPLE_TOPP; mode++) {
             if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, mode, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
             t0 = now_seconds();
-            for (int i = 0; i < steps; i++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, mode, err, sizeof err);
+            for (int i = 0; i < steps; i++)
+                if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, mode, err, sizeof err)) {
+                    fprintf(stderr, "%s\n", err);
+                    return 1;
+                }
             ms[mode] = (now_seconds() - t0) * 1e3 / steps;
         }
         printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", T, ms[OUT_LOGITS], ms[OUT_NONE], ms[OUT_ARGMAX],
@@ -157,7 +164,11 @@ int main(int argc, char **argv) {
     for (int k = 0; k < nT; k++) {
         const int T = Ts[k];
         if (T != 1 && T != 16 && T != 17 && T != maxT) continue;
-        for (int r = 0; r < 5; r++) step(be, ss, T, pos++, tok, posv, seq, rows, dst, OUT_SAMPLE_QWEN, err, sizeof err);
+        for (int r = 0; r < 5; r++)
+            if (step(be, ss, T, pos++, tok, posv, seq, rows, dst, OUT_SAMPLE_QWEN, err, sizeof err)) {
+                fprintf(stderr, "%s\n", err);
+                return 1;
+            }
         printf("\nprofile: 5 forwards of %d sequences x 1 token (GPU time per op, summed over the 5)\n", T);
         cuda_backend_profile_dump(be, stdout);
     }
