@@ -307,6 +307,7 @@ static int translate_tools(const cJSON *in, cJSON *out, bool has_prefill, struct
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(tc, "disable_parallel_tool_use");
     if (present(dp) && !cJSON_IsBool(dp))
         return BAD("tool_choice", "'tool_choice.disable_parallel_tool_use' must be a boolean"), -1;
+    if (cJSON_IsTrue(dp)) cJSON_AddFalseToObject(out, "parallel_tool_calls"); /* at most one tool call */
     const char *t = ty->valuestring;
     bool forced = false;
     if (!strcmp(t, "auto") || !strcmp(t, "none")) {

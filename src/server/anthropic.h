@@ -25,8 +25,8 @@
  * Any `model` string is accepted (one model is served; Claude Code names its
  * own models), and responses carry the served model's id. thinking's
  * budget_tokens is enforced (the reasoning is closed once it has taken that
- * many tokens: constraint.h); disable_parallel_tool_use is accepted but not
- * enforced.
+ * many tokens: constraint.h); tool_choice.disable_parallel_tool_use true
+ * maps to parallel_tool_calls false (the reply ends after its first tool_use).
  *
  * Responses: a message object {id "msg_...", type, role, model, content
  * [thinking?, text?, tool_use*], stop_reason end_turn | max_tokens |

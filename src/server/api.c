@@ -697,7 +697,9 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
                                           "'tools' (send tool_choice \"none\" or no tools)",
                        r->json_object ? "json_object" : "json_schema");
         if (r->grammar) nudge_json(r);
-        if (get_bool(r->root, "parallel_tool_calls", &b, e) < 0) return e->status;
+        b = true;
+        if ((rc = get_bool(r->root, "parallel_tool_calls", &b, e)) < 0) return e->status;
+        r->one_tool_call = rc && !b;
     } else {
         long long ll = 0;
         int rc = get_int(r->root, "logprobs", 0, 5, &ll, e);

@@ -64,6 +64,8 @@ struct api_request {
     int enable_thinking; /* -1 template default, 0 off, 1 on */
     int thinking_budget; /* > 0: reasoning tokens before the reply is made to close it (constraint.h) */
     bool json_object;
+    bool one_tool_call;  /* parallel_tool_calls false (Anthropic: disable_parallel_tool_use): the
+                            reply ends after its first tool call */
     struct jg_grammar *grammar; /* owned: constrained output (json_object / json_schema), or NULL */
     const cJSON *json_schema;   /* into root: the schema (json_schema), for the prompt */
     char *prefill;       /* owned: text the reply continues (Anthropic final assistant message) */

@@ -300,6 +300,7 @@ static int admit(struct sched *S, struct job *j, int si) {
         if ((rc = sampler_set_constraint(j->smp, &c))) return rc;
     }
     if (textout_init(&j->tx, 256, (const char *const *)j->stops, j->n_stops)) return ST_NOMEM;
+    if (j->end_mark) textout_set_end(&j->tx, j->end_mark, j->end_arm);
     if (j->sp.logprobs || j->sp.top_logprobs > 0) {
         j->recs = calloc((size_t)j->max_tokens, sizeof *j->recs);
         if (!j->recs) return ST_NOMEM;

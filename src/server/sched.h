@@ -57,6 +57,8 @@ struct job {
     char *stops[TEXTOUT_MAX_STOPS]; /* owned */
     int n_stops;
     struct out_constraint *constraint; /* owned: constrained output (json_schema), or NULL */
+    const char *end_mark, *end_arm; /* static strings, or NULL: the text ends right after the
+                                       first end_mark past end_arm (textout_set_end) */
     double t_arrive;
 
     /* scheduler-private */

@@ -104,11 +104,41 @@ static bool is_stop_prefix(const struct textout *t, size_t from) {
     return false;
 }
 
+void textout_set_end(struct textout *t, const char *mark, const char *arm) {
+    t->end_mark = mark && *mark ? mark : NULL;
+    t->end_len = t->end_mark ? strlen(mark) : 0;
+    t->end_arm = arm && *arm ? arm : NULL;
+    t->arm_len = t->end_arm ? strlen(arm) : 0;
+    t->armed_at = t->end_arm ? (size_t)-1 : 0;
+    t->end_scan = 0;
+}
+
+/* Where the text ends after the end mark ((size_t)-1: not (yet) there). Each
+ * search starts a needle's length short of where the last one stopped, so a
+ * mark split over tokens is found once whole and nothing is scanned twice more. */
+static size_t end_mark_at(struct textout *t) {
+    if (!t->end_mark) return (size_t)-1;
+    if (t->armed_at == (size_t)-1) {
+        const char *p = memmem(t->buf + t->end_scan, t->len - t->end_scan, t->end_arm, t->arm_len);
+        if (!p) {
+            if (t->len >= t->arm_len) t->end_scan = t->len - t->arm_len + 1;
+            return (size_t)-1;
+        }
+        t->armed_at = t->end_scan = (size_t)(p - t->buf) + t->arm_len;
+    }
+    if (t->end_scan < t->armed_at) t->end_scan = t->armed_at;
+    const char *p = memmem(t->buf + t->end_scan, t->len - t->end_scan, t->end_mark, t->end_len);
+    if (p) return (size_t)(p - t->buf) + t->end_len;
+    if (t->len >= t->end_len && t->len - t->end_len + 1 > t->end_scan) t->end_scan = t->len - t->end_len + 1;
+    return (size_t)-1;
+}
+
 int textout_push(struct textout *t, const char *bytes, size_t n) {
     if (t->stopped) return 0;
     if (reserve(t, 3 * n + 3)) return ST_NOMEM;
     size_t start = t->released;
     decode_bytes(t, (const unsigned char *)bytes, n);
+    const size_t end = end_mark_at(t);
     /* Earliest stop occurrence starting at or after `released`. */
     size_t best = (size_t)-1;
     int best_stop = -1;
@@ -120,6 +150,16 @@ int textout_push(struct textout *t, const char *bytes, size_t n) {
             best = (size_t)(p - t->buf);
             best_stop = s;
         }
+    }
+    if (end != (size_t)-1 && (best == (size_t)-1 || best >= end - t->end_len)) {
+        /* the mark came first (a stop starting inside it loses: the mark completed) */
+        t->len = end;
+        t->buf[t->len] = 0;
+        t->released = t->len;
+        t->npend = 0;
+        t->stopped = true;
+        t->ended = true;
+        return 1;
     }
     if (best != (size_t)-1) {
         t->len = best;

@@ -246,6 +246,20 @@ def test_tool_choice(client):
     assert r.stop_reason == "tool_use"
 
 
+def test_disable_parallel_tool_use_keeps_one_call(client):
+    two = CALL + "\n" + CALL.replace("Paris", "Rome")
+    r = ask(client, "SCRIPT:" + two, tools=TOOLS, max_tokens=400, **NOTHINK)
+    assert [b.input["city"] for b in r.content if b.type == "tool_use"] == ["Paris", "Rome"]
+    for choice in ({"type": "auto", "disable_parallel_tool_use": True}, {"type": "any", "disable_parallel_tool_use": True}):
+        r1 = ask(client, "SCRIPT:" + two, tools=TOOLS, tool_choice=choice, max_tokens=400, **NOTHINK)
+        assert [b.input["city"] for b in r1.content if b.type == "tool_use"] == ["Paris"], choice
+        assert r1.stop_reason == "tool_use" and r1.stop_sequence is None
+        assert r1.usage.output_tokens < r.usage.output_tokens
+    r = ask(client, "SCRIPT:" + two, tools=TOOLS, tool_choice={"type": "auto", "disable_parallel_tool_use": False},
+            max_tokens=400, **NOTHINK)
+    assert len([b for b in r.content if b.type == "tool_use"]) == 2
+
+
 # ---- prefill ----
 
 def test_prefill_continues_the_assistant_turn(client):

@@ -336,6 +336,46 @@ def test_tool_choice_named_forces_prefix(client):
     assert json.loads(tc.function.arguments)["city"] == "Paris"
 
 
+CALL2 = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_parallel_tool_calls_false_ends_after_the_first_call(client):
+    both = chat(client, "SCRIPT:" + CALL + "\n" + CALL2, tools=TOOLS, **NOTHINK)
+    assert [json.loads(t.function.arguments)["city"] for t in both.choices[0].message.tool_calls] == ["Paris", "Rome"]
+    one = chat(client, "SCRIPT:" + CALL + "\n" + CALL2, tools=TOOLS, parallel_tool_calls=False, **NOTHINK)
+    ch = one.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content in (None, "")
+    assert [json.loads(t.function.arguments)["city"] for t in ch.message.tool_calls] == ["Paris"]
+    # generation stopped at the call's closing tag: the second call's tokens were never made
+    assert one.usage.completion_tokens < both.usage.completion_tokens - 5
+    # true is the default; a non-boolean is refused
+    r = chat(client, "SCRIPT:" + CALL + "\n" + CALL2, tools=TOOLS, parallel_tool_calls=True, **NOTHINK)
+    assert len(r.choices[0].message.tool_calls) == 2
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, "x", tools=TOOLS, extra_body={"parallel_tool_calls": "no"})
+    assert e.value.body["param"] == "parallel_tool_calls"
+
+
+def test_parallel_tool_calls_false_streamed_and_after_reasoning(client):
+    chunks = stream_chat(client, "SCRIPT:Checking." + CALL + "\n" + CALL2, tools=TOOLS, parallel_tool_calls=False,
+                         **NOTHINK)
+    calls = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+    assert {tc.index for tc in calls} == {0}
+    args = "".join(tc.function.arguments or "" for tc in calls if tc.function)
+    assert json.loads(args)["city"] == "Paris"
+    assert joined(chunks) == "Checking." and chunks[-1].choices[0].finish_reason == "tool_calls"
+    # thinking on: a closing tag written while reasoning is not a call's end
+    r = chat(client, "SCRIPT:the tag </tool_call> ends a call</think>\n\n" + CALL + "\n" + CALL2, tools=TOOLS,
+             parallel_tool_calls=False)
+    m = r.choices[0].message
+    assert m.model_extra["reasoning_content"] == "the tag </tool_call> ends a call"
+    assert [json.loads(t.function.arguments)["city"] for t in m.tool_calls] == ["Paris"]
+    # tool_choice none: the text is not a call and nothing is cut
+    r = chat(client, "SCRIPT:" + CALL + "\n" + CALL2, tools=TOOLS, tool_choice="none", parallel_tool_calls=False,
+             **NOTHINK)
+    assert r.choices[0].message.content.count("</tool_call>") == 2
+
+
 # ---- response_format ----
 
 def test_response_format(client):

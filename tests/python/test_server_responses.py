@@ -180,6 +180,16 @@ def test_tool_choice(client):
     assert [it.type for it in r.output] == ["message"] and "<tool_call>" in r.output_text
 
 
+def test_parallel_tool_calls_false(client):
+    two = "SCRIPT:" + CALL + "\n" + CALL.replace("Paris", "Rome")
+    r = client.responses.create(model=MODEL, input=two, tools=TOOLS, max_output_tokens=400, **NOTHINK)
+    assert [json.loads(it.arguments)["city"] for it in r.output if it.type == "function_call"] == ["Paris", "Rome"]
+    r = client.responses.create(model=MODEL, input=two, tools=TOOLS, parallel_tool_calls=False, max_output_tokens=400,
+                                **NOTHINK)
+    assert [json.loads(it.arguments)["city"] for it in r.output if it.type == "function_call"] == ["Paris"]
+    assert r.status == "completed"
+
+
 def test_json_object_format(client):
     r = client.responses.create(model=MODEL, input='SCRIPT:{"a": 1}', text={"format": {"type": "json_object"}},
                                 **NOTHINK)

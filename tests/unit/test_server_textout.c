@@ -116,6 +116,45 @@ int main(void) {
     CHECK(t.len == 20000 && t.released == 20000, "growth");
     textout_free(&t);
 
+    /* end mark: the text ends right after the first </tool_call> past </think>,
+     * the mark kept; a mark inside the reasoning does not count; split over tokens */
+    {
+        CHECK(textout_init(&t, 4, NULL, 0) == 0, "init");
+        textout_set_end(&t, "</tool_call>", "</think>");
+        const char *toks[] = {"I'd write </tool", "_call> here.", "</th", "ink>\n\n<tool_call>\n{}\n</to", "ol_call>",
+                              "\n<tool_call>", "more"};
+        push_all(&t, toks, 7, &hit);
+        CHECK(hit == 4 && t.ended && t.stop_index == -1 && t.released == t.len, "end mark at token %d", hit);
+        CHECK(strcmp(t.buf, "I'd write </tool_call> here.</think>\n\n<tool_call>\n{}\n</tool_call>") == 0, "end mark text: %s",
+              t.buf);
+        textout_free(&t);
+        /* armed from the start; bytes after the mark in the same token are dropped */
+        CHECK(textout_init(&t, 4, NULL, 0) == 0, "init");
+        textout_set_end(&t, "</tool_call>", NULL);
+        CHECK(textout_push(&t, "a</tool_call>b", 14) == 1 && strcmp(t.buf, "a</tool_call>") == 0 && t.ended, "armed: %s", t.buf);
+        CHECK(textout_push(&t, "c", 1) == 0 && strcmp(t.buf, "a</tool_call>") == 0, "nothing after the end");
+        textout_free(&t);
+        /* a stop string that starts before the mark wins (cut before it); one inside the mark loses */
+        const char *st1[] = {"x</tool"}, *st2[] = {"call>"};
+        CHECK(textout_init(&t, 4, st1, 1) == 0, "init");
+        textout_set_end(&t, "</tool_call>", NULL);
+        CHECK(textout_push(&t, "ax</tool_call>", 14) == 1 && strcmp(t.buf, "a") == 0 && !t.ended && t.stop_index == 0,
+              "stop first: %s", t.buf);
+        textout_free(&t);
+        CHECK(textout_init(&t, 4, st2, 1) == 0, "init");
+        textout_set_end(&t, "</tool_call>", NULL);
+        CHECK(textout_push(&t, "a</tool_call>", 13) == 1 && strcmp(t.buf, "a</tool_call>") == 0 && t.ended && t.stop_index == -1,
+              "mark first: %s", t.buf);
+        textout_free(&t);
+        /* never armed: no end */
+        CHECK(textout_init(&t, 4, NULL, 0) == 0, "init");
+        textout_set_end(&t, "</tool_call>", "</think>");
+        const char *toks2[] = {"<tool_call>", "{}", "</tool_call>", "<tool_call>"};
+        push_all(&t, toks2, 4, &hit);
+        CHECK(hit < 0 && !t.ended && t.len == 36, "unarmed: %zu", t.len);
+        textout_free(&t);
+    }
+
     /* validator */
     CHECK(utf8_invalid_at("abc", 3) == (size_t)-1, "ascii ok");
     CHECK(utf8_invalid_at("a\xE4\xB8\x96", 4) == (size_t)-1, "cjk ok");
