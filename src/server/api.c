@@ -692,10 +692,6 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
         if (parse_tools(r->root, r, e)) return e->status;
         if (parse_thinking(r->root, default_thinking, r, e)) return e->status;
         if (parse_response_format(r->root, r, e)) return e->status;
-        if (r->grammar && r->tools)
-            return BAD("response_format", "constrained JSON output ('response_format' %s) cannot be combined with "
-                                          "'tools' (send tool_choice \"none\" or no tools)",
-                       r->json_object ? "json_object" : "json_schema");
         if (r->grammar) nudge_json(r);
         b = true;
         if ((rc = get_bool(r->root, "parallel_tool_calls", &b, e)) < 0) return e->status;

@@ -9,7 +9,8 @@
  * constrained to a JSON object / a document the schema allows
  * (text/json_grammar.h says which keywords; others are 400s naming them),
  * thinking is off for such requests, and the system message also asks for it
- * (the model writes better JSON when told). They cannot be combined with tools.
+ * (the model writes better JSON when told). Beside tools the reply is either
+ * that document or tool calls (the schema binds the content: constraint.h).
  * thinking_budget (Qwen's API name, an integer >= 1) caps the reasoning tokens
  * of a reply that starts inside reasoning (constraint.h). logit_bias keys must be token ids inside the vocabulary and values
  * numbers in [-100, 100], at most SAMPLER_MAX_LOGIT_BIAS entries. tool_choice "required" / a named function is enforced by ending

@@ -23,6 +23,8 @@ struct out_constraint {
     int32_t *forced;     /* the closing text's tokens, forced one by one once spent == budget */
     int n_forced, at;    /* at: forced tokens already given */
     /* JSON grammar */
+    int mode;          /* CM_* below: the document, or where the tool calls are */
+    int ws_after;      /* CM_AFTER_TOOL: whitespace bytes since the call closed */
     jg_grammar *g;
     const struct model_port *port;
     jg_state cur;      /* the text generated so far */
@@ -43,7 +45,39 @@ enum { VOCAB_FEED = 0, VOCAB_PLAIN_MAX = 254, VOCAB_NEVER = 255 };
 struct out_vocab {
     const struct model_port *port;
     uint8_t *cls; /* [vocab] */
+    int32_t tool_open, tool_close; /* the "<tool_call>" / "</tool_call>" tokens (-1: not one token) */
 };
+
+/* Where a grammar constraint beside tools is: the document only (or already
+ * begun); nothing yet (the document or a call may come); inside a call (free);
+ * after a call (whitespace, another call or the end). */
+enum { CM_JSON = 0, CM_EITHER, CM_TOOL, CM_AFTER_TOOL };
+
+/* The single token that encodes s, or -1. */
+static int32_t one_token(const struct model_port *p, const char *s) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[64];
+    const int rc = p->encode(p->ctx, s, strlen(s), &ids, &n, err, sizeof err);
+    const int32_t t = !rc && n == 1 ? ids[0] : -1;
+    free(ids);
+    return t;
+}
+
+/* Whitespace bytes allowed between and after tool calls (json_grammar.h's cap
+ * between a document's tokens): no endless blank runs instead of the end. */
+#define CM_MAX_WS 32
+
+/* The number of bytes of a token that is all JSON whitespace, else 0 (a
+ * special token is not). */
+static size_t space_len(const struct out_vocab *v, int32_t t) {
+    if (v->cls[t] == VOCAB_NEVER) return 0;
+    size_t n = 0;
+    const char *b = v->port->token_bytes(v->port->ctx, t, &n);
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != ' ' && b[i] != '\n' && b[i] != '\r' && b[i] != '\t') return 0;
+    return n;
+}
 
 static uint8_t token_class(const struct model_port *p, int32_t t) {
     size_t n = 0;
@@ -72,6 +106,8 @@ int out_vocab_new(struct out_vocab **out, const struct model_port *port) {
         return ST_NOMEM;
     }
     for (int t = 0; t < port->vocab; t++) v->cls[t] = token_class(port, t);
+    v->tool_open = one_token(port, "<tool_call>");
+    v->tool_close = one_token(port, "</tool_call>");
     *out = v;
     return ST_OK;
 }
@@ -82,13 +118,18 @@ void out_vocab_free(struct out_vocab *v) {
     free(v);
 }
 
-int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct out_vocab *v) {
+int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct out_vocab *v, int tools) {
     *out = NULL;
+    if (tools != OUT_TOOLS_NONE && (v->tool_open < 0 || v->tool_close < 0)) {
+        jg_free(g);
+        return ST_INVALID;
+    }
     struct out_constraint *c = calloc(1, sizeof *c);
     if (!c) {
         jg_free(g);
         return ST_NOMEM;
     }
+    c->mode = tools == OUT_TOOLS_EITHER ? CM_EITHER : tools == OUT_TOOLS_IN_CALL ? CM_TOOL : CM_JSON;
     c->g = g;
     c->port = v->port;
     c->vocab = v;
@@ -154,6 +195,13 @@ static void budget_advance(struct out_constraint *c, int32_t t) {
 static bool allow(void *ctx, int32_t t) {
     struct out_constraint *c = ctx;
     if (!c->g) return budget_allow(c, t);
+    if (c->mode == CM_TOOL) return true; /* a call's body: the parser's, not the schema's */
+    if (c->mode == CM_AFTER_TOOL) {
+        if (t == c->vocab->tool_open || port_is_stop(c->port, t)) return true;
+        const size_t n = space_len(c->vocab, t);
+        return n && (size_t)c->ws_after + n <= CM_MAX_WS;
+    }
+    if (c->mode == CM_EITHER && t == c->vocab->tool_open) return true;
     /* end of sequence: when the document is complete — or, as a safety net that
      * should never be needed, when no parse is left, so the request ends */
     if (port_is_stop(c->port, t)) return jg_complete(c->g, &c->cur) || c->cur.n == 0;
@@ -183,10 +231,23 @@ static void advance(void *ctx, int32_t t) {
         budget_advance(c, t);
         return;
     }
+    if (c->mode == CM_TOOL) {
+        if (t == c->vocab->tool_close) {
+            c->mode = CM_AFTER_TOOL;
+            c->ws_after = 0;
+        }
+        return;
+    }
+    if (c->mode == CM_AFTER_TOOL || (c->mode == CM_EITHER && t == c->vocab->tool_open)) {
+        if (t == c->vocab->tool_open) c->mode = CM_TOOL;
+        else c->ws_after += (int)space_len(c->vocab, t);
+        return;
+    }
     if (port_is_stop(c->port, t)) return;
     size_t n = 0;
     const char *b = c->port->token_bytes(c->port->ctx, t, &n);
     if (b && n) jg_feed(c->g, &c->cur, b, n); /* an allowed token: it stays alive */
+    if (c->mode == CM_EITHER) c->mode = CM_JSON; /* the document has begun */
     c->first_known = false;
 }
 

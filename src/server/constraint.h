@@ -3,7 +3,11 @@
  *   - a JSON grammar (text/json_grammar.h) read at the token level: a token is
  *     allowed when its bytes keep the text a prefix of an allowed document; an
  *     end-of-sequence token only when the document is complete; other special
- *     tokens never;
+ *     tokens never. Beside tools the reply is either the document or tool
+ *     calls: "<tool_call>" may open the reply (a document has no whitespace
+ *     before it either: json_grammar.h), a call's body is free, and after "</tool_call>" only whitespace, another
+ *     call or the end may follow (OpenAI's rule: the schema binds the content,
+ *     not the calls);
  *   - a thinking budget: once the reasoning has taken `budget` tokens without
  *     closing, the next tokens are forced — the closing text Qwen's guidance
  *     uses ("\n\nConsidering the limited time by the user, I have to give the
@@ -35,8 +39,13 @@ int out_vocab_new(struct out_vocab **out, const struct model_port *port);
 void out_vocab_free(struct out_vocab *v);
 
 /* Takes ownership of g (freed with the constraint, or here on failure). v (of
- * the same port) must outlive the constraint. Returns 0 or ST_NOMEM. */
-int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct out_vocab *v);
+ * the same port) must outlive the constraint. tools: OUT_TOOLS_NONE (the
+ * document only), OUT_TOOLS_EITHER (the document or tool calls) or
+ * OUT_TOOLS_IN_CALL (the reply starts inside an opened call: a forced tool
+ * choice). Returns 0, ST_NOMEM, or ST_INVALID (tools asked for, and the model
+ * has no single "<tool_call>" / "</tool_call>" tokens). */
+enum { OUT_TOOLS_NONE = 0, OUT_TOOLS_EITHER, OUT_TOOLS_IN_CALL };
+int out_constraint_new(struct out_constraint **out, jg_grammar *g, const struct out_vocab *v, int tools);
 /* A thinking budget for a reply that starts inside reasoning. The forced text
  * is encoded here (port->encode). Returns 0, ST_NOMEM or ST_INVALID (the
  * model has no single "</think>" token). */

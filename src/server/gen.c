@@ -148,14 +148,21 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     g->job = j;
     g->call_salt = j->id;
     int crc = 0;
+    const bool constrained = g->ar.grammar != NULL;
     if (g->ar.grammar) { /* the job owns it from here */
-        crc = out_constraint_new(&j->constraint, g->ar.grammar, sched_out_vocab(cfg->sched));
+        /* beside tools: the document or calls (a forced tool choice: the reply opens inside one) */
+        const int tools = !g->ar.tools ? OUT_TOOLS_NONE : forced ? OUT_TOOLS_IN_CALL : OUT_TOOLS_EITHER;
+        crc = out_constraint_new(&j->constraint, g->ar.grammar, sched_out_vocab(cfg->sched), tools);
         g->ar.grammar = NULL;
     } else if (g->ar.thinking_budget > 0 && in_reasoning) {
         crc = out_constraint_new_budget(&j->constraint, g->ar.thinking_budget, port);
     }
     if (crc) {
         free(forced);
+        if (crc == ST_INVALID && constrained)
+            return api_error_set(e, 400, "invalid_request_error", "response_format", NULL,
+                                 "this model's vocabulary has no single <tool_call> tokens: constrained output "
+                                 "cannot be combined with 'tools' here");
         return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
     }
     make_id(g->id, sizeof g->id,

@@ -133,13 +133,53 @@ def test_unenforceable_schemas_are_refused(client, rf, param):
     assert e.value.body["param"] == param, e.value.body
 
 
-def test_refused_with_tools(client):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    with pytest.raises(openai.BadRequestError) as e:
-        ask(client, "x", response_format=fmt(PERSON), tools=tools)
-    assert "tools" in e.value.message
-    r = ask(client, "SCRIPT:prose", response_format=fmt(PERSON), tools=tools, tool_choice="none")
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+
+
+def test_beside_tools_the_reply_is_the_document_or_calls(client):
+    # OpenAI's rule: the schema binds the content; the model may call tools instead
+    r = ask(client, "SCRIPT:" + CALL, response_format=fmt(PERSON), tools=WEATHER)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content in (None, "")
+    assert json.loads(ch.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    # two calls (whitespace between them), and the end after them
+    r = ask(client, "SCRIPT:" + CALL + "\n" + CALL.replace("Paris", "Rome"), response_format=fmt(PERSON),
+            tools=WEATHER)
+    assert [json.loads(t.function.arguments)["city"] for t in r.choices[0].message.tool_calls] == ["Paris", "Rome"]
+    # a document, and prose forced into one
+    r = ask(client, 'SCRIPT:{"name": "Ann", "age": 30, "ok": true, "color": "red"}', response_format=fmt(PERSON),
+            tools=WEATHER)
+    assert valid(r.choices[0].message.content, PERSON)["name"] == "Ann" and r.choices[0].message.tool_calls is None
+    r = ask(client, "SCRIPT:prose, then " + CALL, response_format=fmt(PERSON), tools=WEATHER)
+    assert r.choices[0].message.tool_calls is None
     valid(r.choices[0].message.content, PERSON)
+    # a document once begun cannot turn into a call; text after a call cannot follow
+    r = ask(client, 'SCRIPT:{"name": "B"}' + CALL, response_format={"type": "json_object"}, tools=WEATHER)
+    assert r.choices[0].message.tool_calls is None and json.loads(r.choices[0].message.content)["name"] == "B"
+    r = ask(client, "SCRIPT:" + CALL + "trailing prose", response_format=fmt(PERSON), tools=WEATHER)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content in (None, "")
+    # tool_choice none: the document only; required / named: the call; parallel off: one call
+    r = ask(client, "SCRIPT:prose", response_format=fmt(PERSON), tools=WEATHER, tool_choice="none")
+    valid(r.choices[0].message.content, PERSON)
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = ask(client, "SCRIPT:" + CALL, response_format=fmt(PERSON), tools=WEATHER, tool_choice=choice)
+        assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}, choice
+    r = ask(client, "SCRIPT:" + CALL + "\n" + CALL.replace("Paris", "Rome"), response_format=fmt(PERSON),
+            tools=WEATHER, parallel_tool_calls=False)
+    assert len(r.choices[0].message.tool_calls) == 1
+
+
+def test_beside_tools_sampled_noise_stays_valid(client):
+    for t in (0.7, 1.0, 1.5):
+        for seed in range(3):
+            r = ask(client, "no script", response_format=fmt(PERSON), tools=WEATHER, temperature=t, seed=seed)
+            ch = r.choices[0]
+            assert ch.finish_reason in ("stop", "tool_calls"), (t, seed, ch.finish_reason)
+            if not ch.message.tool_calls:
+                valid(ch.message.content, PERSON)
 
 
 # ---- the tiny model: the real vocabulary ----
@@ -154,3 +194,15 @@ def test_tiny_model_noise_becomes_valid_documents():
                                               response_format=fmt(schema))
                 assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
                 valid(r.choices[0].message.content, schema)
+        # beside tools (the real vocabulary has single <tool_call> / </tool_call> tokens): a
+        # valid document or tool calls, never a refusal
+        for temperature, seed in ((0, 0), (1.0, 4)):
+            r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather?"}],
+                                          max_tokens=600, temperature=temperature, seed=seed,
+                                          response_format=fmt(PERSON), tools=WEATHER)
+            ch = r.choices[0]
+            if ch.message.tool_calls:
+                assert ch.finish_reason in ("tool_calls", "length")
+            else:
+                assert ch.finish_reason == "stop", ch.message.content
+                valid(ch.message.content, PERSON)
