@@ -105,6 +105,22 @@ def test_responses_and_anthropic(srv, client):
                            extra_body={"output_config": {"format": {"type": "json_schema", "schema": PERSON}}})
     assert [b.type for b in m.content] == ["text"] and m.stop_reason == "end_turn"
     valid(m.content[0].text, PERSON)
+    # beside tools: a tool_use / function_call, or the document
+    call = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+            "</tool_call>")
+    tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    fmt_a = {"output_config": {"format": {"type": "json_schema", "schema": PERSON}}}
+    m = ac.messages.create(model=MODEL, max_tokens=400, messages=[{"role": "user", "content": "SCRIPT:" + call}],
+                           tools=[tool], extra_body=fmt_a)
+    assert m.stop_reason == "tool_use" and m.content[-1].input == {"city": "Paris"}
+    m = ac.messages.create(model=MODEL, max_tokens=400, messages=[{"role": "user", "content": "SCRIPT:prose"}],
+                           tools=[tool], extra_body=fmt_a)
+    assert m.stop_reason == "end_turn"
+    valid(m.content[0].text, PERSON)
+    r = client.responses.create(model=MODEL, input="SCRIPT:" + call, max_output_tokens=400,
+                                tools=[{"type": "function", "name": "get_weather", "parameters": tool["input_schema"]}],
+                                text={"format": {"type": "json_schema", "name": "p", "schema": PERSON}})
+    assert [it.type for it in r.output] == ["function_call"]
 
 
 def test_logprobs_and_penalties_still_work(client):
