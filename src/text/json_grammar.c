@@ -17,6 +17,7 @@
  */
 #include "text/json_grammar.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,9 @@ struct node {
     uint32_t min_items, max_items;
     /* STRING */
     uint32_t min_len, max_len;
+    /* INTEGER: minimum / maximum (exclusive forms folded in), when bounded */
+    bool bounded;
+    int64_t lo, hi;
     /* LITERAL */
     char *text;
     size_t len;
@@ -116,6 +120,87 @@ static const char *const k_unsupported[] = {
 
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen);
 
+/* Integers: 18 digits at most (the recognizer's cap), so every bound and value fits int64. */
+#define INT_DIGITS 18
+static const int64_t k_pow10[INT_DIGITS + 1] = {1LL, 10LL, 100LL, 1000LL, 10000LL, 100000LL, 1000000LL, 10000000LL,
+                                                100000000LL, 1000000000LL, 10000000000LL, 100000000000LL,
+                                                1000000000000LL, 10000000000000LL, 100000000000000LL,
+                                                1000000000000000LL, 10000000000000000LL, 100000000000000000LL,
+                                                1000000000000000000LL};
+#define INT_LIMIT (k_pow10[INT_DIGITS] - 1)
+
+static bool is_bound_kw(const char *k) { return !strncmp(k, "minimum", 7) || !strncmp(k, "maximum", 7) || !strncmp(k, "exclusiveM", 10); }
+
+/* Whether minimum / maximum (and the exclusive forms) can be enforced on schema s:
+ * its type is "integer", or a list naming "integer" and not "number" (the bounds
+ * bind numbers only, JSON Schema says; fractional numbers' bounds are not enforced). */
+static bool bounds_apply(const cJSON *s) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "integer");
+    if (!cJSON_IsArray(ty)) return false;
+    bool integer = false;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, ty) {
+        if (!cJSON_IsString(t)) return false;
+        if (!strcmp(t->valuestring, "number")) return false;
+        if (!strcmp(t->valuestring, "integer")) integer = true;
+    }
+    return integer;
+}
+
+/* An integer node's bounds from s: minimum n -> lo = ceil(n), exclusiveMinimum n ->
+ * floor(n) + 1 (maximum likewise), the tighter of each pair, clipped to 18 digits. */
+static int int_bounds(const cJSON *s, struct node *nd, const char *path, char *err, size_t errlen) {
+    static const char *const kw[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    double lo = -(double)INT_LIMIT, hi = (double)INT_LIMIT;
+    bool any = false;
+    for (int i = 0; i < 4; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, kw[i]);
+        if (!v) continue;
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+            char m[96];
+            snprintf(m, sizeof m, "'%s' must be a number", kw[i]);
+            return err_at(err, errlen, path, m);
+        }
+        const double x = v->valuedouble;
+        const double b = i == 0 ? ceil(x) : i == 1 ? floor(x) + 1 : i == 2 ? floor(x) : ceil(x) - 1;
+        if (i < 2 && b > lo) lo = b;
+        if (i >= 2 && b < hi) hi = b;
+        any = true;
+    }
+    if (!any) return 0;
+    if (lo > hi || lo > (double)INT_LIMIT || hi < -(double)INT_LIMIT)
+        return err_at(err, errlen, path, "no integer of at most 18 digits lies within 'minimum' / 'maximum'");
+    nd->bounded = true;
+    nd->lo = lo < -(double)INT_LIMIT ? -INT_LIMIT : (int64_t)lo;
+    nd->hi = hi > (double)INT_LIMIT ? INT_LIMIT : (int64_t)hi;
+    return 0;
+}
+
+/* Whether some integer of the node's bounds is written with this prefix: sign neg, then
+ * d digits of value m (d = 0: the sign alone). "0" takes no more digits. */
+static bool int_viable(const struct node *n, bool neg, int64_t m, int d) {
+    if (!n->bounded) return true;
+    if (d == 0) return n->lo <= 0; /* "-": some v <= 0 (-0 is 0) */
+    for (int j = 0; d + j <= INT_DIGITS; j++) {
+        int64_t a = m * k_pow10[j], b = a + k_pow10[j] - 1;
+        if (neg) {
+            const int64_t t = -b;
+            b = -a;
+            a = t;
+        }
+        if (a <= n->hi && b >= n->lo) return true;
+        if (m == 0) break;
+    }
+    return false;
+}
+
+/* Whether a finished integer (sign neg, value m) is within the node's bounds. */
+static bool int_within(const struct node *n, bool neg, int64_t m) {
+    const int64_t v = neg ? -m : m;
+    return !n->bounded || (v >= n->lo && v <= n->hi);
+}
+
 /* A count keyword (minItems ...): absent -> dflt; else an integer >= 0. */
 static int count_kw(const cJSON *s, const char *kw, uint32_t dflt, uint32_t *out, const char *path, char *err,
                     size_t errlen) {
@@ -172,7 +257,11 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
     char sub[256];
     if (!strcmp(type, "null")) return g->lit_null;
     if (!strcmp(type, "boolean")) return alt_of(g, (const int[]){g->lit_true, g->lit_false}, 2);
-    if (!strcmp(type, "integer") || !strcmp(type, "number")) return new_node(g, type[0] == 'i' ? K_INTEGER : K_NUMBER);
+    if (!strcmp(type, "integer")) {
+        int id = new_node(g, K_INTEGER);
+        return id < 0 || int_bounds(s, &g->nodes[id], path, err, errlen) ? -1 : id;
+    }
+    if (!strcmp(type, "number")) return new_node(g, K_NUMBER);
     if (!strcmp(type, "string")) {
         uint32_t lo, hi;
         if (count_kw(s, "minLength", 0, &lo, path, err, errlen) || count_kw(s, "maxLength", UINT32_MAX, &hi, path, err, errlen))
@@ -283,10 +372,15 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!cJSON_IsObject(s)) return err_at(err, errlen, path, "a schema must be an object or a boolean");
     for (int i = 0; i < g->n_memo; i++)
         if (g->memo[i].schema == s) return g->memo[i].node;
+    const bool int_bounds = bounds_apply(s);
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
-        if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i])) {
+        if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(int_bounds && is_bound_kw(k_unsupported[i]))) {
             char m[128];
-            snprintf(m, sizeof m, "'%s' is not supported in constrained output", k_unsupported[i]);
+            if (is_bound_kw(k_unsupported[i]))
+                snprintf(m, sizeof m, "'%s' is enforced on integers only (type \"integer\"), not on this schema",
+                         k_unsupported[i]);
+            else
+                snprintf(m, sizeof m, "'%s' is not supported in constrained output", k_unsupported[i]);
             return err_at(err, errlen, path, m);
         }
     /* reserve the node first (an ALT of one, filled below) so $ref cycles end here */
@@ -520,11 +614,12 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 return;
             case K_STRING: if (c != '"') return; f->phase = P_S_IN; emit(out, t); return;
             case K_NUMBER:
-            case K_INTEGER:
-                if (c == '-') f->phase = P_N_SIGN;
+            case K_INTEGER: /* seen: the integer digits' value, cand: 1 after a '-' (bounds) */
+                if (c == '-') f->phase = P_N_SIGN, f->cand = 1;
                 else if (c == '0') f->phase = P_N_ZERO;
-                else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1;
+                else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1, f->seen = (uint64_t)(c - '0');
                 else return;
+                if (!int_viable(n, f->cand, (int64_t)f->seen, f->phase == P_N_SIGN ? 0 : 1)) return;
                 emit(out, t);
                 return;
             case K_LITERAL:
@@ -704,8 +799,9 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             return;
         case P_N_SIGN:
             if (c == '0') f->phase = P_N_ZERO;
-            else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1;
+            else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1, f->seen = (uint64_t)(c - '0');
             else return;
+            if (!int_viable(n, true, (int64_t)f->seen, 1)) return;
             emit(out, t);
             return;
         case P_N_ZERO:
@@ -713,8 +809,12 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
         case P_N_FRAC:
         case P_N_EXP:
             if (is_digit(c) && f->phase != P_N_ZERO) {
-                int cap = f->phase == P_N_INT ? 18 : f->phase == P_N_FRAC ? 15 : 3;
+                int cap = f->phase == P_N_INT ? INT_DIGITS : f->phase == P_N_FRAC ? 15 : 3;
                 if (++f->pos > cap) return;
+                if (f->phase == P_N_INT) {
+                    f->seen = f->seen * 10 + (uint64_t)(c - '0');
+                    if (!int_viable(n, f->cand, (int64_t)f->seen, f->pos)) return;
+                }
                 emit(out, t);
                 return;
             }
@@ -728,6 +828,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 emit(out, t);
                 return;
             }
+            if (!int_within(n, f->cand, (int64_t)f->seen)) return; /* (a bounded integer's phase is ZERO or INT) */
             t->depth--; /* the number ended before c: the parent takes c */
             continue;
         case P_N_DOT:
@@ -798,7 +899,8 @@ bool jg_complete(const jg_grammar *g, const jg_state *s) {
             const struct jg_frame *f = &t->f[0];
             const enum kind kd = g->nodes[f->node].kind;
             if ((kd == K_NUMBER || kd == K_INTEGER) &&
-                (f->phase == P_N_ZERO || f->phase == P_N_INT || f->phase == P_N_FRAC || f->phase == P_N_EXP))
+                (f->phase == P_N_ZERO || f->phase == P_N_INT || f->phase == P_N_FRAC || f->phase == P_N_EXP) &&
+                int_within(&g->nodes[f->node], f->cand, (int64_t)f->seen))
                 return true;
         }
     }

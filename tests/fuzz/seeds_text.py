@@ -254,7 +254,9 @@ def seed_json_grammar(out: Path):
     tree = {"v": 1.5e3, "kids": [{"v": -2}, {"v": 0, "kids": []}]}
     pairs = [(t.PERSON, json.dumps(person)), (t.PERSON, json.dumps(person, indent=2)), (t.TREE, json.dumps(tree)),
              ({"type": "string", "maxLength": 3}, '"\\u00e9\\n"'), ({"enum": ["a", 1, None]}, "1"),
-             ({"type": ["number", "null"]}, "-0.5E+2"), ({"anyOf": [{"const": "x"}, {"type": "array"}]}, "[1,[]]")]
+             ({"type": ["number", "null"]}, "-0.5E+2"), ({"anyOf": [{"const": "x"}, {"type": "array"}]}, "[1,[]]"),
+             (t.BOUNDED, '{"age": 42, "delta": null, "big": 1000}'),
+             ({"type": "integer", "exclusiveMinimum": -12.5, "maximum": -3}, "-12")]
     for i, (schema, doc) in enumerate(pairs):
         put(d, f"pair-{i}", json.dumps(schema).encode() + b"\0" + doc.encode())
     for i, doc in enumerate(['{"a": {"b": [true, null, "\u00e9\\""]}}', "{}", '{"x": 1e5, "y": "\xe4\xb8\x96"}']):

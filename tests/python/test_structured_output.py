@@ -80,6 +80,30 @@ def test_output_is_always_valid(client, content, temperature):
             break
 
 
+BOUNDED = {
+    "type": "object",
+    "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99},
+                   "delta": {"type": ["integer", "null"], "exclusiveMinimum": -3, "exclusiveMaximum": 3},
+                   "big": {"type": "integer", "minimum": 1000}},
+    "required": ["age", "delta", "big"],
+    "additionalProperties": False,
+}
+
+
+def test_integer_bounds(client):
+    # a script inside the bounds is followed; outside them the model is turned back in
+    doc = {"age": 42, "delta": -2, "big": 123456}
+    r = ask(client, "SCRIPT:" + json.dumps(doc), response_format=fmt(BOUNDED))
+    assert valid(r.choices[0].message.content, BOUNDED) == doc
+    r = ask(client, 'SCRIPT:{"age": 7, "delta": 3, "big": 5}', response_format=fmt(BOUNDED))
+    valid(r.choices[0].message.content, BOUNDED)
+    for temperature in (0.8, 1.5):
+        for seed in range(4):
+            r = ask(client, "no script", response_format=fmt(BOUNDED), temperature=temperature, seed=seed)
+            assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+            valid(r.choices[0].message.content, BOUNDED)
+
+
 def test_recursive_schema_and_stream(client):
     for seed in range(6):
         chunks = list(ask(client, "no script", response_format=fmt(TREE), temperature=1.0, seed=seed, stream=True))
@@ -135,7 +159,7 @@ BAD = [
     ({"type": "json_schema", "json_schema": {"schema": PERSON}}, "response_format.json_schema.name"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a"}}},
      "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}},
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "minimum": 0}}},
      "response_format.json_schema.schema"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nope"}}},
      "response_format.json_schema.schema"),
@@ -203,7 +227,7 @@ def test_beside_tools_sampled_noise_stays_valid(client):
 def test_tiny_model_noise_becomes_valid_documents():
     with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
         c = s.client(timeout=300)
-        for schema in (PERSON, TREE):
+        for schema in (PERSON, TREE, BOUNDED):
             for temperature, seed in ((0, 0), (0.7, 1), (1.0, 2), (1.0, 3)):
                 r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe it."}],
                                               max_tokens=600, temperature=temperature, seed=seed,

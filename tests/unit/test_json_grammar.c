@@ -171,9 +171,87 @@ int main(void) {
         cJSON_Delete(s);
     }
 
+    /* integer bounds: exactly the integers within them, and no prefix without a way out */
+    {
+        static const char *const schemas[] = {
+            "{\"type\":\"integer\",\"minimum\":10,\"maximum\":250}",
+            "{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":5.5}",
+            "{\"type\":\"integer\",\"minimum\":-20,\"maximum\":-3}",
+            "{\"type\":\"integer\",\"minimum\":-7.5,\"maximum\":0}",
+            "{\"type\":\"integer\",\"minimum\":1000}",
+        };
+        static const long lo[] = {10, 1, -20, -7, 1000}, hi[] = {250, 5, -3, 0, 999999999999999999L};
+        for (int k = 0; k < 5; k++) {
+            jg_grammar *b = grammar(schemas[k]);
+            char doc[32];
+            int wrong = 0;
+            for (long v = -1200; v <= 1200 && wrong < 3; v++) {
+                snprintf(doc, sizeof doc, "%ld", v);
+                const bool want = v >= lo[k] && v <= hi[k];
+                if (accepts(b, doc) != want) {
+                    CHECK(0, "%s: %s should be %s", schemas[k], doc, want ? "accepted" : "rejected");
+                    wrong++;
+                }
+            }
+            /* every live prefix of digits (and '-') has a completion: feed all strings of
+             * up to 4 such bytes; a live one must reach a complete document by more digits */
+            const char alphabet[] = "-0123456789";
+            for (int len = 1; len <= 4 && wrong < 3; len++) {
+                int total = 1;
+                for (int i = 0; i < len; i++) total *= 11;
+                for (int code = 0; code < total && wrong < 3; code++) {
+                    char p[8];
+                    int x = code;
+                    for (int i = 0; i < len; i++, x /= 11) p[i] = alphabet[x % 11];
+                    p[len] = 0;
+                    static jg_state st, probe;
+                    jg_start(b, &st);
+                    if (!jg_feed(b, &st, p, (size_t)len)) continue;
+                    bool out = jg_complete(b, &st);
+                    for (int more = 0; more < 1000000 && !out; more++) { /* up to 6 more digits */
+                        char tail[8];
+                        const int nd = snprintf(tail, sizeof tail, "%d", more);
+                        for (int pad = nd; pad <= 6 && !out; pad++) {
+                            char t2[16];
+                            snprintf(t2, sizeof t2, "%0*d", pad, more);
+                            jg_copy(&probe, &st);
+                            out = jg_feed(b, &probe, t2, strlen(t2)) && jg_complete(b, &probe);
+                        }
+                        if (k == 4 && more > 2000) break; /* minimum 1000: a few digits always do */
+                    }
+                    if (!out) {
+                        CHECK(0, "%s: the live prefix '%s' has no way out", schemas[k], p);
+                        wrong++;
+                    }
+                }
+            }
+            jg_free(b);
+        }
+        /* inside an object (the number ends at the next byte) and beside null */
+        jg_grammar *o = grammar("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0,"
+                                "\"maximum\":9}},\"required\":[\"n\"]}");
+        yes(o, "{\"n\": 5}");
+        yes(o, "{\"n\":0}");
+        no(o, "{\"n\": 10}");
+        no(o, "{\"n\": -1}");
+        no(o, "{\"n\": 5.0}");
+        jg_free(o);
+        o = grammar("{\"type\":[\"integer\",\"null\"],\"minimum\":1}");
+        yes(o, "null");
+        yes(o, "3");
+        no(o, "0");
+        no(o, "-3");
+        jg_free(o);
+    }
+
     compile_error("{\"type\":\"string\",\"pattern\":\"^a\"}", "'pattern' is not supported");
-    compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0}}}",
-                  "#/properties/n: 'minimum'");
+    compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\",\"minimum\":0}}}",
+                  "#/properties/n: 'minimum' is enforced on integers only");
+    compile_error("{\"type\":[\"integer\",\"number\"],\"maximum\":3}", "'maximum' is enforced on integers only");
+    compile_error("{\"minimum\":3}", "'minimum' is enforced on integers only");
+    compile_error("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer");
+    compile_error("{\"type\":\"integer\",\"exclusiveMinimum\":true}", "'exclusiveMinimum' must be a number");
+    compile_error("{\"type\":\"integer\",\"minimum\":1e30}", "no integer");
     compile_error("{\"allOf\":[{}]}", "'allOf'");
     compile_error("{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
     compile_error("{\"type\":\"widget\"}", "unknown type");
