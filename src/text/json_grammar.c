@@ -38,9 +38,10 @@ struct node {
     uint32_t min_items, max_items;
     /* STRING */
     uint32_t min_len, max_len;
-    /* INTEGER: minimum / maximum (exclusive forms folded in), when bounded */
+    /* INTEGER, NUMBER: minimum / maximum (the exclusive forms folded in), when bounded, in
+     * units of 1 (INTEGER) or 1e-15 (NUMBER: 15 fraction digits at most; no exponent then) */
     bool bounded;
-    int64_t lo, hi;
+    __int128 lo, hi;
     /* LITERAL */
     char *text;
     size_t len;
@@ -120,39 +121,78 @@ static const char *const k_unsupported[] = {
 
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen);
 
-/* Integers: 18 digits at most (the recognizer's cap), so every bound and value fits int64. */
+/* Numbers: 18 integer digits and 15 fraction digits at most (the recognizer's caps), so a
+ * bound or value in units of 1e-15 fits an __int128. */
 #define INT_DIGITS 18
-static const int64_t k_pow10[INT_DIGITS + 1] = {1LL, 10LL, 100LL, 1000LL, 10000LL, 100000LL, 1000000LL, 10000000LL,
-                                                100000000LL, 1000000000LL, 10000000000LL, 100000000000LL,
-                                                1000000000000LL, 10000000000000LL, 100000000000000LL,
-                                                1000000000000000LL, 10000000000000000LL, 100000000000000000LL,
-                                                1000000000000000000LL};
-#define INT_LIMIT (k_pow10[INT_DIGITS] - 1)
+#define FRAC_DIGITS 15
+typedef __int128 num_t;
+static num_t pow10n(int k) {
+    num_t r = 1;
+    while (k-- > 0) r *= 10;
+    return r;
+}
+#define NUM_LIMIT(unit) (pow10n(INT_DIGITS) * (unit) - 1) /* the largest magnitude written */
 
 static bool is_bound_kw(const char *k) { return !strncmp(k, "minimum", 7) || !strncmp(k, "maximum", 7) || !strncmp(k, "exclusiveM", 10); }
 
-/* Whether minimum / maximum (and the exclusive forms) can be enforced on schema s:
- * its type is "integer", or a list naming "integer" and not "number" (the bounds
- * bind numbers only, JSON Schema says; fractional numbers' bounds are not enforced). */
+/* Whether minimum / maximum (and the exclusive forms) can be enforced on schema s: its type
+ * names only numeric types (or numeric types and others: the bounds bind numbers only, JSON
+ * Schema says) — "integer" and / or "number". */
 static bool bounds_apply(const cJSON *s) {
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
-    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "integer");
+    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "integer") || !strcmp(ty->valuestring, "number");
     if (!cJSON_IsArray(ty)) return false;
-    bool integer = false;
+    bool numeric = false;
     const cJSON *t;
     cJSON_ArrayForEach(t, ty) {
         if (!cJSON_IsString(t)) return false;
-        if (!strcmp(t->valuestring, "number")) return false;
-        if (!strcmp(t->valuestring, "integer")) integer = true;
+        if (!strcmp(t->valuestring, "number") || !strcmp(t->valuestring, "integer")) numeric = true;
     }
-    return integer;
+    return numeric;
 }
 
-/* An integer node's bounds from s: minimum n -> lo = ceil(n), exclusiveMinimum n ->
- * floor(n) + 1 (maximum likewise), the tighter of each pair, clipped to 18 digits. */
-static int int_bounds(const cJSON *s, struct node *nd, const char *path, char *err, size_t errlen) {
+/* x (finite) in units of 10^-scale, rounded up (up) or down, clipped to +-limit; *exact:
+ * nothing was rounded away. From the shortest decimal that reads back as x — the number
+ * the schema's author wrote — so "minimum": 0.1 is exactly 0.1, as a document's "0.1"
+ * (read back as the same double the validator compares with) is. */
+static num_t scaled(double x, int scale, bool up, num_t limit, bool *exact) {
+    char txt[40];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(txt, sizeof txt, "%.*e", prec - 1, x);
+        if (strtod(txt, NULL) == x) break;
+    }
+    /* txt: [-]d.ddde[+-]XX: the digits D (nd of them) times 10^(X - (nd - 1)) */
+    const bool neg = txt[0] == '-';
+    num_t d = 0;
+    int nd = 0;
+    const char *p = txt + neg;
+    for (; *p && *p != 'e'; p++)
+        if (*p >= '0' && *p <= '9') d = d * 10 + (*p - '0'), nd++;
+    int e10 = atoi(p + 1) - (nd - 1) + scale;
+    *exact = true;
+    if (e10 > 40) d = limit + 1; /* far beyond: clipped below */
+    else
+        for (; e10 > 0 && d <= limit; e10--) d *= 10;
+    for (; e10 < 0; e10++) { /* round toward the bound's side: up for a value above, after the sign */
+        const bool rem = d % 10 != 0;
+        d /= 10;
+        if (rem) {
+            *exact = false;
+            if (up != neg) d += 1; /* magnitude up: the value up when positive, down when negative */
+        }
+    }
+    if (d > limit) d = limit + 1, *exact = false;
+    return neg ? -d : d;
+}
+
+/* A numeric node's bounds from s: minimum x -> lo = the least value >= x (exclusiveMinimum:
+ * > x), maximum likewise, the tighter of each pair; in the node's units, clipped to what can
+ * be written. */
+static int num_bounds(const cJSON *s, struct node *nd, const char *path, char *err, size_t errlen) {
     static const char *const kw[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
-    double lo = -(double)INT_LIMIT, hi = (double)INT_LIMIT;
+    const int scale = nd->kind == K_NUMBER ? FRAC_DIGITS : 0;
+    const num_t limit = NUM_LIMIT(pow10n(scale));
+    num_t lo = -limit, hi = limit;
     bool any = false;
     for (int i = 0; i < 4; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, kw[i]);
@@ -162,43 +202,24 @@ static int int_bounds(const cJSON *s, struct node *nd, const char *path, char *e
             snprintf(m, sizeof m, "'%s' must be a number", kw[i]);
             return err_at(err, errlen, path, m);
         }
-        const double x = v->valuedouble;
-        const double b = i == 0 ? ceil(x) : i == 1 ? floor(x) + 1 : i == 2 ? floor(x) : ceil(x) - 1;
+        bool exact;
+        num_t b = scaled(v->valuedouble, scale, i < 2, limit, &exact);
+        if (i == 1 && exact) b += 1; /* exclusive: the next value that can be written */
+        if (i == 3 && exact) b -= 1;
         if (i < 2 && b > lo) lo = b;
         if (i >= 2 && b < hi) hi = b;
         any = true;
     }
     if (!any) return 0;
-    if (lo > hi || lo > (double)INT_LIMIT || hi < -(double)INT_LIMIT)
-        return err_at(err, errlen, path, "no integer of at most 18 digits lies within 'minimum' / 'maximum'");
+    if (lo > hi || lo > limit || hi < -limit)
+        return err_at(err, errlen, path,
+                      nd->kind == K_NUMBER
+                          ? "no number of at most 18 integer and 15 fraction digits lies within 'minimum' / 'maximum'"
+                          : "no integer of at most 18 digits lies within 'minimum' / 'maximum'");
     nd->bounded = true;
-    nd->lo = lo < -(double)INT_LIMIT ? -INT_LIMIT : (int64_t)lo;
-    nd->hi = hi > (double)INT_LIMIT ? INT_LIMIT : (int64_t)hi;
+    nd->lo = lo;
+    nd->hi = hi;
     return 0;
-}
-
-/* Whether some integer of the node's bounds is written with this prefix: sign neg, then
- * d digits of value m (d = 0: the sign alone). "0" takes no more digits. */
-static bool int_viable(const struct node *n, bool neg, int64_t m, int d) {
-    if (!n->bounded) return true;
-    if (d == 0) return n->lo <= 0; /* "-": some v <= 0 (-0 is 0) */
-    for (int j = 0; d + j <= INT_DIGITS; j++) {
-        int64_t a = m * k_pow10[j], b = a + k_pow10[j] - 1;
-        if (neg) {
-            const int64_t t = -b;
-            b = -a;
-            a = t;
-        }
-        if (a <= n->hi && b >= n->lo) return true;
-        if (m == 0) break;
-    }
-    return false;
-}
-
-/* Whether a finished integer (sign neg, value m) is within the node's bounds. */
-static bool int_within(const struct node *n, bool neg, int64_t m) {
-    const int64_t v = neg ? -m : m;
-    return !n->bounded || (v >= n->lo && v <= n->hi);
 }
 
 /* A count keyword (minItems ...): absent -> dflt; else an integer >= 0. */
@@ -257,11 +278,10 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
     char sub[256];
     if (!strcmp(type, "null")) return g->lit_null;
     if (!strcmp(type, "boolean")) return alt_of(g, (const int[]){g->lit_true, g->lit_false}, 2);
-    if (!strcmp(type, "integer")) {
-        int id = new_node(g, K_INTEGER);
-        return id < 0 || int_bounds(s, &g->nodes[id], path, err, errlen) ? -1 : id;
+    if (!strcmp(type, "integer") || !strcmp(type, "number")) {
+        int id = new_node(g, type[0] == 'i' ? K_INTEGER : K_NUMBER);
+        return id < 0 || num_bounds(s, &g->nodes[id], path, err, errlen) ? -1 : id;
     }
-    if (!strcmp(type, "number")) return new_node(g, K_NUMBER);
     if (!strcmp(type, "string")) {
         uint32_t lo, hi;
         if (count_kw(s, "minLength", 0, &lo, path, err, errlen) || count_kw(s, "maxLength", UINT32_MAX, &hi, path, err, errlen))
@@ -372,12 +392,12 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!cJSON_IsObject(s)) return err_at(err, errlen, path, "a schema must be an object or a boolean");
     for (int i = 0; i < g->n_memo; i++)
         if (g->memo[i].schema == s) return g->memo[i].node;
-    const bool int_bounds = bounds_apply(s);
+    const bool numeric = bounds_apply(s);
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
-        if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(int_bounds && is_bound_kw(k_unsupported[i]))) {
+        if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(numeric && is_bound_kw(k_unsupported[i]))) {
             char m[128];
             if (is_bound_kw(k_unsupported[i]))
-                snprintf(m, sizeof m, "'%s' is enforced on integers only (type \"integer\"), not on this schema",
+                snprintf(m, sizeof m, "'%s' needs a numeric 'type' (\"integer\" or \"number\") to be enforced",
                          k_unsupported[i]);
             else
                 snprintf(m, sizeof m, "'%s' is not supported in constrained output", k_unsupported[i]);
@@ -540,6 +560,56 @@ enum phase {
     P_L_IN,
 };
 
+/* A number frame's digits: seen = the integer part's value, its top bit the sign; cand =
+ * the fraction digits' value (pos of them in P_N_FRAC). */
+#define NUM_NEG (1ULL << 63)
+static bool num_neg(const struct jg_frame *f) { return f->seen & NUM_NEG; }
+static num_t num_int(const struct jg_frame *f) { return (num_t)(f->seen & ~NUM_NEG); }
+
+/* The values (in the node's units) a bounded number's frame can still end as, [*a, *b];
+ * false for the sign alone (any value <= 0 may follow). */
+static bool num_span(const struct node *n, const struct jg_frame *f, int j, num_t *a, num_t *b) {
+    const num_t unit = pow10n(n->kind == K_NUMBER ? FRAC_DIGITS : 0);
+    num_t lo, width;
+    switch (f->phase) {
+    case P_N_ZERO: lo = 0, width = unit; break; /* 0, or 0.xxx */
+    case P_N_INT: lo = num_int(f) * pow10n(j) * unit, width = pow10n(j) * unit; break; /* j more digits */
+    case P_N_DOT: lo = num_int(f) * unit, width = unit; break;
+    case P_N_FRAC: {
+        const num_t step = pow10n(FRAC_DIGITS - f->pos);
+        lo = num_int(f) * unit + (num_t)f->cand * step, width = step;
+        break;
+    }
+    default: return false;
+    }
+    if (n->kind == K_INTEGER && f->phase == P_N_ZERO) width = 1;
+    if (num_neg(f)) *a = -(lo + width - 1), *b = -lo;
+    else *a = lo, *b = lo + width - 1;
+    return true;
+}
+
+/* Whether some value within the node's bounds can still be written from this frame. */
+static bool num_viable(const struct node *n, const struct jg_frame *f) {
+    if (!n->bounded) return true;
+    if (f->phase == P_N_SIGN) return n->lo <= 0; /* "-": some v <= 0 (-0 is 0) */
+    const int more = f->phase == P_N_INT ? INT_DIGITS - f->pos : 0;
+    for (int j = 0; j <= more; j++) {
+        num_t a, b;
+        if (num_span(n, f, j, &a, &b) && a <= n->hi && b >= n->lo) return true;
+    }
+    return false;
+}
+
+/* Whether a finished number (phase ZERO, INT or FRAC) is within the node's bounds. */
+static bool num_within(const struct node *n, const struct jg_frame *f) {
+    if (!n->bounded) return true;
+    const num_t unit = pow10n(n->kind == K_NUMBER ? FRAC_DIGITS : 0);
+    num_t v = f->phase == P_N_ZERO ? 0 : num_int(f) * unit;
+    if (f->phase == P_N_FRAC) v += (num_t)f->cand * pow10n(FRAC_DIGITS - f->pos);
+    if (num_neg(f)) v = -v;
+    return v >= n->lo && v <= n->hi;
+}
+
 #define WS_MAX 32
 
 static bool is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -614,12 +684,12 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 return;
             case K_STRING: if (c != '"') return; f->phase = P_S_IN; emit(out, t); return;
             case K_NUMBER:
-            case K_INTEGER: /* seen: the integer digits' value, cand: 1 after a '-' (bounds) */
-                if (c == '-') f->phase = P_N_SIGN, f->cand = 1;
+            case K_INTEGER: /* the digits' values kept for bounds (num_span) */
+                if (c == '-') f->phase = P_N_SIGN, f->seen = NUM_NEG;
                 else if (c == '0') f->phase = P_N_ZERO;
                 else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1, f->seen = (uint64_t)(c - '0');
                 else return;
-                if (!int_viable(n, f->cand, (int64_t)f->seen, f->phase == P_N_SIGN ? 0 : 1)) return;
+                if (!num_viable(n, f)) return;
                 emit(out, t);
                 return;
             case K_LITERAL:
@@ -799,9 +869,9 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             return;
         case P_N_SIGN:
             if (c == '0') f->phase = P_N_ZERO;
-            else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1, f->seen = (uint64_t)(c - '0');
+            else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1, f->seen = NUM_NEG | (uint64_t)(c - '0');
             else return;
-            if (!int_viable(n, true, (int64_t)f->seen, 1)) return;
+            if (!num_viable(n, f)) return;
             emit(out, t);
             return;
         case P_N_ZERO:
@@ -811,30 +881,32 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             if (is_digit(c) && f->phase != P_N_ZERO) {
                 int cap = f->phase == P_N_INT ? INT_DIGITS : f->phase == P_N_FRAC ? 15 : 3;
                 if (++f->pos > cap) return;
-                if (f->phase == P_N_INT) {
-                    f->seen = f->seen * 10 + (uint64_t)(c - '0');
-                    if (!int_viable(n, f->cand, (int64_t)f->seen, f->pos)) return;
-                }
+                if (f->phase == P_N_INT) f->seen = (f->seen & NUM_NEG) | ((f->seen & ~NUM_NEG) * 10 + (uint64_t)(c - '0'));
+                if (f->phase == P_N_FRAC) f->cand = f->cand * 10 + (uint64_t)(c - '0');
+                if (!num_viable(n, f)) return;
                 emit(out, t);
                 return;
             }
             if (n->kind == K_NUMBER && c == '.' && f->phase <= P_N_INT) {
                 f->phase = P_N_DOT;
+                if (!num_viable(n, f)) return;
                 emit(out, t);
                 return;
             }
-            if (n->kind == K_NUMBER && (c == 'e' || c == 'E') && f->phase != P_N_EXP) {
+            if (n->kind == K_NUMBER && (c == 'e' || c == 'E') && f->phase != P_N_EXP && !n->bounded) {
                 f->phase = P_N_E;
                 emit(out, t);
                 return;
             }
-            if (!int_within(n, f->cand, (int64_t)f->seen)) return; /* (a bounded integer's phase is ZERO or INT) */
+            if (!num_within(n, f)) return; /* (a bounded number has no exponent) */
             t->depth--; /* the number ended before c: the parent takes c */
             continue;
         case P_N_DOT:
             if (!is_digit(c)) return;
             f->phase = P_N_FRAC;
             f->pos = 1;
+            f->cand = (uint64_t)(c - '0');
+            if (!num_viable(n, f)) return;
             emit(out, t);
             return;
         case P_N_E:
@@ -900,7 +972,7 @@ bool jg_complete(const jg_grammar *g, const jg_state *s) {
             const enum kind kd = g->nodes[f->node].kind;
             if ((kd == K_NUMBER || kd == K_INTEGER) &&
                 (f->phase == P_N_ZERO || f->phase == P_N_INT || f->phase == P_N_FRAC || f->phase == P_N_EXP) &&
-                int_within(&g->nodes[f->node], f->cand, (int64_t)f->seen))
+                num_within(&g->nodes[f->node], f))
                 return true;
         }
     }

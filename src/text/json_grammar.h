@@ -10,13 +10,15 @@
  * each at most once, in any order; every required one before the '}'),
  * additionalProperties (a schema for the values of an object without
  * properties), items, minItems / maxItems, minLength / maxLength, nullable,
- * and on integers (type "integer", or a list with it and without "number")
- * minimum / maximum / exclusiveMinimum / exclusiveMaximum: a digit is allowed
- * only while some integer within the bounds still begins with the digits so
- * far, and the number ends only inside them (no prefix without a way out).
+ * and on numeric types ("integer", "number", or a list with them) minimum /
+ * maximum / exclusiveMinimum / exclusiveMaximum: a digit is allowed only while
+ * some value within the bounds still begins with the text so far, and the
+ * number ends only inside them (no prefix without a way out); bounded numbers
+ * are plain decimals (no exponent), compared exactly in units of 1e-15 with the
+ * bounds as written (the shortest decimal of the schema's double).
  * Annotations (title, description, default, examples, format, $schema, ...)
  * and unknown keywords are ignored, as JSON Schema says. Validation keywords
- * that cannot be enforced here (pattern, bounds on fractional numbers, multipleOf, allOf,
+ * that cannot be enforced here (pattern, bounds without a numeric type, multipleOf, allOf,
  * not, if / then / else, uniqueItems, prefixItems, ...) are an error naming the
  * keyword and where it is, never silently unenforced. An object schema with
  * properties never gets keys outside them: the documents produced are a

@@ -255,7 +255,8 @@ def seed_json_grammar(out: Path):
     pairs = [(t.PERSON, json.dumps(person)), (t.PERSON, json.dumps(person, indent=2)), (t.TREE, json.dumps(tree)),
              ({"type": "string", "maxLength": 3}, '"\\u00e9\\n"'), ({"enum": ["a", 1, None]}, "1"),
              ({"type": ["number", "null"]}, "-0.5E+2"), ({"anyOf": [{"const": "x"}, {"type": "array"}]}, "[1,[]]"),
-             (t.BOUNDED, '{"age": 42, "delta": null, "big": 1000}'),
+             (t.BOUNDED, '{"age": 42, "delta": null, "big": 1000, "p": 0.5, "t": 0}'),
+             ({"type": "number", "minimum": 0.1, "exclusiveMaximum": 0.3}, "0.25"),
              ({"type": "integer", "exclusiveMinimum": -12.5, "maximum": -3}, "-12")]
     for i, (schema, doc) in enumerate(pairs):
         put(d, f"pair-{i}", json.dumps(schema).encode() + b"\0" + doc.encode())

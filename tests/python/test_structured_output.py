@@ -84,18 +84,20 @@ BOUNDED = {
     "type": "object",
     "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99},
                    "delta": {"type": ["integer", "null"], "exclusiveMinimum": -3, "exclusiveMaximum": 3},
-                   "big": {"type": "integer", "minimum": 1000}},
-    "required": ["age", "delta", "big"],
+                   "big": {"type": "integer", "minimum": 1000},
+                   "p": {"type": "number", "minimum": 0, "maximum": 1},
+                   "t": {"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 0.25}},
+    "required": ["age", "delta", "big", "p", "t"],
     "additionalProperties": False,
 }
 
 
-def test_integer_bounds(client):
+def test_numeric_bounds(client):
     # a script inside the bounds is followed; outside them the model is turned back in
-    doc = {"age": 42, "delta": -2, "big": 123456}
+    doc = {"age": 42, "delta": -2, "big": 123456, "p": 0.75, "t": -0.125}
     r = ask(client, "SCRIPT:" + json.dumps(doc), response_format=fmt(BOUNDED))
     assert valid(r.choices[0].message.content, BOUNDED) == doc
-    r = ask(client, 'SCRIPT:{"age": 7, "delta": 3, "big": 5}', response_format=fmt(BOUNDED))
+    r = ask(client, 'SCRIPT:{"age": 7, "delta": 3, "big": 5, "p": 1.5, "t": 0.25}', response_format=fmt(BOUNDED))
     valid(r.choices[0].message.content, BOUNDED)
     for temperature in (0.8, 1.5):
         for seed in range(4):
@@ -159,7 +161,7 @@ BAD = [
     ({"type": "json_schema", "json_schema": {"schema": PERSON}}, "response_format.json_schema.name"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a"}}},
      "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "minimum": 0}}},
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"minimum": 0}}},
      "response_format.json_schema.schema"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nope"}}},
      "response_format.json_schema.schema"),

@@ -227,6 +227,74 @@ int main(void) {
             }
             jg_free(b);
         }
+        /* fractional bounds on numbers: plain decimals (no exponent) within them, to the
+         * bounds as written ("minimum": 0.1 is 0.1, as a document's "0.1" is) */
+        static const char *const nschemas[] = {
+            "{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+            "{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}",
+            "{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.3}",
+            "{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":-0.5}",
+            "{\"type\":[\"number\",\"null\"],\"exclusiveMinimum\":-1.25,\"maximum\":7}",
+        };
+        static const double nlo[] = {0, 0, 0.1, -2.5, -1.25}, nhi[] = {1, 1, 0.3, -0.5, 7};
+        static const bool lo_ex[] = {0, 1, 0, 0, 1}, hi_ex[] = {0, 1, 0, 0, 0};
+        for (int k = 0; k < 5; k++) {
+            jg_grammar *b = grammar(nschemas[k]);
+            char doc[32];
+            int wrong = 0;
+            for (int v = -1000; v <= 1000 && wrong < 3; v++) { /* v / 100, written with two decimals and trimmed forms */
+                for (int form = 0; form < 3 && wrong < 3; form++) {
+                    const double x = v / 100.0;
+                    if (form == 0) snprintf(doc, sizeof doc, "%.2f", x);
+                    else if (form == 1) snprintf(doc, sizeof doc, "%.3f", x);
+                    else if (v % 100 == 0) snprintf(doc, sizeof doc, "%d", v / 100);
+                    else continue;
+                    const double r = strtod(doc, NULL);
+                    const bool want = (lo_ex[k] ? r > nlo[k] : r >= nlo[k]) && (hi_ex[k] ? r < nhi[k] : r <= nhi[k]);
+                    if (accepts(b, doc) != want) {
+                        CHECK(0, "%s: %s should be %s", nschemas[k], doc, want ? "accepted" : "rejected");
+                        wrong++;
+                    }
+                }
+            }
+            no(b, "1e-1");
+            /* every live prefix over "-0123456789." of up to 4 bytes completes with up to 6 more
+             * digits, with or without a '.' first */
+            const char alphabet[] = "-0123456789.";
+            for (int len = 1; len <= 4 && wrong < 3; len++) {
+                int total = 1;
+                for (int i = 0; i < len; i++) total *= 12;
+                for (int code = 0; code < total && wrong < 3; code++) {
+                    char p[8];
+                    int x = code;
+                    for (int i = 0; i < len; i++, x /= 12) p[i] = alphabet[x % 12];
+                    p[len] = 0;
+                    static jg_state st, probe;
+                    jg_start(b, &st);
+                    if (!jg_feed(b, &st, p, (size_t)len)) continue;
+                    bool out = jg_complete(b, &st);
+                    for (int more = 0; more < 100000 && !out; more++)
+                        for (int pad = 1; pad <= 6 && !out; pad++)
+                            for (int dot = 0; dot < 2 && !out; dot++) {
+                                char t2[16];
+                                snprintf(t2, sizeof t2, "%s%0*d", dot ? "." : "", pad, more);
+                                jg_copy(&probe, &st);
+                                out = jg_feed(b, &probe, t2, strlen(t2)) && jg_complete(b, &probe);
+                            }
+                    if (!out) {
+                        CHECK(0, "%s: the live prefix '%s' has no way out", nschemas[k], p);
+                        wrong++;
+                    }
+                }
+            }
+            jg_free(b);
+        }
+        jg_grammar *e = grammar("{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}");
+        yes(e, "0.000000000000001"); /* the least value above 0 that 15 fraction digits write */
+        no(e, "0.000000000000000");
+        yes(e, "0.999999999999999");
+        jg_free(e);
+
         /* inside an object (the number ends at the next byte) and beside null */
         jg_grammar *o = grammar("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0,"
                                 "\"maximum\":9}},\"required\":[\"n\"]}");
@@ -245,10 +313,11 @@ int main(void) {
     }
 
     compile_error("{\"type\":\"string\",\"pattern\":\"^a\"}", "'pattern' is not supported");
-    compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\",\"minimum\":0}}}",
-                  "#/properties/n: 'minimum' is enforced on integers only");
-    compile_error("{\"type\":[\"integer\",\"number\"],\"maximum\":3}", "'maximum' is enforced on integers only");
-    compile_error("{\"minimum\":3}", "'minimum' is enforced on integers only");
+    compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"minimum\":0}}}",
+                  "#/properties/n: 'minimum' needs a numeric 'type'");
+    compile_error("{\"type\":\"string\",\"maximum\":3}", "'maximum' needs a numeric 'type'");
+    compile_error("{\"type\":\"number\",\"minimum\":5,\"maximum\":4.5}", "no number");
+    compile_error("{\"type\":\"number\",\"exclusiveMinimum\":1,\"exclusiveMaximum\":1.000000000000001}", "no number");
     compile_error("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer");
     compile_error("{\"type\":\"integer\",\"exclusiveMinimum\":true}", "'exclusiveMinimum' must be a number");
     compile_error("{\"type\":\"integer\",\"minimum\":1e30}", "no integer");
