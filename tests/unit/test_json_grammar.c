@@ -41,6 +41,38 @@ static int accepts(const jg_grammar *g, const char *doc) {
 static void yes(const jg_grammar *g, const char *doc) { CHECK(accepts(g, doc), "should accept: %s", doc); }
 static void no(const jg_grammar *g, const char *doc) { CHECK(!accepts(g, doc), "should reject: %s", doc); }
 
+/* Every live prefix of up to 4 bytes over `alphabet` (numbers: digits, '-', '.') must reach
+ * a complete document with up to 6 more digits, after a '.' or not: no dead ends. */
+static void no_dead_ends(const jg_grammar *b, const char *schema, const char *alphabet) {
+    const int na = (int)strlen(alphabet);
+    for (int len = 1; len <= 4; len++) {
+        int total = 1;
+        for (int i = 0; i < len; i++) total *= na;
+        for (int code = 0; code < total; code++) {
+            char p[8];
+            int x = code;
+            for (int i = 0; i < len; i++, x /= na) p[i] = alphabet[x % na];
+            p[len] = 0;
+            static jg_state st, probe;
+            jg_start(b, &st);
+            if (!jg_feed(b, &st, p, (size_t)len)) continue;
+            bool out = jg_complete(b, &st);
+            for (int more = 0; more < 100000 && !out; more++)
+                for (int pad = 1; pad <= 6 && !out; pad++)
+                    for (int dot = 0; dot < 2 && !out; dot++) {
+                        char t2[16];
+                        snprintf(t2, sizeof t2, "%s%0*d", dot ? "." : "", pad, more);
+                        jg_copy(&probe, &st);
+                        out = jg_feed(b, &probe, t2, strlen(t2)) && jg_complete(b, &probe);
+                    }
+            if (!out) {
+                CHECK(0, "%s: the live prefix '%s' has no way out", schema, p);
+                return;
+            }
+        }
+    }
+}
+
 static void compile_error(const char *schema_json, const char *needle) {
     cJSON *s = cJSON_Parse(schema_json);
     jg_grammar *g = NULL;
@@ -193,38 +225,8 @@ int main(void) {
                     wrong++;
                 }
             }
-            /* every live prefix of digits (and '-') has a completion: feed all strings of
-             * up to 4 such bytes; a live one must reach a complete document by more digits */
-            const char alphabet[] = "-0123456789";
-            for (int len = 1; len <= 4 && wrong < 3; len++) {
-                int total = 1;
-                for (int i = 0; i < len; i++) total *= 11;
-                for (int code = 0; code < total && wrong < 3; code++) {
-                    char p[8];
-                    int x = code;
-                    for (int i = 0; i < len; i++, x /= 11) p[i] = alphabet[x % 11];
-                    p[len] = 0;
-                    static jg_state st, probe;
-                    jg_start(b, &st);
-                    if (!jg_feed(b, &st, p, (size_t)len)) continue;
-                    bool out = jg_complete(b, &st);
-                    for (int more = 0; more < 1000000 && !out; more++) { /* up to 6 more digits */
-                        char tail[8];
-                        const int nd = snprintf(tail, sizeof tail, "%d", more);
-                        for (int pad = nd; pad <= 6 && !out; pad++) {
-                            char t2[16];
-                            snprintf(t2, sizeof t2, "%0*d", pad, more);
-                            jg_copy(&probe, &st);
-                            out = jg_feed(b, &probe, t2, strlen(t2)) && jg_complete(b, &probe);
-                        }
-                        if (k == 4 && more > 2000) break; /* minimum 1000: a few digits always do */
-                    }
-                    if (!out) {
-                        CHECK(0, "%s: the live prefix '%s' has no way out", schemas[k], p);
-                        wrong++;
-                    }
-                }
-            }
+            /* every live prefix of digits (and '-') has a completion */
+            if (wrong < 3) no_dead_ends(b, schemas[k], "-0123456789");
             jg_free(b);
         }
         /* fractional bounds on numbers: plain decimals (no exponent) within them, to the
@@ -258,35 +260,8 @@ int main(void) {
                 }
             }
             no(b, "1e-1");
-            /* every live prefix over "-0123456789." of up to 4 bytes completes with up to 6 more
-             * digits, with or without a '.' first */
-            const char alphabet[] = "-0123456789.";
-            for (int len = 1; len <= 4 && wrong < 3; len++) {
-                int total = 1;
-                for (int i = 0; i < len; i++) total *= 12;
-                for (int code = 0; code < total && wrong < 3; code++) {
-                    char p[8];
-                    int x = code;
-                    for (int i = 0; i < len; i++, x /= 12) p[i] = alphabet[x % 12];
-                    p[len] = 0;
-                    static jg_state st, probe;
-                    jg_start(b, &st);
-                    if (!jg_feed(b, &st, p, (size_t)len)) continue;
-                    bool out = jg_complete(b, &st);
-                    for (int more = 0; more < 100000 && !out; more++)
-                        for (int pad = 1; pad <= 6 && !out; pad++)
-                            for (int dot = 0; dot < 2 && !out; dot++) {
-                                char t2[16];
-                                snprintf(t2, sizeof t2, "%s%0*d", dot ? "." : "", pad, more);
-                                jg_copy(&probe, &st);
-                                out = jg_feed(b, &probe, t2, strlen(t2)) && jg_complete(b, &probe);
-                            }
-                    if (!out) {
-                        CHECK(0, "%s: the live prefix '%s' has no way out", nschemas[k], p);
-                        wrong++;
-                    }
-                }
-            }
+            /* every live prefix over digits, '-' and '.' has a completion */
+            if (wrong < 3) no_dead_ends(b, nschemas[k], "-0123456789.");
             jg_free(b);
         }
         jg_grammar *e = grammar("{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}");
