@@ -115,7 +115,7 @@ static int err_at(char *err, size_t errlen, const char *path, const char *msg) {
 
 static const char *const k_unsupported[] = {
     "pattern", "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "multipleOf", "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    "multipleOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
     "uniqueItems", "contains", "minContains", "maxContains", "prefixItems", "additionalItems", "minProperties",
     "maxProperties", "unevaluatedProperties", "unevaluatedItems"};
 
@@ -423,7 +423,19 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     const cJSON *any_of = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
     if (!any_of) any_of = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
-    if (ref) {
+    const cJSON *all_of = cJSON_GetObjectItemCaseSensitive(s, "allOf");
+    if (all_of) {
+        /* one schema (Pydantic wraps a $ref in it to give the field a description): that
+         * schema; several would need their intersection */
+        if (!cJSON_IsArray(all_of) || cJSON_GetArraySize(all_of) != 1)
+            return err_at(err, errlen, path, "'allOf' of more than one schema is not supported in constrained output");
+        if (ref || cn || en || any_of || type || cJSON_GetObjectItemCaseSensitive(s, "properties") ||
+            cJSON_GetObjectItemCaseSensitive(s, "items"))
+            return err_at(err, errlen, path, "'allOf' beside other validation keywords is not supported");
+        snprintf(sub, sizeof sub, "%s/allOf/0", path);
+        ids[n] = compile(g, cJSON_GetArrayItem(all_of, 0), sub, depth + 1, err, errlen);
+        if (ids[n++] < 0) return -1;
+    } else if (ref) {
         if (!cJSON_IsString(ref)) return err_at(err, errlen, path, "'$ref' must be a string");
         ids[n] = resolve_ref(g, ref->valuestring, path, depth, err, errlen);
         if (ids[n++] < 0) return -1;

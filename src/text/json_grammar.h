@@ -18,7 +18,8 @@
  * bounds as written (the shortest decimal of the schema's double).
  * Annotations (title, description, default, examples, format, $schema, ...)
  * and unknown keywords are ignored, as JSON Schema says. Validation keywords
- * that cannot be enforced here (pattern, bounds without a numeric type, multipleOf, allOf,
+ * that cannot be enforced here (pattern, bounds without a numeric type, multipleOf, allOf
+ * of several schemas (of one: that schema),
  * not, if / then / else, uniqueItems, prefixItems, ...) are an error naming the
  * keyword and where it is, never silently unenforced. An object schema with
  * properties never gets keys outside them: the documents produced are a

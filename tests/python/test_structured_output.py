@@ -106,6 +106,34 @@ def test_numeric_bounds(client):
             valid(r.choices[0].message.content, BOUNDED)
 
 
+def test_pydantic_models_through_the_sdk(client):
+    # what users send: the openai SDK's parse() turns a Pydantic model into a strict schema
+    # (bounds from Field(ge=, le=), lengths, a nested model with a description); and the
+    # model's own schema, where the nested model is a $ref with a description beside it
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):
+        city: str = Field(max_length=20)
+
+    class Person(BaseModel):
+        name: str = Field(max_length=12)
+        age: int = Field(ge=0, le=150)
+        score: float = Field(ge=0, le=1)
+        home: Address = Field(description="where they live")
+        tags: list[str] = Field(max_length=3)
+
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    for temperature, seed in ((0, 0), (1.0, 1), (1.5, 2)):
+        r = parse(model=MODEL, messages=[{"role": "user", "content": "no script"}], response_format=Person,
+                  max_tokens=600, temperature=temperature, seed=seed)
+        p = r.choices[0].message.parsed
+        assert isinstance(p, Person) and 0 <= p.age <= 150 and 0 <= p.score <= 1, r.choices[0].message.content
+    schema = Person.model_json_schema()
+    r = ask(client, "no script", response_format=fmt(schema), temperature=1.0, seed=3, max_tokens=600)
+    Person.model_validate_json(r.choices[0].message.content)
+    valid(r.choices[0].message.content, schema)
+
+
 def test_recursive_schema_and_stream(client):
     for seed in range(6):
         chunks = list(ask(client, "no script", response_format=fmt(TREE), temperature=1.0, seed=seed, stream=True))

@@ -296,7 +296,17 @@ int main(void) {
     compile_error("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer");
     compile_error("{\"type\":\"integer\",\"exclusiveMinimum\":true}", "'exclusiveMinimum' must be a number");
     compile_error("{\"type\":\"integer\",\"minimum\":1e30}", "no integer");
-    compile_error("{\"allOf\":[{}]}", "'allOf'");
+    compile_error("{\"allOf\":[{},{}]}", "'allOf' of more than one schema");
+    compile_error("{\"allOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "'allOf' beside other");
+    {   /* allOf of one schema (Pydantic's $ref with a description): that schema */
+        jg_grammar *w = grammar("{\"$defs\":{\"P\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                                "\"required\":[\"a\"]}},\"type\":\"object\",\"properties\":{\"p\":{\"allOf\":"
+                                "[{\"$ref\":\"#/$defs/P\"}],\"description\":\"the p\"}},\"required\":[\"p\"]}");
+        yes(w, "{\"p\":{\"a\":1}}");
+        no(w, "{\"p\":{}}");
+        no(w, "{\"p\":1}");
+        jg_free(w);
+    }
     compile_error("{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
     compile_error("{\"type\":\"widget\"}", "unknown type");
     compile_error("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems");
