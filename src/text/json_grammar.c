@@ -17,6 +17,8 @@
  */
 #include "text/json_grammar.h"
 
+#include "text/json_regex.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@ struct node {
     uint32_t min_items, max_items;
     /* STRING */
     uint32_t min_len, max_len;
+    jr_nfa *re; /* pattern (then no length bounds): the NFA the string's code points step */
     /* INTEGER, NUMBER: minimum / maximum (the exclusive forms folded in), when bounded, in
      * units of 1 (INTEGER) or 1e-15 (NUMBER: 15 fraction digits at most; no exponent then) */
     bool bounded;
@@ -114,7 +117,7 @@ static int err_at(char *err, size_t errlen, const char *path, const char *msg) {
 }
 
 static const char *const k_unsupported[] = {
-    "pattern", "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "multipleOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
     "uniqueItems", "contains", "minContains", "maxContains", "prefixItems", "additionalItems", "minProperties",
     "maxProperties", "unevaluatedProperties", "unevaluatedItems"};
@@ -132,6 +135,15 @@ static num_t pow10n(int k) {
     return r;
 }
 #define NUM_LIMIT(unit) (pow10n(INT_DIGITS) * (unit) - 1) /* the largest magnitude written */
+
+/* Whether schema s's type is `name` or a list naming it. */
+static bool type_names(const cJSON *s, const char *name) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type"), *t;
+    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, name);
+    if (!cJSON_IsArray(ty)) return false;
+    cJSON_ArrayForEach(t, ty) if (cJSON_IsString(t) && !strcmp(t->valuestring, name)) return true;
+    return false;
+}
 
 static bool is_bound_kw(const char *k) { return !strncmp(k, "minimum", 7) || !strncmp(k, "maximum", 7) || !strncmp(k, "exclusiveM", 10); }
 
@@ -287,10 +299,24 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         if (count_kw(s, "minLength", 0, &lo, path, err, errlen) || count_kw(s, "maxLength", UINT32_MAX, &hi, path, err, errlen))
             return -1;
         if (lo > hi) return err_at(err, errlen, path, "'minLength' is above 'maxLength'");
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+        jr_nfa *re = NULL;
+        if (pat) {
+            if (!cJSON_IsString(pat)) return err_at(err, errlen, path, "'pattern' must be a string");
+            if (lo > 0 || hi != UINT32_MAX)
+                return err_at(err, errlen, path, "'pattern' beside 'minLength' / 'maxLength' is not supported (write the "
+                                                 "lengths into the pattern)");
+            char m[200];
+            if (jr_compile(pat->valuestring, &re, m, sizeof m)) return err_at(err, errlen, path, m);
+        }
         int id = new_node(g, K_STRING);
-        if (id < 0) return -1;
+        if (id < 0) {
+            jr_free(re);
+            return -1;
+        }
         g->nodes[id].min_len = lo;
         g->nodes[id].max_len = hi;
+        g->nodes[id].re = re;
         return id;
     }
     if (!strcmp(type, "array")) {
@@ -393,6 +419,8 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     for (int i = 0; i < g->n_memo; i++)
         if (g->memo[i].schema == s) return g->memo[i].node;
     const bool numeric = bounds_apply(s);
+    if (cJSON_GetObjectItemCaseSensitive(s, "pattern") && !type_names(s, "string"))
+        return err_at(err, errlen, path, "'pattern' needs 'type': \"string\" to be enforced");
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
         if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(numeric && is_bound_kw(k_unsupported[i]))) {
             char m[128];
@@ -512,6 +540,7 @@ static void free_nodes(jg_grammar *g) {
         free(n->prop_nodes);
         free(n->text);
         free(n->alts);
+        jr_free(n->re);
     }
     free(g->nodes);
 }
@@ -622,6 +651,22 @@ static bool num_within(const struct node *n, const struct jg_frame *f) {
     return v >= n->lo && v <= n->hi;
 }
 
+/* A patterned string's next code point, or the code points [cp << 6·more, ...] a partial
+ * UTF-8 sequence can still become (more continuation bytes due): a whole one steps the
+ * NFA (cand), a partial one must be able to; false when the pattern cannot go on. */
+static bool re_cp(const struct node *n, struct jg_frame *f, uint32_t cp, int more) {
+    if (more == 0) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) return false;
+        f->cand = jr_step(n->re, f->cand, cp);
+        return f->cand != 0;
+    }
+    uint32_t lo = cp << (6 * more), hi = lo | ((1u << (6 * more)) - 1);
+    const uint32_t least = more == 1 && cp < 0x20 ? 0x80 : more == 2 && cp < 0x10 ? 0x800 : more == 3 ? 0x10000 : 0;
+    if (lo < least) lo = least; /* no overlongs (the byte ranges keep the rest) */
+    if (hi > 0x10FFFF) hi = 0x10FFFF;
+    return lo <= hi && jr_can(n->re, f->cand, lo, hi);
+}
+
 #define WS_MAX 32
 
 static bool is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -694,7 +739,12 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 f->ws = 0;
                 emit(out, t);
                 return;
-            case K_STRING: if (c != '"') return; f->phase = P_S_IN; emit(out, t); return;
+            case K_STRING: /* a pattern's NFA set in cand, a code point being read in seen */
+                if (c != '"') return;
+                f->phase = P_S_IN;
+                if (n->re) f->cand = jr_start(n->re);
+                emit(out, t);
+                return;
             case K_NUMBER:
             case K_INTEGER: /* the digits' values kept for bounds (num_span) */
                 if (c == '-') f->phase = P_N_SIGN, f->seen = NUM_NEG;
@@ -831,6 +881,10 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 const int hi = range == 2 ? 0x9F : range == 4 ? 0x8F : 0xBF;
                 if (c < lo || c > hi) return;
                 f->pos = (uint16_t)(need - 1);
+                if (n->re) { /* the code points this byte leaves possible must take the pattern on */
+                    f->seen = f->seen << 6 | (uint64_t)(c & 0x3F);
+                    if (!re_cp(n, f, (uint32_t)f->seen, need - 1)) return;
+                }
                 emit(out, t);
                 return;
             }
@@ -840,11 +894,16 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 if (c < 0xE0) f->pos = 1;
                 else if (c < 0xF0) f->pos = (uint16_t)(2 | (c == 0xE0 ? 1 : c == 0xED ? 2 : 0) << 4);
                 else f->pos = (uint16_t)(3 | (c == 0xF0 ? 3 : c == 0xF4 ? 4 : 0) << 4);
+                if (n->re) {
+                    f->seen = (uint64_t)(c & (c < 0xE0 ? 0x1F : c < 0xF0 ? 0x0F : 0x07));
+                    if (!re_cp(n, f, (uint32_t)f->seen, f->pos & 15)) return;
+                }
                 emit(out, t);
                 return;
             }
             if (c == '"') {
                 if (f->count < n->min_len) return;
+                if (n->re && !jr_accepts(n->re, f->cand)) return;
                 t->depth--;
                 emit(out, t);
                 return;
@@ -852,19 +911,26 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             if (c < 0x20) return;
             if (c == '\\') {
                 if (f->count + 1 > n->max_len) return; /* the escape is a character */
+                if (n->re && !jr_can(n->re, f->cand, 0, 0xFFFF)) return;
                 f->phase = P_S_ESC;
                 emit(out, t);
                 return;
             }
             if (++f->count > n->max_len) return;
+            if (n->re && !re_cp(n, f, (uint32_t)c, 0)) return;
             emit(out, t);
             return;
         case P_S_ESC:
             if (c == 'u') {
                 f->phase = P_S_HEX;
                 f->pos = 0;
+                f->seen = 0;
             } else if (c && strchr("\"\\/bfnrt", c)) {
                 f->phase = P_S_IN;
+                if (n->re) {
+                    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+                    if (!re_cp(n, f, (uint32_t)(unsigned char)to[strchr(from, c) - from], 0)) return;
+                }
             } else {
                 return;
             }
@@ -873,6 +939,15 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             return;
         case P_S_HEX:
             if (!is_hex(c)) return;
+            if (n->re) { /* the code unit so far; a pattern's strings take no escaped surrogates */
+                f->seen = f->seen << 4 | (uint64_t)(is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10);
+                if (f->pos == 3 && !re_cp(n, f, (uint32_t)f->seen, 0)) return;
+                if (f->pos < 3) {
+                    const int sh = 4 * (3 - f->pos);
+                    const uint32_t lo = (uint32_t)f->seen << sh, hi = lo | ((1u << sh) - 1);
+                    if (!jr_can(n->re, f->cand, lo, hi)) return;
+                }
+            }
             if (++f->pos == 4) {
                 f->phase = P_S_IN;
                 f->pos = 0;
@@ -996,5 +1071,6 @@ int64_t jg_string_room(const jg_grammar *g, const jg_state *s) {
     const struct jg_frame *f = &s->t[0].f[s->t[0].depth - 1];
     if (f->phase != P_S_IN || f->pos) return -1;
     const struct node *n = &g->nodes[f->node];
+    if (n->re) return -1; /* a pattern decides each character */
     return n->max_len == UINT32_MAX ? (int64_t)UINT32_MAX : (int64_t)n->max_len - f->count;
 }

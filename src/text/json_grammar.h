@@ -15,10 +15,13 @@
  * some value within the bounds still begins with the text so far, and the
  * number ends only inside them (no prefix without a way out); bounded numbers
  * are plain decimals (no exponent), compared exactly in units of 1e-15 with the
- * bounds as written (the shortest decimal of the schema's double).
+ * bounds as written (the shortest decimal of the schema's double); and pattern on
+ * strings (text/json_regex.h: a search, as JSON Schema says; each code point — raw
+ * UTF-8 or escaped — steps the NFA, and a byte or escape digit is allowed only while
+ * the code points it can still become go on; not beside minLength / maxLength).
  * Annotations (title, description, default, examples, format, $schema, ...)
  * and unknown keywords are ignored, as JSON Schema says. Validation keywords
- * that cannot be enforced here (pattern, bounds without a numeric type, multipleOf, allOf
+ * that cannot be enforced here (bounds without a numeric type, multipleOf, allOf
  * of several schemas (of one: that schema),
  * not, if / then / else, uniqueItems, prefixItems, ...) are an error naming the
  * keyword and where it is, never silently unenforced. An object schema with

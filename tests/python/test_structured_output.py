@@ -92,18 +92,46 @@ BOUNDED = {
 }
 
 
-def test_numeric_bounds(client):
-    # a script inside the bounds is followed; outside them the model is turned back in
-    doc = {"age": 42, "delta": -2, "big": 123456, "p": 0.75, "t": -0.125}
-    r = ask(client, "SCRIPT:" + json.dumps(doc), response_format=fmt(BOUNDED))
-    assert valid(r.choices[0].message.content, BOUNDED) == doc
-    r = ask(client, 'SCRIPT:{"age": 7, "delta": 3, "big": 5, "p": 1.5, "t": 0.25}', response_format=fmt(BOUNDED))
-    valid(r.choices[0].message.content, BOUNDED)
+def followed_and_forced(client, schema, doc, off_script):
+    """A script the schema allows is followed; one it does not is turned back into a valid
+    document; sampled noise always ends in one."""
+    r = ask(client, "SCRIPT:" + json.dumps(doc), response_format=fmt(schema))
+    assert valid(r.choices[0].message.content, schema) == doc
+    r = ask(client, "SCRIPT:" + off_script, response_format=fmt(schema))
+    valid(r.choices[0].message.content, schema)
     for temperature in (0.8, 1.5):
         for seed in range(4):
-            r = ask(client, "no script", response_format=fmt(BOUNDED), temperature=temperature, seed=seed)
+            r = ask(client, "no script", response_format=fmt(schema), temperature=temperature, seed=seed)
             assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
-            valid(r.choices[0].message.content, BOUNDED)
+            valid(r.choices[0].message.content, schema)
+
+
+def test_numeric_bounds(client):
+    followed_and_forced(client, BOUNDED, {"age": 42, "delta": -2, "big": 123456, "p": 0.75, "t": -0.125},
+                        '{"age": 7, "delta": 3, "big": 5, "p": 1.5, "t": 0.25}')
+
+
+PATTERNS = {
+    "type": "object",
+    "properties": {"date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"},
+                   "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{1,6}$"},
+                   "has_ab": {"type": "string", "pattern": "^.{0,4}ab.{0,2}$"},
+                   "word": {"type": ["string", "null"], "pattern": "^(?:yes|no|maybe)$"}},
+    "required": ["date", "code", "has_ab", "word"],
+    "additionalProperties": False,
+}
+
+
+def test_patterns(client):
+    # the validator is Python's re (a search), as jsonschema uses it
+    followed_and_forced(client, PATTERNS, {"date": "2024-01-31", "code": "ABC-42", "has_ab": "grab!", "word": "maybe"},
+                        '{"date": "31/01/2024", "code": "abc", "has_ab": "", "word": "perhaps"}')
+    # a search, not a whole match: without anchors "ab" may stand anywhere
+    r = ask(client, 'SCRIPT:"a grab bag"', response_format=fmt({"type": "string", "pattern": "ab"}))
+    assert json.loads(r.choices[0].message.content) == "a grab bag"
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, "x", response_format=fmt({"type": "string", "pattern": "(?<=a)b"}))
+    assert "lookaround" in e.value.message
 
 
 def test_pydantic_models_through_the_sdk(client):
@@ -187,7 +215,7 @@ def test_logprobs_and_penalties_still_work(client):
 BAD = [
     ({"type": "json_schema"}, "response_format.json_schema"),
     ({"type": "json_schema", "json_schema": {"schema": PERSON}}, "response_format.json_schema.name"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a"}}},
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a(?=b)"}}},
      "response_format.json_schema.schema"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"minimum": 0}}},
      "response_format.json_schema.schema"),
@@ -257,7 +285,7 @@ def test_beside_tools_sampled_noise_stays_valid(client):
 def test_tiny_model_noise_becomes_valid_documents():
     with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
         c = s.client(timeout=300)
-        for schema in (PERSON, TREE, BOUNDED):
+        for schema in (PERSON, TREE, BOUNDED, PATTERNS):
             for temperature, seed in ((0, 0), (0.7, 1), (1.0, 2), (1.0, 3)):
                 r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe it."}],
                                               max_tokens=600, temperature=temperature, seed=seed,

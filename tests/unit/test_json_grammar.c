@@ -287,7 +287,91 @@ int main(void) {
         jg_free(o);
     }
 
-    compile_error("{\"type\":\"string\",\"pattern\":\"^a\"}", "'pattern' is not supported");
+    /* pattern: ECMA-262's search semantics on the decoded string, and never a dead end */
+    {
+        static const struct { const char *pattern, *yes[4], *no[4]; } pc[] = {
+            {"^\\d{4}-\\d{2}-\\d{2}$", {"\"2024-01-31\"", NULL}, {"\"2024-1-31\"", "\"x2024-01-31\"", "\"2024-01-311\"", NULL}},
+            {"ab", {"\"xxabyy\"", "\"ab\"", "\"a\\u0062\"", NULL}, {"\"a b\"", "\"\"", NULL}},
+            {"^[a-z]+$", {"\"abc\"", NULL}, {"\"\xc3\xa9\"", "\"a1\"", "\"\"", NULL}},
+            {"^\xc3\xa9+$", {"\"\xc3\xa9\xc3\xa9\"", "\"\\u00e9\"", "\"\\u00E9\xc3\xa9\"", NULL}, {"\"e\"", NULL}},
+            {"^(ab|cd){2}$", {"\"abcd\"", "\"cdcd\"", NULL}, {"\"abc\"", "\"ab\"", "\"abcdab\"", NULL}},
+            {"^[^\\d]+$", {"\"ab\"", NULL}, {"\"1\"", "\"\xc3\xa9\"", NULL}},
+            {"^.{0,3}$", {"\"abc\"", "\"\"", NULL}, {"\"abcd\"", "\"\\n\"", NULL}},
+            {"^\\\"[\\w.-]+@x\\.org\\\"$", {"\"\\\"a.b-c@x.org\\\"\"", NULL}, {"\"a@x.org\"", NULL}},
+            {"^(?:yes|no)$", {"\"yes\"", "\"no\"", NULL}, {"\"yesno\"", "\"n\"", NULL}},
+            {"^(?:[0-9a-f]{2}:){2}[0-9a-f]{2}$", {"\"0a:ff:12\"", NULL}, {"\"0A:ff:12\"", "\"0a:ff\"", NULL}},
+        };
+        for (size_t k = 0; k < sizeof pc / sizeof pc[0]; k++) {
+            cJSON *sch = cJSON_CreateObject();
+            cJSON_AddStringToObject(sch, "type", "string");
+            cJSON_AddStringToObject(sch, "pattern", pc[k].pattern);
+            char *text = cJSON_PrintUnformatted(sch);
+            jg_grammar *pg = grammar(text);
+            for (int i = 0; pc[k].yes[i]; i++) CHECK(accepts(pg, pc[k].yes[i]), "%s should accept %s", text, pc[k].yes[i]);
+            for (int i = 0; pc[k].no[i]; i++) CHECK(!accepts(pg, pc[k].no[i]), "%s should reject %s", text, pc[k].no[i]);
+            /* every live prefix of up to 3 bytes over this alphabet completes within 12 more */
+            /* (escapes: the cases above and below; here the plain bytes a model writes most) */
+            static const char *const alpha[] = {"a", "b", "c", "d", "1", "-", ":", ".", "@", "x", "o", "r", "g",
+                                                 "\xc3", "\xa9", "\"", "2", "0", "e", "9", "f"};
+            const int na = (int)(sizeof alpha / sizeof alpha[0]);
+            for (int len = 1; len <= 3; len++) {
+                int total = 1;
+                for (int i = 0; i < len; i++) total *= na;
+                for (int code = 0; code < total; code++) {
+                    char p[16] = "\"";
+                    int x = code;
+                    for (int i = 0; i < len; i++, x /= na) strcat(p, alpha[x % na]);
+                    static jg_state st;
+                    jg_start(pg, &st);
+                    if (!jg_feed(pg, &st, p, strlen(p)) || jg_complete(pg, &st)) continue;
+                    /* breadth-first over the alphabet: some continuation completes */
+                    static jg_state q[4096];
+                    int head = 0, tail = 0, depth_end = 1, depth = 0;
+                    bool out = false;
+                    jg_copy(&q[tail++], &st);
+                    while (head < tail && !out && depth < 12) {
+                        jg_state *cur = &q[head++ % 4096];
+                        for (int a = 0; a < na && !out; a++) {
+                            static jg_state nx;
+                            jg_copy(&nx, cur);
+                            if (!jg_feed(pg, &nx, alpha[a], strlen(alpha[a]))) continue;
+                            if (jg_complete(pg, &nx)) out = true;
+                            else if (tail - head < 4000) jg_copy(&q[tail++ % 4096], &nx);
+                        }
+                        if (head == depth_end) depth++, depth_end = tail;
+                    }
+                    CHECK(out, "%s: the live prefix %s finds no end", text, p);
+                    if (!out) break;
+                }
+            }
+            jg_free(pg);
+            free(text);
+            cJSON_Delete(sch);
+        }
+        {   /* escapes: alive exactly while the code points they can still name fit */
+            jg_grammar *pg = grammar("{\"type\":\"string\",\"pattern\":\"^[a-z]+$\"}");
+            static const char *const live[] = {"\"\\", "\"\\u", "\"\\u00", "\"\\u006", "\"\\u0061", "\"a\\u007a"};
+            static const char *const dead[] = {"\"\\n", "\"\\u002", "\"\\u1", "\"\\ud83d", "\"\\u007b", "\"\\\""};
+            for (size_t i = 0; i < 6; i++) {
+                static jg_state st;
+                jg_start(pg, &st);
+                CHECK(jg_feed(pg, &st, live[i], strlen(live[i])), "^[a-z]+$: %s should be alive", live[i]);
+                jg_start(pg, &st);
+                CHECK(!jg_feed(pg, &st, dead[i], strlen(dead[i])), "^[a-z]+$: %s should be dead", dead[i]);
+            }
+            jg_free(pg);
+        }
+        compile_error("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookaround");
+        compile_error("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences");
+        compile_error("{\"type\":\"string\",\"pattern\":\"a{2,1}\"}", "n < m");
+        compile_error("{\"type\":\"string\",\"pattern\":\"[ab\"}", "unclosed '['");
+        compile_error("{\"type\":\"string\",\"pattern\":\"a^b\"}", "anchors other than");
+        compile_error("{\"type\":\"string\",\"pattern\":\"^a|b$\"}", "top-level '|'");
+        compile_error("{\"type\":\"string\",\"pattern\":\"\\\\bx\"}", "word boundaries");
+        compile_error("{\"type\":\"string\",\"pattern\":\"[a-f]{70}\"}", "64 states");
+        compile_error("{\"type\":\"string\",\"pattern\":\"^a\",\"maxLength\":3}", "beside 'minLength'");
+        compile_error("{\"type\":\"integer\",\"pattern\":\"^a\"}", "'pattern' needs 'type'");
+    }
     compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"minimum\":0}}}",
                   "#/properties/n: 'minimum' needs a numeric 'type'");
     compile_error("{\"type\":\"string\",\"maximum\":3}", "'maximum' needs a numeric 'type'");
