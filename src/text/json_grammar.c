@@ -303,11 +303,15 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         jr_nfa *re = NULL;
         if (pat) {
             if (!cJSON_IsString(pat)) return err_at(err, errlen, path, "'pattern' must be a string");
-            if (lo > 0 || hi != UINT32_MAX)
-                return err_at(err, errlen, path, "'pattern' beside 'minLength' / 'maxLength' is not supported (write the "
-                                                 "lengths into the pattern)");
+            if ((lo > 0 || hi != UINT32_MAX) && hi >= JR_LENS)
+                return err_at(err, errlen, path, "beside 'pattern', 'maxLength' must be given and at most 255");
             char m[200];
             if (jr_compile(pat->valuestring, &re, m, sizeof m)) return err_at(err, errlen, path, m);
+            if (hi < JR_LENS && !jr_len_ok(re, jr_start(re), (int)lo, (int)hi)) {
+                jr_free(re);
+                return err_at(err, errlen, path, "no string the pattern matches has a length within 'minLength' / "
+                                                 "'maxLength'");
+            }
         }
         int id = new_node(g, K_STRING);
         if (id < 0) {
@@ -654,17 +658,34 @@ static bool num_within(const struct node *n, const struct jg_frame *f) {
 /* A patterned string's next code point, or the code points [cp << 6·more, ...] a partial
  * UTF-8 sequence can still become (more continuation bytes due): a whole one steps the
  * NFA (cand), a partial one must be able to; false when the pattern cannot go on. */
+/* The characters a patterned string may still take: with min/maxLength, the lengths left
+ * after f->count characters (the pending one counted); without, any. */
+static bool re_lengths(const struct node *n, const struct jg_frame *f, int *lo, int *hi) {
+    if (n->max_len == UINT32_MAX && n->min_len == 0) return false;
+    *lo = (int)n->min_len - (int)f->count;
+    *hi = (int)n->max_len - (int)f->count; /* max_len < JR_LENS here (type_node) */
+    return true;
+}
+
+/* Whether some code point in [lo, hi] (the pending character, counted) takes the pattern
+ * on, within the string's lengths. */
+static bool re_range(const struct node *n, const struct jg_frame *f, uint32_t lo, uint32_t hi) {
+    int a, b;
+    return re_lengths(n, f, &a, &b) ? jr_can_len(n->re, f->cand, lo, hi, a, b) : jr_can(n->re, f->cand, lo, hi);
+}
+
 static bool re_cp(const struct node *n, struct jg_frame *f, uint32_t cp, int more) {
     if (more == 0) {
         if (cp >= 0xD800 && cp <= 0xDFFF) return false;
         f->cand = jr_step(n->re, f->cand, cp);
-        return f->cand != 0;
+        int a, b;
+        return f->cand != 0 && (!re_lengths(n, f, &a, &b) || jr_len_ok(n->re, f->cand, a, b));
     }
     uint32_t lo = cp << (6 * more), hi = lo | ((1u << (6 * more)) - 1);
     const uint32_t least = more == 1 && cp < 0x20 ? 0x80 : more == 2 && cp < 0x10 ? 0x800 : more == 3 ? 0x10000 : 0;
     if (lo < least) lo = least; /* no overlongs (the byte ranges keep the rest) */
     if (hi > 0x10FFFF) hi = 0x10FFFF;
-    return lo <= hi && jr_can(n->re, f->cand, lo, hi);
+    return lo <= hi && re_range(n, f, lo, hi);
 }
 
 #define WS_MAX 32
@@ -911,7 +932,12 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             if (c < 0x20) return;
             if (c == '\\') {
                 if (f->count + 1 > n->max_len) return; /* the escape is a character */
-                if (n->re && !jr_can(n->re, f->cand, 0, 0xFFFF)) return;
+                if (n->re) { /* some escapable code point, counted, must take the pattern on */
+                    f->count++;
+                    const bool go = re_range(n, f, 0, 0xFFFF);
+                    f->count--;
+                    if (!go) return;
+                }
                 f->phase = P_S_ESC;
                 emit(out, t);
                 return;
@@ -921,6 +947,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             emit(out, t);
             return;
         case P_S_ESC:
+            f->count++; /* the escape is one character; room was checked at the backslash */
             if (c == 'u') {
                 f->phase = P_S_HEX;
                 f->pos = 0;
@@ -934,7 +961,6 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             } else {
                 return;
             }
-            f->count++; /* room was checked at the backslash */
             emit(out, t);
             return;
         case P_S_HEX:
@@ -945,7 +971,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 if (f->pos < 3) {
                     const int sh = 4 * (3 - f->pos);
                     const uint32_t lo = (uint32_t)f->seen << sh, hi = lo | ((1u << sh) - 1);
-                    if (!jr_can(n->re, f->cand, lo, hi)) return;
+                    if (!re_range(n, f, lo, hi)) return;
                 }
             }
             if (++f->pos == 4) {

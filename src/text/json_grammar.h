@@ -18,7 +18,8 @@
  * bounds as written (the shortest decimal of the schema's double); and pattern on
  * strings (text/json_regex.h: a search, as JSON Schema says; each code point — raw
  * UTF-8 or escaped — steps the NFA, and a byte or escape digit is allowed only while
- * the code points it can still become go on; not beside minLength / maxLength).
+ * the code points it can still become go on; beside minLength / maxLength only with a
+ * maxLength of at most 255, the NFA's remaining-length sets then deciding too).
  * Annotations (title, description, default, examples, format, $schema, ...)
  * and unknown keywords are ignored, as JSON Schema says. Validation keywords
  * that cannot be enforced here (bounds without a numeric type, multipleOf, allOf

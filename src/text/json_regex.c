@@ -26,6 +26,9 @@ struct jr_nfa {
     int cls[JR_STATES];       /* the character edge's class (-1: none) */
     int to[JR_STATES];        /* ... and its target */
     uint64_t clos[JR_STATES]; /* epsilon closure, live states only */
+    /* lengths (code points) from a state to the match, bit k of JR_LENW words: k < JR_LENS
+     * (the lengths json_grammar's maxLength may ask about) */
+    uint64_t len[JR_STATES][JR_LENW];
     uint64_t start;
     int n_cls, n_rng;
     int cls_r0[JR_CLASSES], cls_nr[JR_CLASSES]; /* a class's ranges in rng[] */
@@ -493,6 +496,23 @@ int jr_compile(const char *pattern, jr_nfa **out, char *err, size_t errlen) {
     }
     for (int s = 0; s < r->n; s++) r->clos[s] &= live;
     r->start = r->clos[s0];
+    /* the remaining lengths: the match has 0; a character edge shifts its target's by one;
+     * epsilon edges merge (to a fixpoint: monotone bitsets) */
+    r->len[r->match][0] = 1;
+    for (bool more = true; more;) {
+        more = false;
+        for (int st = 0; st < r->n; st++) {
+            uint64_t w[JR_LENW];
+            memcpy(w, r->len[st], sizeof w);
+            for (int t = 0; t < r->n; t++)
+                if (r->eps[st] >> t & 1)
+                    for (int k = 0; k < JR_LENW; k++) w[k] |= r->len[t][k];
+            if (r->cls[st] >= 0 && r->cls_nr[r->cls[st]] > 0)
+                for (int k = JR_LENW - 1; k >= 0; k--)
+                    w[k] |= r->len[r->to[st]][k] << 1 | (k ? r->len[r->to[st]][k - 1] >> 63 : 0);
+            if (memcmp(w, r->len[st], sizeof w)) memcpy(r->len[st], w, sizeof w), more = true;
+        }
+    }
     if (!r->start) {
         snprintf(err, errlen, "pattern: no string matches it");
         free(r);
@@ -524,3 +544,27 @@ bool jr_can(const jr_nfa *r, uint64_t set, uint32_t lo, uint32_t hi) {
 }
 
 bool jr_accepts(const jr_nfa *r, uint64_t set) { return set >> r->match & 1; }
+
+/* Whether bitset w holds a length in [lo, hi] (clipped to [0, JR_LENS)). */
+static bool len_meets(const uint64_t *w, int lo, int hi) {
+    if (lo < 0) lo = 0;
+    if (hi >= JR_LENS) hi = JR_LENS - 1;
+    for (int k = lo; k <= hi; k++)
+        if (w[k >> 6] >> (k & 63) & 1) return true;
+    return false;
+}
+
+bool jr_len_ok(const jr_nfa *r, uint64_t set, int lo, int hi) {
+    for (uint64_t m = set; m; m &= m - 1)
+        if (len_meets(r->len[__builtin_ctzll(m)], lo, hi)) return true;
+    return false;
+}
+
+bool jr_can_len(const jr_nfa *r, uint64_t set, uint32_t cp_lo, uint32_t cp_hi, int lo, int hi) {
+    for (uint64_t m = set; m; m &= m - 1) {
+        const int s = __builtin_ctzll(m);
+        if (r->cls[s] < 0 || !class_meets(r, r->cls[s], cp_lo, cp_hi)) continue;
+        if (jr_len_ok(r, r->clos[r->to[s]], lo, hi)) return true;
+    }
+    return false;
+}

@@ -16,7 +16,9 @@
  * matches under either reading.
  *
  * States: at most 64, a set of them is a uint64_t (epsilon-closed, and only states from
- * which the end can still be reached: a live set can always be finished).
+ * which the end can still be reached: a live set can always be finished). Each state also
+ * knows the lengths (in code points, below JR_LENS) in which it can still reach the match,
+ * for strings with minLength / maxLength beside the pattern.
  */
 #ifndef ORCHID_TEXT_JSON_REGEX_H
 #define ORCHID_TEXT_JSON_REGEX_H
@@ -38,5 +40,15 @@ uint64_t jr_step(const jr_nfa *r, uint64_t set, uint32_t cp);
 bool jr_can(const jr_nfa *r, uint64_t set, uint32_t lo, uint32_t hi);
 /* Whether the text so far (reaching set) matches. */
 bool jr_accepts(const jr_nfa *r, uint64_t set);
+
+/* Lengths: the code points still to write. JR_LENS bounds what is tracked exactly, so a
+ * string with a pattern takes a maxLength below it (json_grammar.c). */
+#define JR_LENS 256
+#define JR_LENW (JR_LENS / 64)
+/* Whether set can reach the match in some number of code points within [lo, hi]. */
+bool jr_len_ok(const jr_nfa *r, uint64_t set, int lo, int hi);
+/* Whether some code point in [cp_lo, cp_hi] (surrogates excluded) leads from set to states
+ * that can then match in a number of code points within [lo, hi]. */
+bool jr_can_len(const jr_nfa *r, uint64_t set, uint32_t cp_lo, uint32_t cp_hi, int lo, int hi);
 
 #endif

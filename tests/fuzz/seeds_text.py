@@ -257,7 +257,8 @@ def seed_json_grammar(out: Path):
              ({"type": ["number", "null"]}, "-0.5E+2"), ({"anyOf": [{"const": "x"}, {"type": "array"}]}, "[1,[]]"),
              (t.BOUNDED, '{"age": 42, "delta": null, "big": 1000, "p": 0.5, "t": 0}'),
              ({"type": "number", "minimum": 0.1, "exclusiveMaximum": 0.3}, "0.25"),
-             (t.PATTERNS, '{"date": "2024-01-31", "code": "ABC-42", "has_ab": "grab!", "word": null}'),
+             (t.PATTERNS, '{"date": "2024-01-31", "code": "ABC-42", "has_ab": "grab!", "word": null, "tag": "ab1"}'),
+             ({"type": "string", "pattern": "^(ab)+$", "minLength": 2, "maxLength": 7}, '"abab"'),
              ({"type": "string", "pattern": "^(?:[0-9a-f]{2}:){2}[^\\d\\s]\\w*$"}, '"0a:ff:\\u00e9x"'),
              ({"type": "string", "pattern": "a|b(c|d)*?e{2,}"}, '"zzbcdee"'),
              ({"type": "integer", "exclusiveMinimum": -12.5, "maximum": -3}, "-12")]

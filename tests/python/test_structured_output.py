@@ -116,16 +116,18 @@ PATTERNS = {
     "properties": {"date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"},
                    "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{1,6}$"},
                    "has_ab": {"type": "string", "pattern": "^.{0,4}ab.{0,2}$"},
-                   "word": {"type": ["string", "null"], "pattern": "^(?:yes|no|maybe)$"}},
-    "required": ["date", "code", "has_ab", "word"],
+                   "word": {"type": ["string", "null"], "pattern": "^(?:yes|no|maybe)$"},
+                   "tag": {"type": "string", "pattern": "^[a-z]+\\d*$", "minLength": 2, "maxLength": 5}},
+    "required": ["date", "code", "has_ab", "word", "tag"],
     "additionalProperties": False,
 }
 
 
 def test_patterns(client):
     # the validator is Python's re (a search), as jsonschema uses it
-    followed_and_forced(client, PATTERNS, {"date": "2024-01-31", "code": "ABC-42", "has_ab": "grab!", "word": "maybe"},
-                        '{"date": "31/01/2024", "code": "abc", "has_ab": "", "word": "perhaps"}')
+    followed_and_forced(client, PATTERNS,
+                        {"date": "2024-01-31", "code": "ABC-42", "has_ab": "grab!", "word": "maybe", "tag": "ab12"},
+                        '{"date": "31/01/2024", "code": "abc", "has_ab": "", "word": "perhaps", "tag": "toolong99"}')
     # a search, not a whole match: without anchors "ab" may stand anywhere
     r = ask(client, 'SCRIPT:"a grab bag"', response_format=fmt({"type": "string", "pattern": "ab"}))
     assert json.loads(r.choices[0].message.content) == "a grab bag"
@@ -142,6 +144,8 @@ def test_pydantic_models_through_the_sdk(client):
 
     class Address(BaseModel):
         city: str = Field(max_length=20)
+        zip: str = Field(pattern=r"^\d{5}$")
+        code: str = Field(pattern=r"^[A-Z]{2}\d+$", max_length=6)
 
     class Person(BaseModel):
         name: str = Field(max_length=12)

@@ -369,7 +369,52 @@ int main(void) {
         compile_error("{\"type\":\"string\",\"pattern\":\"^a|b$\"}", "top-level '|'");
         compile_error("{\"type\":\"string\",\"pattern\":\"\\\\bx\"}", "word boundaries");
         compile_error("{\"type\":\"string\",\"pattern\":\"[a-f]{70}\"}", "64 states");
-        compile_error("{\"type\":\"string\",\"pattern\":\"^a\",\"maxLength\":3}", "beside 'minLength'");
+        compile_error("{\"type\":\"string\",\"pattern\":\"^a\",\"minLength\":3}", "'maxLength' must be given");
+        compile_error("{\"type\":\"string\",\"pattern\":\"^a\",\"maxLength\":300}", "at most 255");
+        compile_error("{\"type\":\"string\",\"pattern\":\"^a{3}$\",\"maxLength\":2}", "no string the pattern matches");
+        {   /* a pattern within minLength / maxLength: the lengths the NFA can still end at decide */
+            static const char *const sch[] = {"{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"minLength\":2,\"maxLength\":4}",
+                                              "{\"type\":\"string\",\"pattern\":\"^(ab)+$\",\"maxLength\":5}",
+                                              "{\"type\":\"string\",\"pattern\":\"b\",\"minLength\":3,\"maxLength\":3}"};
+            static const char *const yes_docs[][3] = {{"\"ab\"", "\"abcd\"", "\"a\\u0062\""}, {"\"ab\"", "\"abab\"", "\"abab\""},
+                                                      {"\"abc\"", "\"bbb\"", "\"x\\u0062y\""}};
+            static const char *const no_docs[][3] = {{"\"a\"", "\"abcde\"", "\"\""}, {"\"ababa\"", "\"ababab\"", "\"a\""},
+                                                     {"\"ab\"", "\"acd\"", "\"abcd\""}};
+            static const char *const alpha[] = {"a", "b", "c", "\"", "\xc3", "\xa9", "1"};
+            for (int k = 0; k < 3; k++) {
+                jg_grammar *pg = grammar(sch[k]);
+                for (int i = 0; i < 3; i++) {
+                    CHECK(accepts(pg, yes_docs[k][i]), "%s should accept %s", sch[k], yes_docs[k][i]);
+                    CHECK(!accepts(pg, no_docs[k][i]), "%s should reject %s", sch[k], no_docs[k][i]);
+                }
+                /* every live prefix of up to 5 bytes ends within 6 more over the alphabet (depth-first) */
+                for (int len = 1; len <= 5; len++) {
+                    int total = 1;
+                    for (int i = 0; i < len; i++) total *= 7;
+                    for (int code = 0; code < total; code++) {
+                        char p[16] = "\"";
+                        int x = code;
+                        for (int i = 0; i < len; i++, x /= 7) strcat(p, alpha[x % 7]);
+                        static jg_state st, probe;
+                        jg_start(pg, &st);
+                        if (!jg_feed(pg, &st, p, strlen(p)) || jg_complete(pg, &st)) continue;
+                        bool out = false;
+                        for (int code2 = 0, t2 = 1; !out && t2 <= 117649; code2++) { /* 7^6 suffixes */
+                            if (code2 == t2) t2 *= 7, code2 = 0;
+                            char q[16] = "";
+                            int y = code2;
+                            for (int i = 1; i < t2; i *= 7, y /= 7) strcat(q, alpha[y % 7]);
+                            jg_copy(&probe, &st);
+                            out = jg_feed(pg, &probe, q, strlen(q)) && jg_complete(pg, &probe);
+                            if (t2 == 1) t2 = 7, code2 = -1;
+                        }
+                        CHECK(out, "%s: the live prefix %s finds no end", sch[k], p);
+                        if (!out) break;
+                    }
+                }
+                jg_free(pg);
+            }
+        }
         compile_error("{\"type\":\"integer\",\"pattern\":\"^a\"}", "'pattern' needs 'type'");
     }
     compile_error("{\"type\":\"object\",\"properties\":{\"n\":{\"minimum\":0}}}",
