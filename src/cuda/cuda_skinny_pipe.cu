@@ -608,11 +608,11 @@ static bool sp_aligned(const cuda_qmat &w0, const cuda_qmat *w1) {
  * rows. */
 static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, const cuda_qmat *w1, bool swiglu,
                      const char *what) {
-    /* the down launch in its direct form: 128-row units, each warp an m-tile over all of
-     * cuda_skinny.cu's k-slices for K (a.KS of its RB), no reducers */
-    const bool direct = !swiglu && a.RB >= 16 && a.RB <= 128 && 128 % a.RB == 0 && w0.rows % 128 == 0;
-    if (!swiglu && !direct) return 0; /* the reducer form of the down launch lost (session 17): the grouped kernel */
-    if (direct) {
+    /* the down launch only in its direct form (its reducer form lost, session 17: else the
+     * grouped kernel): 128-row units, each warp an m-tile over all of cuda_skinny.cu's
+     * k-slices for K (a.KS of its RB), no reducers */
+    if (!swiglu) {
+        if (a.RB < 16 || a.RB > 128 || 128 % a.RB || w0.rows % 128) return 0;
         a.KS = 8 / (a.RB / 16);
         a.RB = 128;
     }
@@ -621,7 +621,7 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
         orows > 256)
         return 0;
     if (w0.rows % orows || a.ldx % 8 || ((uintptr_t)a.x & 15) || (orows * G * 2) % 16) return 0;
-    if (direct ? G % a.KS || (G / a.KS) % 2 : (G / (8 / (a.RB / 16))) % 2) return 0; /* a warp's groups go two at a time (sp_products) */
+    if (!swiglu ? G % a.KS || (G / a.KS) % 2 : (G / (8 / (a.RB / 16))) % 2) return 0; /* a warp's groups go two at a time (sp_products) */
     if (w0.n_mats < a.E || (w1 && (w1->cols != K || w1->rows != w0.rows || w1->bits != 4 || w1->n_mats < a.E))) return 0;
     if (!sp_aligned(w0, w1)) return 0;
     a.stages = sp_stages(a.RB, K, a.E, swiglu);
@@ -642,7 +642,7 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
     const dim3 grid(sp_sms);
     if (swiglu)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<true, 0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
-    else if (direct && sp_down_sets == 2)
+    else if (sp_down_sets == 2)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<false, 2>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a), what);
     else
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<false, 1>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);

@@ -53,15 +53,16 @@ struct out_vocab {
  * after a call (whitespace, another call or the end). */
 enum { CM_JSON = 0, CM_EITHER, CM_TOOL, CM_AFTER_TOOL };
 
-/* The single token that encodes s, or -1. */
-static int32_t one_token(const struct model_port *p, const char *s) {
+/* *t = the single token that encodes s. Returns 0, ST_NOMEM, or ST_INVALID (s is not
+ * one token of this vocabulary). */
+static int one_token(const struct model_port *p, const char *s, int32_t *t) {
     int32_t *ids = NULL;
     size_t n = 0;
     char err[64];
     const int rc = p->encode(p->ctx, s, strlen(s), &ids, &n, err, sizeof err);
-    const int32_t t = !rc && n == 1 ? ids[0] : -1;
+    if (!rc && n == 1) *t = ids[0];
     free(ids);
-    return t;
+    return rc == ST_NOMEM ? ST_NOMEM : rc || n != 1 ? ST_INVALID : ST_OK;
 }
 
 /* Whitespace bytes allowed between and after tool calls (json_grammar.h's cap
@@ -106,8 +107,8 @@ int out_vocab_new(struct out_vocab **out, const struct model_port *port) {
         return ST_NOMEM;
     }
     for (int t = 0; t < port->vocab; t++) v->cls[t] = token_class(port, t);
-    v->tool_open = one_token(port, "<tool_call>");
-    v->tool_close = one_token(port, "</tool_call>");
+    if (one_token(port, "<tool_call>", &v->tool_open)) v->tool_open = -1;
+    if (one_token(port, "</tool_call>", &v->tool_close)) v->tool_close = -1;
     *out = v;
     return ST_OK;
 }
@@ -152,17 +153,12 @@ int out_constraint_new_budget(struct out_constraint **out, int budget, const str
     c->port = port;
     c->budget = budget;
     c->reasoning = true;
-    int32_t *ids = NULL;
-    size_t n = 0;
-    char err[128];
-    int rc = port->encode(port->ctx, "</think>", 8, &ids, &n, err, sizeof err);
-    if (rc || n != 1) {
-        free(ids);
+    int rc = one_token(port, "</think>", &c->think_end);
+    if (rc) {
         free(c);
-        return rc == ST_NOMEM ? ST_NOMEM : ST_INVALID;
+        return rc;
     }
-    c->think_end = ids[0];
-    free(ids);
+    char err[128];
     size_t nf = 0;
     if ((rc = port->encode(port->ctx, k_budget_close, sizeof k_budget_close - 1, &c->forced, &nf, err, sizeof err))) {
         free(c);

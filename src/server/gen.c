@@ -172,7 +172,7 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     j->max_tokens = g->ar.max_tokens;
     j->ignore_eos = g->ar.ignore_eos;
     for (int i = 0; i < g->ar.n_stops; i++) job_add_stop(j, g->ar.stops[i], g->ar.stop_lens[i]);
-    if (g->ar.one_tool_call && g->ar.tools && g->ar.tool_choice != TC_NONE) {
+    if (g->ar.one_tool_call && g->ar.tools) { /* (tool_choice none leaves no tools) */
         /* parallel_tool_calls false: the reply ends with its first tool call (once the
          * reasoning is over: a tag written while thinking is not a call) */
         j->end_mark = "</tool_call>";

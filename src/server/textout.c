@@ -133,6 +133,15 @@ static size_t end_mark_at(struct textout *t) {
     return (size_t)-1;
 }
 
+/* The text ends at len: everything before it released, nothing more taken. */
+static void cut_at(struct textout *t, size_t len) {
+    t->len = len;
+    t->buf[t->len] = 0;
+    t->released = t->len;
+    t->npend = 0;
+    t->stopped = true;
+}
+
 int textout_push(struct textout *t, const char *bytes, size_t n) {
     if (t->stopped) return 0;
     if (reserve(t, 3 * n + 3)) return ST_NOMEM;
@@ -153,20 +162,12 @@ int textout_push(struct textout *t, const char *bytes, size_t n) {
     }
     if (end != (size_t)-1 && (best == (size_t)-1 || best >= end - t->end_len)) {
         /* the mark came first (a stop starting inside it loses: the mark completed) */
-        t->len = end;
-        t->buf[t->len] = 0;
-        t->released = t->len;
-        t->npend = 0;
-        t->stopped = true;
+        cut_at(t, end);
         t->ended = true;
         return 1;
     }
     if (best != (size_t)-1) {
-        t->len = best;
-        t->buf[t->len] = 0;
-        t->released = t->len;
-        t->npend = 0;
-        t->stopped = true;
+        cut_at(t, best);
         t->stop_index = best_stop;
         return 1;
     }

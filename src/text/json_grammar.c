@@ -40,7 +40,7 @@ struct node {
     uint32_t min_items, max_items;
     /* STRING */
     uint32_t min_len, max_len;
-    jr_nfa *re; /* pattern (then no length bounds): the NFA the string's code points step */
+    jr_nfa *re; /* pattern: the NFA the string's code points step (lengths then < JR_LENS) */
     /* INTEGER, NUMBER: minimum / maximum (the exclusive forms folded in), when bounded, in
      * units of 1 (INTEGER) or 1e-15 (NUMBER: 15 fraction digits at most; no exponent then) */
     bool bounded;
@@ -147,21 +147,6 @@ static bool type_names(const cJSON *s, const char *name) {
 
 static bool is_bound_kw(const char *k) { return !strncmp(k, "minimum", 7) || !strncmp(k, "maximum", 7) || !strncmp(k, "exclusiveM", 10); }
 
-/* Whether minimum / maximum (and the exclusive forms) can be enforced on schema s: its type
- * names only numeric types (or numeric types and others: the bounds bind numbers only, JSON
- * Schema says) — "integer" and / or "number". */
-static bool bounds_apply(const cJSON *s) {
-    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
-    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "integer") || !strcmp(ty->valuestring, "number");
-    if (!cJSON_IsArray(ty)) return false;
-    bool numeric = false;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, ty) {
-        if (!cJSON_IsString(t)) return false;
-        if (!strcmp(t->valuestring, "number") || !strcmp(t->valuestring, "integer")) numeric = true;
-    }
-    return numeric;
-}
 
 /* x (finite) in units of 10^-scale, rounded up (up) or down, clipped to +-limit; *exact:
  * nothing was rounded away. From the shortest decimal that reads back as x — the number
@@ -422,7 +407,8 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!cJSON_IsObject(s)) return err_at(err, errlen, path, "a schema must be an object or a boolean");
     for (int i = 0; i < g->n_memo; i++)
         if (g->memo[i].schema == s) return g->memo[i].node;
-    const bool numeric = bounds_apply(s);
+    /* minimum / maximum bind numbers only (JSON Schema): enforced where the type names one */
+    const bool numeric = type_names(s, "integer") || type_names(s, "number");
     if (cJSON_GetObjectItemCaseSensitive(s, "pattern") && !type_names(s, "string"))
         return err_at(err, errlen, path, "'pattern' needs 'type': \"string\" to be enforced");
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
@@ -655,37 +641,37 @@ static bool num_within(const struct node *n, const struct jg_frame *f) {
     return v >= n->lo && v <= n->hi;
 }
 
-/* A patterned string's next code point, or the code points [cp << 6·more, ...] a partial
- * UTF-8 sequence can still become (more continuation bytes due): a whole one steps the
- * NFA (cand), a partial one must be able to; false when the pattern cannot go on. */
-/* The characters a patterned string may still take: with min/maxLength, the lengths left
- * after f->count characters (the pending one counted); without, any. */
-static bool re_lengths(const struct node *n, const struct jg_frame *f, int *lo, int *hi) {
+/* The characters a patterned string may still take after `count` of them (the pending one
+ * counted): with min/maxLength, *lo..*hi; without, any (false). */
+static bool re_lengths(const struct node *n, uint32_t count, int *lo, int *hi) {
     if (n->max_len == UINT32_MAX && n->min_len == 0) return false;
-    *lo = (int)n->min_len - (int)f->count;
-    *hi = (int)n->max_len - (int)f->count; /* max_len < JR_LENS here (type_node) */
+    *lo = (int)n->min_len - (int)count;
+    *hi = (int)n->max_len - (int)count; /* max_len < JR_LENS here (type_node) */
     return true;
 }
 
-/* Whether some code point in [lo, hi] (the pending character, counted) takes the pattern
- * on, within the string's lengths. */
-static bool re_range(const struct node *n, const struct jg_frame *f, uint32_t lo, uint32_t hi) {
+/* Whether some code point in [lo, hi] — the pending character, the count-th — takes the
+ * pattern on, within the string's lengths. */
+static bool re_range(const struct node *n, const struct jg_frame *f, uint32_t count, uint32_t lo, uint32_t hi) {
     int a, b;
-    return re_lengths(n, f, &a, &b) ? jr_can_len(n->re, f->cand, lo, hi, a, b) : jr_can(n->re, f->cand, lo, hi);
+    return re_lengths(n, count, &a, &b) ? jr_can_len(n->re, f->cand, lo, hi, a, b) : jr_can(n->re, f->cand, lo, hi);
 }
 
+/* A patterned string's next code point, or the code points [cp << 6·more, ...] a partial
+ * UTF-8 sequence can still become (more continuation bytes due): a whole one steps the
+ * NFA (cand), a partial one must be able to; false when the pattern cannot go on. */
 static bool re_cp(const struct node *n, struct jg_frame *f, uint32_t cp, int more) {
     if (more == 0) {
         if (cp >= 0xD800 && cp <= 0xDFFF) return false;
         f->cand = jr_step(n->re, f->cand, cp);
         int a, b;
-        return f->cand != 0 && (!re_lengths(n, f, &a, &b) || jr_len_ok(n->re, f->cand, a, b));
+        return f->cand != 0 && (!re_lengths(n, f->count, &a, &b) || jr_len_ok(n->re, f->cand, a, b));
     }
     uint32_t lo = cp << (6 * more), hi = lo | ((1u << (6 * more)) - 1);
     const uint32_t least = more == 1 && cp < 0x20 ? 0x80 : more == 2 && cp < 0x10 ? 0x800 : more == 3 ? 0x10000 : 0;
     if (lo < least) lo = least; /* no overlongs (the byte ranges keep the rest) */
     if (hi > 0x10FFFF) hi = 0x10FFFF;
-    return lo <= hi && re_range(n, f, lo, hi);
+    return lo <= hi && re_range(n, f, f->count, lo, hi);
 }
 
 #define WS_MAX 32
@@ -932,12 +918,8 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             if (c < 0x20) return;
             if (c == '\\') {
                 if (f->count + 1 > n->max_len) return; /* the escape is a character */
-                if (n->re) { /* some escapable code point, counted, must take the pattern on */
-                    f->count++;
-                    const bool go = re_range(n, f, 0, 0xFFFF);
-                    f->count--;
-                    if (!go) return;
-                }
+                /* some escapable code point, counted, must take the pattern on */
+                if (n->re && !re_range(n, f, f->count + 1, 0, 0xFFFF)) return;
                 f->phase = P_S_ESC;
                 emit(out, t);
                 return;
@@ -971,7 +953,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 if (f->pos < 3) {
                     const int sh = 4 * (3 - f->pos);
                     const uint32_t lo = (uint32_t)f->seen << sh, hi = lo | ((1u << sh) - 1);
-                    if (!re_range(n, f, lo, hi)) return;
+                    if (!re_range(n, f, f->count, lo, hi)) return;
                 }
             }
             if (++f->pos == 4) {
@@ -992,7 +974,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
         case P_N_FRAC:
         case P_N_EXP:
             if (is_digit(c) && f->phase != P_N_ZERO) {
-                int cap = f->phase == P_N_INT ? INT_DIGITS : f->phase == P_N_FRAC ? 15 : 3;
+                int cap = f->phase == P_N_INT ? INT_DIGITS : f->phase == P_N_FRAC ? FRAC_DIGITS : 3;
                 if (++f->pos > cap) return;
                 if (f->phase == P_N_INT) f->seen = (f->seen & NUM_NEG) | ((f->seen & ~NUM_NEG) * 10 + (uint64_t)(c - '0'));
                 if (f->phase == P_N_FRAC) f->cand = f->cand * 10 + (uint64_t)(c - '0');

@@ -174,12 +174,8 @@ static int next_cp(struct parser *q, uint32_t *cp) {
         q->p++;
         return 0;
     }
-    const int l = utf8_seq_len(u, strlen(q->p));
-    if (l <= 0) return fail(q, "invalid UTF-8");
-    *cp = l == 2 ? (u[0] & 0x1Fu) << 6 | (u[1] & 0x3Fu)
-        : l == 3 ? (u[0] & 0x0Fu) << 12 | (u[1] & 0x3Fu) << 6 | (u[2] & 0x3Fu)
-                 : (u[0] & 0x07u) << 18 | (u[1] & 0x3Fu) << 12 | (u[2] & 0x3Fu) << 6 | (u[3] & 0x3Fu);
-    q->p += l;
+    if (utf8_seq_len(u, strlen(q->p)) <= 0) return fail(q, "invalid UTF-8");
+    q->p += utf8_decode(u, cp);
     return 0;
 }
 

@@ -1101,7 +1101,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
             OK(cuda_skinny_grouped_down(&ctx, &down.d, dact, &r, ded));
             /* the pipelined kernels (cuda_skinny_pipe.cu, sm_90) against it on the same
              * route: the same bits — the down launch in its direct form with two consumer
-             * sets, then one (its reducer form where the rows are not whole 128-row units) */
+             * sets, then one (rows that are not whole 128-row units stay on the grouped kernel) */
             uint16_t *dact2;
             float *ded2;
             DEV(dact2, (size_t)T * K * I * 2); DEV(ded2, (size_t)T * K * H * 4);
