@@ -29,8 +29,9 @@
 #             every arm: kernels matching NCU_KERNEL (a regex, default skinny_pipe), NCU_SKIP
 #             (default 40: past the first forward) then NCU_COUNT (default 2) launches, the
 #             sections NCU_SECTIONS (default SpeedOfLight MemoryWorkloadAnalysis WarpStateStats
-#             SchedulerStats); clocks left alone, the program killed once they are taken,
-#             NCU_TIMEOUT (default 240) s; the report's text into res/ncu_ARM.txt
+#             SchedulerStats), NCU_ARGS more bench flags (e.g. '--pack 8': prefill launches); clocks
+#             left alone, the program killed once they are taken, NCU_TIMEOUT (default 240) s;
+#             the report's text into res/ncu_ARM.txt
 #   stream    bench_stream --mb STREAM_MB (default 256) of the first arm's pack: the DRAM read rate each way of loading
 #             (per SM and all SMs) — the ceiling the weight-streaming kernels are held to
 #   same      bench/serve_same.py (batch invariance end to end: requests together and alone,
@@ -140,7 +141,7 @@ for phase in $PHASES; do
             l=$res/ncu_${names[$i]}.txt
             arm "$i" timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --kill yes -k "regex:${NCU_KERNEL:-skinny_pipe}" \
                 --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-2}" $secs \
-                "$root/${packs[$i]}/bin/bench_batch_decode" --ctx 512 --batches "${NCU_BATCH:-64}" >"$l" 2>&1
+                "$root/${packs[$i]}/bin/bench_batch_decode" --ctx 512 --batches "${NCU_BATCH:-64}" ${NCU_ARGS:-} >"$l" 2>&1
             note "ncu ${names[$i]} (exit $?): $(grep -E 'Duration|DRAM Throughput|Memory Throughput' "$l" | tr -s ' ' | tr '\n' ';' | head -c 600)"
         done
         ;;

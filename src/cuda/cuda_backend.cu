@@ -48,6 +48,7 @@ struct dlayer {
 /* Device pointers of one batch's metadata. */
 struct dmeta {
     int T, n_seqs, n_tiles, n_split;
+    int n_long; /* sequences of at least CUDA_GDN_CHUNK_MIN tokens (the prefill scan's dispatch) */
     const int32_t *tok, *pos, *tok_seq;
     const cuda_seq *seqs;
     const cuda_attn_tile *tiles;
@@ -478,7 +479,7 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
                                     cb->conv_out));
         if (!small && cb->gdn_qk)
             P("gdn_scan", cuda_gdn_scan_prefill(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs,
-                                                m.n_seqs, d->ord, T, cb->Hk, Hv, cb->Dk, cb->Dv, cb->gdn_qk, cb->gdn_gates, cb->y));
+                                                m.n_seqs, m.n_long, d->ord, T, cb->Hk, Hv, cb->Dk, cb->Dv, cb->gdn_qk, cb->gdn_gates, cb->y));
         else
             P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs,
                                         d->ord, cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, tcv_conv && scan_pdl(), cb->y));
@@ -807,6 +808,8 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     dmeta m;
     m.T = T;
     m.n_seqs = b->n_seqs;
+    m.n_long = 0;
+    for (int i = 0; i < b->n_seqs; i++) m.n_long += hs[i].t1 - hs[i].t0 >= CUDA_GDN_CHUNK_MIN;
     m.n_tiles = n_tiles;
     m.n_split = T <= MID_T ? split_for(cb, max_len) : 1;
     m.tok = (const int32_t *)(cb->d_meta + o_tok);
@@ -860,6 +863,7 @@ static int capture_decode(struct cuda_backend *cb, struct backend_session *s, ch
     dmeta m;
     m.T = 1;
     m.n_seqs = 1;
+    m.n_long = 0;
     m.n_tiles = 1;
     m.n_split = s->n_split;
     m.tok = s->d_dec;

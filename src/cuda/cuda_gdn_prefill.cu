@@ -16,6 +16,7 @@
 //      the decode form's (gdnp_lpr_for: other bits, still independent of what else is in
 //      the batch). H100, a pack of 8 x 512 tokens: the scan 1,082 -> 732 us a GDN layer,
 //      the pack 117.4 -> 107.0 ms (docs/PERFORMANCE.md, session 27).
+#include <limits.h>
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
@@ -161,7 +162,7 @@ template <int DK, int LPR, int THREADS>
 static __global__ void __launch_bounds__(THREADS) gdn_scan_prefill_kernel(const float *qk, const float *conv_out,
                                                                       const float *gates, const cuda_seq *seqs,
                                                                       int layer_ord, int T, int Hk, int Hv, int Dv,
-                                                                      float *y) {
+                                                                      int skip_from, float *y) {
     TRACE_KERNEL();
     constexpr int ROWS = THREADS / LPR, E = DK / LPR;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -171,6 +172,7 @@ static __global__ void __launch_bounds__(THREADS) gdn_scan_prefill_kernel(const 
     const int h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks;
     const int kh = h / (Hv / Hk);
     const cuda_seq s = seqs[blockIdx.y];
+    if (s.t1 - s.t0 >= skip_from) return; /* the chunked form's sequence */
     const int tid = threadIdx.x;
     const int rloc = tid / LPR, sub = tid % LPR;
     const int row = rb * ROWS + rloc;
@@ -225,6 +227,20 @@ static cudaError_t gdnp_attr() {
                                 (int)gdnp_smem<DK, THREADS / LPR>());
 }
 
+/* The chunked form (cuda_gdn_chunk.cu) for the sequences of at least CUDA_GDN_CHUNK_MIN
+ * tokens where it applies (H100, session 31: this scan 732 -> 586 us a GDN layer for a pack of
+ * 8 x 512, prefill of one 4,096-token prompt 32,217 -> 34,253 tok/s); ORCHID_GDN_CHUNK=0 keeps
+ * every sequence here (A/B), cuda_gdn_prefill_force_chunk overrides both. */
+static int gdnp_chunk_forced = -1;
+extern "C" void cuda_gdn_prefill_force_chunk(int on) { gdnp_chunk_forced = on; }
+static bool gdnp_chunk_on() {
+    static const bool env = [] {
+        const char *e = getenv("ORCHID_GDN_CHUNK");
+        return !e || atoi(e) != 0;
+    }();
+    return gdnp_chunk_forced >= 0 ? gdnp_chunk_forced > 0 : env;
+}
+
 static int gdnp_sms = 132; /* multiprocessors (cuda_gdn_prefill_init, device_caps): the block-size choice */
 
 extern "C" int cuda_gdn_prefill_init(char *err, size_t errlen) {
@@ -236,6 +252,7 @@ extern "C" int cuda_gdn_prefill_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = gdnp_attr<64, 8, 256>();
     if (e == cudaSuccess) e = gdnp_attr<32, 4, 256>();
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gdn prefill: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    cuda_gdn_chunk_init();
     cuda_caps caps;
     if (device_caps(&caps) == cudaSuccess && caps.sms > 0) gdnp_sms = caps.sms;
     return 0;
@@ -252,21 +269,30 @@ extern "C" int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv) {
 
 template <int DK, int LPR, int THREADS>
 static int gdnp_launch(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
-                       const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
-                       int T, int Hk, int Hv, int Dv, float *qk, float *gates, float *y) {
+                       const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int n_long,
+                       int layer_ord, int T, int Hk, int Hv, int Dv, float *qk, float *gates, float *y) {
     gdn_prep_kernel<DK><<<T, 256, 0, cstream(c)>>>(conv_out, a, b, ldab, A_log, dt_bias, T, Hk, Hv, Dv, qk, gates);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return errorf(c->err, c->errlen, ST_DEVICE, "CUDA launch of gdn_prep failed: %s", cudaGetErrorString(e));
+    int skip_from = INT_MAX; /* the scan's sequences: all, or those shorter than the chunked form's */
+    if (gdnp_chunk_on() && cuda_gdn_chunk_supported(Hk, Hv, DK, Dv)) {
+        int rc;
+        if (n_long != 0 && (rc = cuda_gdn_chunk_scan(c, qk, conv_out, gates, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, y))) return rc;
+        if (n_long == n_seqs) return 0;
+        skip_from = CUDA_GDN_CHUNK_MIN;
+    }
     constexpr int ROWS = THREADS / LPR;
     const dim3 grid(Hv * (Dv / ROWS), n_seqs);
     gdn_scan_prefill_kernel<DK, LPR, THREADS><<<grid, THREADS, gdnp_smem<DK, ROWS>(), cstream(c)>>>(qk, conv_out, gates, seqs,
-                                                                                                 layer_ord, T, Hk, Hv, Dv, y);
+                                                                                                 layer_ord, T, Hk, Hv, Dv,
+                                                                                                 skip_from, y);
     LAUNCH_CHECK(c, "gdn_scan_prefill");
 }
 
 extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
                                      const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs,
-                                     int layer_ord, int T, int Hk, int Hv, int Dk, int Dv, float *qk, float *gates, float *y) {
+                                     int n_long, int layer_ord, int T, int Hk, int Hv, int Dk, int Dv, float *qk, float *gates,
+                                     float *y) {
     if (n_seqs <= 0 || T <= 0) return 0;
     if (!cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "gdn prefill: Hk %d Hv %d Dk %d Dv %d", Hk, Hv, Dk, Dv);
@@ -282,7 +308,7 @@ extern "C" int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv
     const auto launch = Dk == 128 ? (narrow ? (small ? gdnp_launch<128, 4, 64> : gdnp_launch<128, 4, 256>) : gdnp_launch<128, 16, 256>)
                         : Dk == 64 ? (narrow ? (small ? gdnp_launch<64, 4, 64> : gdnp_launch<64, 4, 256>) : gdnp_launch<64, 8, 256>)
                                    : gdnp_launch<32, 4, 256>;
-    return launch(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
+    return launch(c, conv_out, a, b, ldab, A_log, dt_bias, seqs, n_seqs, n_long, layer_ord, T, Hk, Hv, Dv, qk, gates, y);
 }
 
 CUDA_TRACE_TU(gdn_prefill)

@@ -238,6 +238,14 @@ static inline cudaError_t persistent_grid(void (*kern)(KArgs...), int threads, s
  * empty fallbacks. */
 int cuda_sm90a_code(char *err, size_t errlen);
 
+/* The chunked GDN form (cuda_gdn_chunk.cu), launched by cuda_gdn_scan_prefill after its
+ * preparation: init raises the kernel's shared-memory limit where the device has it (at
+ * backend creation, outside any capture); the scan reads qk and gates as prepared. */
+extern "C" void cuda_gdn_chunk_init(void);
+extern "C" int cuda_gdn_chunk_scan(const struct cuda_ctx *c, const float *qk, const float *conv_out, const float *gates,
+                                   const struct cuda_seq *seqs, int n_seqs, int layer_ord, int T, int Hk, int Hv, int Dv,
+                                   float *y);
+
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
  * ORCHID_NO_TCV, ORCHID_NO_WIDE, ORCHID_SW_NOSPLIT, ORCHID_SK_NOPDL). */
 inline bool env_flag(const char *name) {

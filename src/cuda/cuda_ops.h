@@ -212,9 +212,21 @@ int cuda_gdn_prefill_init(char *err, size_t errlen);
 int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv);
 /* lanes a value row in the prefill scan (4 by default; Dk / 8, the decode form's bits, with ORCHID_GDNP_LPR=16) */
 int cuda_gdn_prefill_lanes(int Dk);
+/* n_long: how many of the sequences bring at least CUDA_GDN_CHUNK_MIN tokens (-1: not
+ * known) — with the chunked form on, those take it and the rest the scan, and a launch with
+ * no sequence of its kind is skipped. */
 int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv_out, const float *a, const float *b, int ldab,
-                          const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
-                          int T, int Hk, int Hv, int Dk, int Dv, float *qk, float *gates, float *y);
+                          const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int n_long,
+                          int layer_ord, int T, int Hk, int Hv, int Dk, int Dv, float *qk, float *gates, float *y);
+/* The chunked form (cuda_gdn_chunk.cu: 64-token chunks on tensor cores, Dk 128, Dv a multiple
+ * of 64, where the device holds its ~209 KB block) for the sequences of a prefill launch with
+ * at least CUDA_GDN_CHUNK_MIN tokens (a shorter one costs a whole chunk there, ~25 of its
+ * tokens' worth in the scan: a decode row beside a prompt chunk stays in the scan). On by
+ * default; 1 / 0 forces it on / off, -1 leaves it to ORCHID_GDN_CHUNK (0: off). Within 1e-4
+ * of the CPU reference, like the scan; a sequence's form depends on its own token count only. */
+#define CUDA_GDN_CHUNK_MIN 32
+void cuda_gdn_prefill_force_chunk(int on);
+int cuda_gdn_chunk_supported(int Hk, int Hv, int Dk, int Dv);
 /* out[t, h*Dv + d] = bf16(w[d] * y / rms(y over the head) * silu(z)) */
 int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const float *z, int ldz, const float *w, int T, int Hv,
                     int Dv, float eps, uint16_t *out);

@@ -147,29 +147,25 @@ __device__ __forceinline__ sp_unit sp_locate(int u, const int *pfx, const int *c
     return r;
 }
 
-/* Unit i's reduction by the reducer warps (both kernels): red holds its KS slices' partials,
- * [k][MT m-tiles][4][32] (sk_group_scale's four outputs a lane); each (row, slot) of the unit
- * adds its slices in order from 0; SwiGLU: gate m-tile m with up m-tile m + MT/2 into act,
- * else into y. Waits for the consumers' redfull of the unit's buffer (i & 1) and frees it. */
-template <bool SWIGLU>
+/* Unit i's reduction by the reducer warps (the SwiGLU launch; the down launch is DIRECT):
+ * red holds its KS slices' partials, [k][MT m-tiles][4][32] (sk_group_scale's four outputs a
+ * lane); each (row, slot) of the unit adds its slices in order from 0, the gate m-tile m and
+ * the up m-tile m + MT/2, into act. Waits for the consumers' redfull of the unit's buffer
+ * (i & 1) and frees it. */
 __device__ __forceinline__ void sp_reduce_unit(const float *red, int MT, int KS, const sp_unit &w, int i,
                                                unsigned long long *redfull, unsigned long long *redfree, uint16_t *act,
-                                               int ld_act, float *y, int ldy) {
+                                               int ld_act) {
     const int at = threadIdx.x - SP_CONSUMERS, rb = i & 1;
     mbar_wait(&redfull[rb], (unsigned)(i / 2) & 1u);
-    for (int q = at; q < (SWIGLU ? MT / 2 : MT) * 128; q += SP_REDUCERS) {
+    for (int q = at; q < MT / 2 * 128; q += SP_REDUCERS) {
         const int m = q >> 7, l = q & 31, k4 = (q >> 5) & 3;
         const int jj = 2 * (l & 3) + (k4 & 1);
         if (jj >= w.n) continue;
         const int r = w.rbase + m * 16 + sp_prow(l >> 2) + (k4 >= 2 ? 8 : 0);
         float v = 0.0f, u = 0.0f;
         for (int k = 0; k < KS; k++) v += red[((size_t)(k * MT + m) * 4 + k4) * 32 + l];
-        if (SWIGLU) {
-            for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * 4 + k4) * 32 + l];
-            act[(size_t)(w.m0 + jj) * ld_act + r] = f2bf(silu(v) * u);
-        } else {
-            y[(size_t)(w.m0 + jj) * ldy + r] = v;
-        }
+        for (int k = 0; k < KS; k++) u += red[((size_t)(k * MT + m + MT / 2) * 4 + k4) * 32 + l];
+        act[(size_t)(w.m0 + jj) * ld_act + r] = f2bf(silu(v) * u);
     }
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(&redfree[rb]);
@@ -316,10 +312,11 @@ __device__ __forceinline__ void sp_products(const uint32_t *cw0, const uint32_t 
  *     units i with i % sets == s): wait ready[st], every k-slice of cuda_skinny.cu's split for
  *     K (a.KS) summed apart and added in slice order onto 0 — the reducers' operations —
  *     arrive empty[st], store y; the reducer warps exit at once. */
-template <bool SWIGLU, int DIRECT>
+template <int DIRECT>
 static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1), 1) skinny_pipe_kernel(const __grid_constant__ sp_args a) {
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr bool SWIGLU = DIRECT == 0; /* the gate/up launch (reducers); the down launch is always direct */
     extern __shared__ __align__(1024) unsigned char sm_raw[];
     __shared__ sp_shared sh;
     unsigned long long *full = sh.full, *ready = sh.ready, *empty = sh.empty, *redfull = sh.redfull, *redfree = sh.redfree;
@@ -398,8 +395,8 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     if (tid >= NC) { /* each unit's reduction: the k-slices meet in slice order (cuda_skinny.cu's, one n-tile) */
         for (int j = 0; !DIRECT && j < n_mine; j++) { /* DIRECT: the consumers add their own slices */
             const sp_unit w = sp_locate(u0 + j, pfx, cnt, off, E, orows, ec);
-            sp_reduce_unit<SWIGLU>(reinterpret_cast<const float *>(sm + L.red) + (size_t)(j & 1) * 8 * 4 * 32, MT, KS, w, j,
-                                   redfull, redfree, a.act, a.ld_act, a.y, a.ldy);
+            sp_reduce_unit(reinterpret_cast<const float *>(sm + L.red) + (size_t)(j & 1) * 8 * 4 * 32, MT, KS, w, j, redfull,
+                           redfree, a.act, a.ld_act);
         }
         return;
     }
@@ -487,12 +484,12 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     sp_sms = caps.sms;
     /* the dynamic opt-in is what the static barriers leave of the block's maximum */
     cudaFuncAttributes fa0, fa1;
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa0, skinny_pipe_kernel<true, 0>);
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa1, skinny_pipe_kernel<false, 2>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa0, skinny_pipe_kernel<0>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa1, skinny_pipe_kernel<2>);
     if (e == cudaSuccess) sp_optin -= (int)(fa0.sharedSizeBytes > fa1.sharedSizeBytes ? fa0.sharedSizeBytes : fa1.sharedSizeBytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<true, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
     sp_sm90 = 0;
     /* the sm_90a body must be what runs (another architecture or a build without sm_90a gets
@@ -641,11 +638,11 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
     const size_t smem = sp_lay(a.RB, K, a.stages, a.E).total;
     const dim3 grid(sp_sms);
     if (swiglu)
-        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<true, 0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     else if (sp_down_sets == 2)
-        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<false, 2>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a), what);
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<2>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a), what);
     else
-        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<false, 1>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<1>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     sp_launches++;
     return 1;
 }

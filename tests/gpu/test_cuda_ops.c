@@ -880,7 +880,7 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
      * only the preparation moved: ORCHID_GDNP_LPR=16, and Dk 32); with 4 at Dk 64 / 128 (the
      * default: its sums in another order) only to the CPU reference, like the one-launch scan, below — which both forms meet */
     const int pre = cuda_gdn_prefill_supported(Hk, Hv, Dk, Dv);
-    float *dS2 = NULL, *dy2 = NULL, *dqk = NULL, *dgt = NULL, *pre_y = NULL, *pre_S = NULL;
+    float *dS2 = NULL, *dy2 = NULL, *dqk = NULL, *dgt = NULL, *pre_y = NULL, *pre_S = NULL, *chunk_y = NULL, *chunk_S = NULL;
     struct cuda_seq *dseq2 = NULL;
     const size_t per = (size_t)Hv * Dv * Dk, ns = (size_t)n_seqs * per, ny = (size_t)T * vd;
     if (pre) {
@@ -903,7 +903,9 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
     }
     OK(cuda_gdn_scan(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq, n_seqs, 0, Hk, Hv, Dk, Dv, T == n_seqs, n_seqs == 1, dy));
     if (pre) {
-        OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq2, n_seqs, 0, T, Hk, Hv, Dk, Dv, dqk, dgt, dy2));
+        cuda_gdn_prefill_force_chunk(0); /* the scan itself (the chunked form is checked below) */
+        OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq2, n_seqs, -1, 0, T, Hk, Hv, Dk, Dv, dqk, dgt, dy2));
+        cuda_gdn_prefill_force_chunk(-1);
         int dy_diff, ds_diff;
         gdn_diff(dy, dS, dy2, dS2, ny, ns, &dy_diff, &ds_diff);
         if (cuda_gdn_prefill_lanes(Dk) == Dk / 8)
@@ -913,7 +915,19 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
         pre_S = malloc(ns * 4);
         D2H(pre_y, dy2, ny * 4);
         D2H(pre_S, dS2, ns * 4);
-        cuda_free(dS2); cuda_free(dy2); cuda_free(dseq2); cuda_free(dqk); cuda_free(dgt);
+        cuda_free(dS2); cuda_free(dseq2);
+        if (cuda_gdn_chunk_supported(Hk, Hv, Dk, Dv)) { /* the chunked form, from the same initial states */
+            gdn_state_copy(S, seqs, n_seqs, per, &dS2, &dseq2);
+            cuda_gdn_prefill_force_chunk(1);
+            OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq2, n_seqs, -1, 0, T, Hk, Hv, Dk, Dv, dqk, dgt, dy2));
+            cuda_gdn_prefill_force_chunk(-1);
+            chunk_y = malloc(ny * 4);
+            chunk_S = malloc(ns * 4);
+            D2H(chunk_y, dy2, ny * 4);
+            D2H(chunk_S, dS2, ns * 4);
+            cuda_free(dS2); cuda_free(dseq2);
+        }
+        cuda_free(dy2); cuda_free(dqk); cuda_free(dgt);
     }
     OK(cuda_gated_norm(&ctx, dy, dz, vd, dnw, T, Hv, Dv, 1e-6f, dout));
     /* CPU: conv exactly as cpu_backend conv_item, recurrence as gdn_head_item */
@@ -973,6 +987,14 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
               n_seqs, cuda_gdn_prefill_lanes(Dk), e, es);
         free(pre_y);
         free(pre_S);
+    }
+    if (chunk_y) { /* the chunked form against the same reference and tolerance */
+        e = rel_err(chunk_y, y, ny);
+        const double es = rel_err(chunk_S, S, ns);
+        CHECK(e <= 1e-4 && es <= 1e-4, "gdn chunked scan Dk=%d Dv=%d T=%d seqs=%d: rel err y %.3g, state %.3g", Dk, Dv, T, n_seqs,
+              e, es);
+        free(chunk_y);
+        free(chunk_S);
     }
     uint16_t *ob = malloc((size_t)T * vd * 2);
     D2H(ob, dout, (size_t)T * vd * 2);
@@ -1429,6 +1451,8 @@ int main(void) {
         test_gdn(16, 32, 128, 128, 1, a);
         test_gdn(16, 32, 128, 128, 2, l2); /* prefill-length runs: many chunks, the error over 600 steps */
         test_gdn(16, 32, 128, 128, 3, b);
+        const int f5[] = {64, 65, 128, 1, 200}; /* the chunked form's boundaries: whole, one over, two, one token */
+        test_gdn(16, 32, 128, 128, 5, f5);
         int b64[64]; /* a decode batch: the one-token instance (four rows a thread) */
         for (int i = 0; i < 64; i++) b64[i] = 1;
         test_gdn(16, 32, 128, 128, 64, b64);
