@@ -35,8 +35,11 @@ struct node {
     int *prop_nodes;
     uint64_t required, all;
     int value_node; /* generic object: the values' node (-1: declared properties) */
-    /* ARRAY */
+    /* ARRAY: element i takes prefix[i] while i < n_prefix (a tuple: prefixItems, or the
+     * older 'items' array), then items (-1: no further elements; max_items then ≤ n_prefix) */
     int items;
+    int n_prefix;
+    int *prefix;
     uint32_t min_items, max_items;
     /* STRING */
     uint32_t min_len, max_len;
@@ -119,7 +122,7 @@ static int err_at(char *err, size_t errlen, const char *path, const char *msg) {
 static const char *const k_unsupported[] = {
     "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "multipleOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-    "uniqueItems", "contains", "minContains", "maxContains", "prefixItems", "additionalItems", "minProperties",
+    "uniqueItems", "contains", "minContains", "maxContains", "minProperties",
     "maxProperties", "unevaluatedProperties", "unevaluatedItems"};
 
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen);
@@ -128,6 +131,9 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
  * bound or value in units of 1e-15 fits an __int128. */
 #define INT_DIGITS 18
 #define FRAC_DIGITS 15
+/* Exponent digits: two, so every number is a finite, normal double (at most 18 + 99 decimal
+ * orders, at least 10^-114): 4e407 is valid JSON, but Go's and Rust's parsers refuse it */
+#define EXP_DIGITS 2
 typedef __int128 num_t;
 static num_t pow10n(int k) {
     num_t r = 1;
@@ -313,16 +319,44 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         if (count_kw(s, "minItems", 0, &lo, path, err, errlen) || count_kw(s, "maxItems", UINT32_MAX, &hi, path, err, errlen))
             return -1;
         if (lo > hi) return err_at(err, errlen, path, "'minItems' is above 'maxItems'");
+        /* a tuple: prefixItems (2020-12, Pydantic's tuple[...]) with 'items' for the rest, or
+         * the older 'items' array with 'additionalItems'; otherwise 'items' for every element.
+         * A rest of 'false' ends the array at the tuple's length. */
         const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
-        if (items && cJSON_IsArray(items))
-            return err_at(err, errlen, path, "'items' as an array (a tuple) is not supported");
+        const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
+        const char *prefix_kw = "prefixItems", *rest_kw = "items";
+        if (prefix && !cJSON_IsArray(prefix)) return err_at(err, errlen, path, "'prefixItems' must be an array of schemas");
+        if (!prefix && items && cJSON_IsArray(items)) {
+            prefix = items;
+            prefix_kw = "items";
+            rest_kw = "additionalItems";
+            items = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
+        }
+        const int n_prefix = prefix ? cJSON_GetArraySize(prefix) : 0;
+        if (items && cJSON_IsFalse(items)) {
+            if (lo > (uint32_t)n_prefix)
+                return err_at(err, errlen, path, "'minItems' is above the tuple's length, and no further items are allowed");
+            if (hi > (uint32_t)n_prefix) hi = (uint32_t)n_prefix;
+        }
         int id = new_node(g, K_ARRAY);
         if (id < 0) return -1;
         g->nodes[id].min_items = lo;
         g->nodes[id].max_items = hi;
-        snprintf(sub, sizeof sub, "%s/items", path);
-        int it = items ? compile(g, items, sub, depth + 1, err, errlen) : g->any;
-        if (it < 0) return -1;
+        if (n_prefix > 0) {
+            int *pre = malloc((size_t)n_prefix * sizeof *pre);
+            if (!pre) return -1;
+            g->nodes[id].prefix = pre; /* owned by the node from here (free_nodes) */
+            for (int i = 0; i < n_prefix; i++) {
+                snprintf(sub, sizeof sub, "%s/%s/%d", path, prefix_kw, i);
+                const int el = compile(g, cJSON_GetArrayItem(prefix, i), sub, depth + 1, err, errlen);
+                if (el < 0) return -1;
+                g->nodes[id].prefix[i] = el;
+                g->nodes[id].n_prefix = i + 1;
+            }
+        }
+        snprintf(sub, sizeof sub, "%s/%s", path, rest_kw);
+        int it = !items ? g->any : cJSON_IsFalse(items) ? -1 : compile(g, items, sub, depth + 1, err, errlen);
+        if (it < 0 && !(items && cJSON_IsFalse(items))) return -1;
         g->nodes[id].items = it;
         return id;
     }
@@ -448,7 +482,7 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
         if (!cJSON_IsArray(all_of) || cJSON_GetArraySize(all_of) != 1)
             return err_at(err, errlen, path, "'allOf' of more than one schema is not supported in constrained output");
         if (ref || cn || en || any_of || type || cJSON_GetObjectItemCaseSensitive(s, "properties") ||
-            cJSON_GetObjectItemCaseSensitive(s, "items"))
+            cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
             return err_at(err, errlen, path, "'allOf' beside other validation keywords is not supported");
         snprintf(sub, sizeof sub, "%s/allOf/0", path);
         ids[n] = compile(g, cJSON_GetArrayItem(all_of, 0), sub, depth + 1, err, errlen);
@@ -511,7 +545,7 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     } else if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "required")) {
         ids[n] = type_node(g, s, "object", path, depth, err, errlen);
         if (ids[n++] < 0) return -1;
-    } else if (cJSON_GetObjectItemCaseSensitive(s, "items")) {
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")) {
         ids[n] = type_node(g, s, "array", path, depth, err, errlen);
         if (ids[n++] < 0) return -1;
     } else {
@@ -530,6 +564,7 @@ static void free_nodes(jg_grammar *g) {
         free(n->prop_nodes);
         free(n->text);
         free(n->alts);
+        free(n->prefix);
         jr_free(n->re);
     }
     free(g->nodes);
@@ -571,6 +606,8 @@ void jg_free(jg_grammar *g) {
 
 /* ---- recognizing ---- */
 
+#define PAIR_LOW 16 /* P_S_HEX's pos flag: the digits of a surrogate pair's low half */
+
 enum phase {
     P_START = 0, /* before the value (whitespace allowed) */
     /* object */
@@ -585,6 +622,7 @@ enum phase {
     P_A_VALUE,   /* after ',': a value */
     /* string */
     P_S_IN, P_S_ESC, P_S_HEX,
+    P_S_PAIR, P_S_PAIRU, /* after a high surrogate's \uD800-DBFF: its low half's '\\', then 'u' */
     /* number */
     P_N_SIGN, P_N_ZERO, P_N_INT, P_N_DOT, P_N_FRAC, P_N_E, P_N_ESIGN, P_N_EXP,
     /* literal */
@@ -861,7 +899,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             f->count++;
             f->phase = P_A_NEXT;
             f->ws = 0;
-            if (!push(t, n->items, P_START)) return;
+            if (!push(t, f->count <= (uint32_t)n->n_prefix ? n->prefix[f->count - 1] : n->items, P_START)) return;
             continue; /* the value's first byte */
         case P_A_NEXT:
             if (is_ws(c)) {
@@ -945,20 +983,43 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             }
             emit(out, t);
             return;
-        case P_S_HEX:
+        case P_S_HEX: {
+            /* pos: the digits so far (low 4 bits), PAIR_LOW while this is a pair's low half;
+             * seen: the code unit so far. Only whole code points are written: a high surrogate
+             * (D800-DBFF) must be followed by its low half (DC00-DFFF), and a low one never
+             * stands alone (strict parsers — Pydantic's, Rust's, Go's — reject lone ones). */
             if (!is_hex(c)) return;
+            const int k = f->pos & 15;
+            const bool low = f->pos & PAIR_LOW;
+            f->seen = f->seen << 4 | (uint64_t)(is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10);
+            const int sh = 4 * (3 - k);
+            const uint32_t lo = (uint32_t)f->seen << sh, hi = lo | ((1u << sh) - 1);
+            if (low ? hi < 0xDC00 || lo > 0xDFFF : lo >= 0xDC00 && hi <= 0xDFFF) return;
             if (n->re) { /* the code unit so far; a pattern's strings take no escaped surrogates */
-                f->seen = f->seen << 4 | (uint64_t)(is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10);
-                if (f->pos == 3 && !re_cp(n, f, (uint32_t)f->seen, 0)) return;
-                if (f->pos < 3) {
-                    const int sh = 4 * (3 - f->pos);
-                    const uint32_t lo = (uint32_t)f->seen << sh, hi = lo | ((1u << sh) - 1);
-                    if (!re_range(n, f, f->count, lo, hi)) return;
-                }
+                if (k == 3 && !re_cp(n, f, (uint32_t)f->seen, 0)) return;
+                if (k < 3 && !re_range(n, f, f->count, lo, hi)) return;
             }
-            if (++f->pos == 4) {
+            if (k < 3) {
+                f->pos = (uint16_t)(f->pos + 1);
+            } else if (!low && f->seen >= 0xD800 && f->seen <= 0xDBFF) {
+                f->phase = P_S_PAIR; /* one character with its low half: counted at the first backslash */
+                f->pos = 0;
+            } else {
                 f->phase = P_S_IN;
                 f->pos = 0;
+            }
+            emit(out, t);
+            return;
+        }
+        case P_S_PAIR:
+        case P_S_PAIRU:
+            if (c != (f->phase == P_S_PAIR ? '\\' : 'u')) return;
+            if (f->phase == P_S_PAIR) {
+                f->phase = P_S_PAIRU;
+            } else {
+                f->phase = P_S_HEX;
+                f->pos = PAIR_LOW;
+                f->seen = 0;
             }
             emit(out, t);
             return;
@@ -974,7 +1035,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
         case P_N_FRAC:
         case P_N_EXP:
             if (is_digit(c) && f->phase != P_N_ZERO) {
-                int cap = f->phase == P_N_INT ? INT_DIGITS : f->phase == P_N_FRAC ? FRAC_DIGITS : 3;
+                int cap = f->phase == P_N_INT ? INT_DIGITS : f->phase == P_N_FRAC ? FRAC_DIGITS : EXP_DIGITS;
                 if (++f->pos > cap) return;
                 if (f->phase == P_N_INT) f->seen = (f->seen & NUM_NEG) | ((f->seen & ~NUM_NEG) * 10 + (uint64_t)(c - '0'));
                 if (f->phase == P_N_FRAC) f->cand = f->cand * 10 + (uint64_t)(c - '0');

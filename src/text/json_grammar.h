@@ -24,18 +24,20 @@
  * and unknown keywords are ignored, as JSON Schema says. Validation keywords
  * that cannot be enforced here (bounds without a numeric type, multipleOf, allOf
  * of several schemas (of one: that schema),
- * not, if / then / else, uniqueItems, prefixItems, ...) are an error naming the
+ * not, if / then / else, uniqueItems, ...) are an error naming the
  * keyword and where it is, never silently unenforced. An object schema with
  * properties never gets keys outside them: the documents produced are a
  * subset of those the schema allows, so every one validates.
  *
  * Documents: no whitespace before the value or after it; between tokens at
  * most 32 whitespace bytes in a row (pretty-printing fits; endless blank runs
- * do not). Numbers: at most 18 integer digits, 15 fraction digits and 3
- * exponent digits, so a number always ends. Strings are valid UTF-8 (RFC
- * 3629) without control characters, with valid escapes; min/maxLength count
- * characters (an escape is one), as JSON Schema does (code points; an escaped
- * surrogate pair counts two).
+ * do not). Numbers: at most 18 integer digits, 15 fraction digits and 2
+ * exponent digits, so a number always ends and is a finite double. Strings are
+ * valid UTF-8 (RFC 3629) without control characters, with valid escapes — an
+ * escaped surrogate only as a whole pair; min/maxLength count characters (code
+ * points: an escape, a pair of them or a UTF-8 character is one), as JSON
+ * Schema does. Tuples: prefixItems (or the older 'items' array) place by
+ * place, then 'items' ('additionalItems').
  *
  * State: a small fixed-size struct (several alternative parses when anyOf,
  * enum or a type list leave more than one open), copied cheaply with

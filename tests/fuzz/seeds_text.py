@@ -261,7 +261,10 @@ def seed_json_grammar(out: Path):
              ({"type": "string", "pattern": "^(ab)+$", "minLength": 2, "maxLength": 7}, '"abab"'),
              ({"type": "string", "pattern": "^(?:[0-9a-f]{2}:){2}[^\\d\\s]\\w*$"}, '"0a:ff:\\u00e9x"'),
              ({"type": "string", "pattern": "a|b(c|d)*?e{2,}"}, '"zzbcdee"'),
-             ({"type": "integer", "exclusiveMinimum": -12.5, "maximum": -3}, "-12")]
+             ({"type": "integer", "exclusiveMinimum": -12.5, "maximum": -3}, "-12"),
+             (t.TUPLES, '{"pt": [0.5, -2], "head": ["b", 3, 4]}'),
+             ({"type": "array", "items": [{"type": "boolean"}], "additionalItems": False}, "[true]"),
+             ({"type": "string", "maxLength": 2}, '"\\ud83d\\ude00x"')]
     for i, (schema, doc) in enumerate(pairs):
         put(d, f"pair-{i}", json.dumps(schema).encode() + b"\0" + doc.encode())
     for i, doc in enumerate(['{"a": {"b": [true, null, "\u00e9\\""]}}', "{}", '{"x": 1e5, "y": "\xe4\xb8\x96"}']):

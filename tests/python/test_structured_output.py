@@ -123,6 +123,30 @@ PATTERNS = {
 }
 
 
+TUPLES = {
+    "type": "object",
+    "properties": {"pt": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}],
+                          "minItems": 2, "maxItems": 2},
+                   "head": {"type": "array", "prefixItems": [{"enum": ["a", "b"]}], "items": {"type": "integer"},
+                            "maxItems": 3}},
+    "required": ["pt", "head"],
+    "additionalProperties": False,
+}
+
+
+def test_tuples(client):
+    # prefixItems (Pydantic's tuple[...]) with 'items' for the rest
+    followed_and_forced(client, TUPLES, {"pt": [0.5, -2], "head": ["b", 3, 4]}, '{"pt": [1, 2, 3], "head": [3, "a"]}')
+    # the older form (draft 7): 'items' as an array, 'additionalItems' for the rest
+    old = {"type": "array", "items": [{"type": "boolean"}, {"type": "string", "maxLength": 3}],
+           "additionalItems": False, "minItems": 1}
+    for script in ("[true, \"abc\"]", "[1, 2, 3]"):
+        r = ask(client, "SCRIPT:" + script, response_format=fmt(old))
+        jsonschema.Draft7Validator(old).validate(json.loads(r.choices[0].message.content))
+    assert json.loads(ask(client, "SCRIPT:[true, \"abc\"]", response_format=fmt(old)).choices[0].message.content) == \
+        [True, "abc"]
+
+
 def test_patterns(client):
     # the validator is Python's re (a search), as jsonschema uses it
     followed_and_forced(client, PATTERNS,
@@ -153,6 +177,8 @@ def test_pydantic_models_through_the_sdk(client):
         score: float = Field(ge=0, le=1)
         home: Address = Field(description="where they live")
         tags: list[str] = Field(max_length=3)
+        where: tuple[float, float]
+        pair: tuple[int, str] | None
 
     parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
     for temperature, seed in ((0, 0), (1.0, 1), (1.5, 2)):
@@ -160,6 +186,7 @@ def test_pydantic_models_through_the_sdk(client):
                   max_tokens=600, temperature=temperature, seed=seed)
         p = r.choices[0].message.parsed
         assert isinstance(p, Person) and 0 <= p.age <= 150 and 0 <= p.score <= 1, r.choices[0].message.content
+        assert len(p.where) == 2 and (p.pair is None or len(p.pair) == 2)
     schema = Person.model_json_schema()
     r = ask(client, "no script", response_format=fmt(schema), temperature=1.0, seed=3, max_tokens=600)
     Person.model_validate_json(r.choices[0].message.content)
@@ -289,7 +316,7 @@ def test_beside_tools_sampled_noise_stays_valid(client):
 def test_tiny_model_noise_becomes_valid_documents():
     with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
         c = s.client(timeout=300)
-        for schema in (PERSON, TREE, BOUNDED, PATTERNS):
+        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES):
             for temperature, seed in ((0, 0), (0.7, 1), (1.0, 2), (1.0, 3)):
                 r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe it."}],
                                               max_tokens=600, temperature=temperature, seed=seed,

@@ -188,6 +188,41 @@ int main(void) {
     no(g, "\"\xe4\xb8\"");         /* a character cut short */
     yes(g, "\"\xf0\x9f\x98\x80\xe4\xb8\x96\"");
     jg_free(g);
+    /* escaped surrogates: a pair is one character; a lone half is never written (strict
+     * parsers refuse it), and a high half leaves only its low half to follow */
+    g = grammar("{\"type\":\"string\",\"minLength\":2,\"maxLength\":2}");
+    yes(g, "\"\\ud83d\\ude00\\u00e9\"");  /* 😀é: two characters */
+    yes(g, "\"\\uDBFF\\uDFFFx\"");
+    no(g, "\"\\ud83d\\ude00\"");            /* one character: below minLength */
+    no(g, "\"\\ud83dxy\"");                   /* a lone high half */
+    no(g, "\"\\ude00xy\"");                   /* a lone low half */
+    no(g, "\"x\\ud83d\\u0041\"");           /* a high half followed by no low one */
+    no(g, "\"\\ud83d\\ud83d\\ude00\"");
+    {
+        static const char *const live[] = {"\"\\ud83d", "\"\\ud83d\\", "\"\\ud83d\\u", "\"\\ud83d\\ud", "\"\\ud83d\\udf",
+                                           "\"\\ud", "\"\\udb"};
+        static const char *const dead[] = {"\"\\udc", "\"\\udf", "\"\\ud83d\"", "\"\\ud83d\\n", "\"\\ud83d\\ud8",
+                                           "\"\\ud83d\\u0"};
+        for (size_t i = 0; i < sizeof live / sizeof live[0]; i++) {
+            jg_state st;
+            jg_start(g, &st);
+            CHECK(jg_feed(g, &st, live[i], strlen(live[i])), "surrogates: '%s' should be live", live[i]);
+        }
+        for (size_t i = 0; i < sizeof dead / sizeof dead[0]; i++) {
+            jg_state st;
+            jg_start(g, &st);
+            CHECK(!jg_feed(g, &st, dead[i], strlen(dead[i])), "surrogates: '%s' should be dead", dead[i]);
+        }
+    }
+    jg_free(g);
+
+    /* exponents of two digits at most: every number is a finite double */
+    g = grammar("{\"type\":\"number\"}");
+    yes(g, "4e99");
+    yes(g, "-1.5E-99");
+    no(g, "4e407");
+    no(g, "1e100");
+    jg_free(g);
 
     /* a $ref cycle with no value in between is refused at compile or dies, never loops */
     {
@@ -435,6 +470,51 @@ int main(void) {
         no(w, "{\"p\":{}}");
         no(w, "{\"p\":1}");
         jg_free(w);
+    }
+    {   /* tuples: prefixItems (Pydantic's tuple[int, str] sets min/maxItems too), then 'items' */
+        jg_grammar *w = grammar("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\"}],"
+                                "\"minItems\":2,\"maxItems\":2}");
+        yes(w, "[1,\"a\"]");
+        yes(w, "[ -7 , \"\" ]");
+        no(w, "[\"a\",1]");   /* each place its own schema */
+        no(w, "[1]");         /* minItems */
+        no(w, "[1,\"a\",2]"); /* maxItems */
+        no(w, "[1,2]");
+        jg_free(w);
+        /* no count bounds: the tuple's places, then any further items of 'items' */
+        w = grammar("{\"prefixItems\":[{\"enum\":[\"x\",\"y\"]},{\"type\":\"boolean\"}],\"items\":{\"type\":\"integer\"}}");
+        yes(w, "[]");
+        yes(w, "[\"x\"]");
+        yes(w, "[\"y\",true,3,4]");
+        no(w, "[\"z\"]");
+        no(w, "[\"x\",1]");
+        no(w, "[\"x\",false,\"s\"]");
+        jg_free(w);
+        /* 'items': false ends the array at the tuple's length (maxItems above it is lowered) */
+        w = grammar("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"null\"}],\"items\":false,\"maxItems\":5}");
+        yes(w, "[null]");
+        yes(w, "[]");
+        no(w, "[null,null]");
+        jg_free(w);
+        /* the older form: 'items' as an array, 'additionalItems' for the rest */
+        w = grammar("{\"type\":\"array\",\"items\":[{\"type\":\"string\"}],\"additionalItems\":{\"type\":\"number\"},"
+                    "\"minItems\":1}");
+        yes(w, "[\"a\"]");
+        yes(w, "[\"a\",1.5,2]");
+        no(w, "[]");
+        no(w, "[1]");
+        no(w, "[\"a\",\"b\"]");
+        jg_free(w);
+        /* a nested tuple inside an object, as Pydantic writes a tuple field */
+        w = grammar("{\"type\":\"object\",\"properties\":{\"pt\":{\"type\":\"array\",\"prefixItems\":[{\"type\":\"number\"},"
+                    "{\"type\":\"number\"}],\"minItems\":2,\"maxItems\":2}},\"required\":[\"pt\"]}");
+        yes(w, "{\"pt\":[0.5,-1]}");
+        no(w, "{\"pt\":[0.5]}");
+        jg_free(w);
+        compile_error("{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", "above the tuple's length");
+        compile_error("{\"type\":\"array\",\"prefixItems\":{}}", "'prefixItems' must be an array");
+        compile_error("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"widget\"}]}", "#/prefixItems/0: unknown type");
+        compile_error("{\"type\":\"array\",\"items\":[{}],\"additionalItems\":{\"type\":\"widget\"}}", "#/additionalItems");
     }
     compile_error("{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
     compile_error("{\"type\":\"widget\"}", "unknown type");
