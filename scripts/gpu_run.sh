@@ -159,7 +159,7 @@ for phase in $PHASES; do
                 tb=$root/${packs[$i]}/tr/bench_batch_decode
                 [ -x "$tb" ] || continue
                 mkdir -p "$res/trace_${names[$i]}"
-                arm "$i" "$tb" --ctx 512 --batches "$BATCHES" --trace "$res/trace_${names[$i]}" >"$res/trace_${names[$i]}.log" 2>&1
+                arm "$i" "$tb" --ctx 512 --batches "$BATCHES" $BATCH_ARGS --trace "$res/trace_${names[$i]}" >"$res/trace_${names[$i]}.log" 2>&1
                 note "trace ${names[$i]}: $(ls "$res/trace_${names[$i]}" | tr '\n' ' ')"
             done
         fi

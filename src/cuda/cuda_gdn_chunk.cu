@@ -145,6 +145,8 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
 
     /* the products' tiles: V' and O give warp w m-tile w >> 1 and n-tiles 4·(w & 1) .. + 3 */
     const int omi = warp >> 1, onj0 = 4 * (warp & 1);
+    trace_clock clk; /* trace builds: the phases' sums as marks 4..7 (tools/trace_report.py --phases gdn_scan) */
+    clk.start();
     for (int c0 = s.t0; c0 < s.t1; c0 += GC_C) {
         const int n = min(GC_C, s.t1 - c0);
         /* 1. the chunk's global reads issued together (the gates, this thread's q / k / v
@@ -220,6 +222,7 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             *reinterpret_cast<float4 *>(&sm.u[t][r]) = v4[i];
         }
         __syncthreads();
+        clk.lap(0); /* the chunk's loads and planes */
 
         /* 2. A = β e (K Kᵀ) strictly lower (fp32) and P = e (Q Kᵀ) lower (planes): the 20 lower
          * 16 × 8 tiles (mi, nj ≤ 2·mi + 1), both products of a tile in one job (one B fragment),
@@ -252,8 +255,9 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
         }
         __syncthreads();
 
-        /* 3. Z = β ⊙ (V − e^γ ⊙ (K Sᵀ)) [t][r] over v (this lane's elements only: no barrier
-         * against step 2, which reads neither u nor the S planes' writers) */
+        /* 3. Z = β ⊙ (V − e^γ ⊙ (K Sᵀ)) [t][r] over v, this lane's elements only: it needs
+         * nothing of step 2 (the barrier above keeps the warps in step; dropping it, with
+         * K̃ᵀ's planes moved into step 4, measured slower: docs/PERFORMANCE.md, session 31) */
         {
             float zacc[4][4] = {}, zlo[4][4] = {};
 #pragma unroll
@@ -277,6 +281,7 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
                 }
         }
         __syncthreads();
+        clk.lap(1); /* A, P and Z */
 
         /* 4. (I + A) V' = Z in place over Z, by blocks of 16 rows: the rows of block b first lose
          * the finished blocks' terms (all 256 threads: a row and 4 columns each), then the block
@@ -331,6 +336,7 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             }
         }
         __syncthreads();
+        clk.lap(2); /* the solve and V'ᵀ's planes */
 
         /* 5. O = e^γ ⊙ (Q Sᵀ) + P V' → y (rows t < n) */
         {
@@ -398,7 +404,9 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             gc_add_lo(st, slo);
         }
         __syncthreads();
+        clk.lap(3); /* O and the S update's products */
         gc_put_s(sm, st, smi, snj0, gq, c);
+        clk.lap(4);
     }
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -407,6 +415,7 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             const int r = 16 * smi + gq + 4 * e, d = 8 * (snj0 + j) + 2 * c;
             *reinterpret_cast<float2 *>(S + (size_t)r * GC_DK + d) = make_float2(st[j][e], st[j][e + 1]);
         }
+    clk.finish(TRACE_START);
 }
 
 static bool gc_ok = false; /* the device gives a block the form's shared memory (cuda_gdn_chunk_init) */

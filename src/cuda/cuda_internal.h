@@ -127,12 +127,39 @@ struct trace_scope {
     }
 };
 #define TRACE_KERNEL() trace_scope trace_scope_
+/* A block's time in up to four phases of a loop, summed over its rounds (thread 0's view;
+ * lap(k) adds the time since the last lap to phase k, 4 = the rest) and written as marks
+ * 4..7 laid end to end after the slot `base` (TRACE_WAITED, or TRACE_START for a kernel
+ * without a wait), so a timeline's mark-to-mark deltas are the phases' sums. */
+struct trace_clock {
+    unsigned long long last, sum[5];
+    __device__ void start() {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(last));
+        sum[0] = sum[1] = sum[2] = sum[3] = sum[4] = 0;
+    }
+    __device__ void lap(int k) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        sum[k] += t - last;
+        last = t;
+    }
+    __device__ void finish(int base) {
+        if (threadIdx.x != 0) return;
+        unsigned long long t = trace_slots()[base];
+        for (int k = 0; k < 4; k++) trace_slots()[TRACE_MARK4 + k] = (t += sum[k]);
+    }
+};
 #define CUDA_TRACE_TU(name)                                                                           \
     extern "C" int cuda_trace_set_##name(const cuda_trace_dev *d) {                                   \
         return cudaMemcpyToSymbol(g_trace, d, sizeof *d) == cudaSuccess ? 0 : -1;                     \
     }
 #else
 __device__ __forceinline__ void trace_mark(int) {}
+struct trace_clock {
+    __device__ void start() {}
+    __device__ void lap(int) {}
+    __device__ void finish(int) {}
+};
 #define TRACE_KERNEL() (void)0
 #define CUDA_TRACE_TU(name)
 #endif

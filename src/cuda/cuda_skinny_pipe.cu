@@ -171,35 +171,9 @@ __device__ __forceinline__ void sp_reduce_unit(const float *red, int MT, int KS,
     if ((threadIdx.x & 31) == 0) mbar_arrive(&redfree[rb]);
 }
 
-/* Trace builds: thread 0's (a consumer's) time in each phase of its unit loop, summed over
- * the block's units and written as marks 4..7 laid end to end after the wait (so a
- * timeline's phase deltas are the sums): 4 = prologue (route scan), 5 = waiting for a
- * stage (copies and Σx), 6 = products, 7 = handing the partials to the reducers. */
-struct sp_clock {
-#ifdef ORCHID_TRACE
-    unsigned long long last, sum[5]; /* [4]: after the last unit (the remainder to the end) */
-    __device__ void start() {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(last));
-        sum[0] = sum[1] = sum[2] = sum[3] = sum[4] = 0;
-    }
-    __device__ void lap(int k) { /* the time since the last lap into phase k */
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        sum[k] += t - last;
-        last = t;
-    }
-    __device__ void finish() {
-        if (threadIdx.x != 0) return;
-        unsigned long long t = trace_slots()[TRACE_WAITED];
-        for (int k = 0; k < 4; k++) trace_slots()[TRACE_MARK4 + k] = (t += sum[k]);
-    }
-#else
-    __device__ void start() {}
-    __device__ void lap(int) {}
-    __device__ void finish() {}
-#endif
-};
-
+/* Trace builds: thread 0's (a consumer's) time in each phase of its unit loop (trace_clock),
+ * marks 4..7 after the wait: 4 = prologue (route scan), 5 = waiting for a stage (copies and
+ * Σx), 6 = products, 7 = handing the partials to the reducers. */
 /* The block's static shared state (both kernels): a stage's barriers full (the producer's
  * copies), ready (the Σx warps), empty (the consumer warps); the two red buffers' full
  * (consumers) and free (reducers); the route scan's warp totals. */
@@ -331,7 +305,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     pdl_trigger();
     sp_init_bars(sh, S);
     pdl_wait(); /* the route is the previous kernels' */
-    sp_clock clk;
+    trace_clock clk;
     clk.start();
     const int U = sp_route_units<NC>(a.counts, a.offsets, E, upt, pfx, cnt, off, sh.wtot);
     const int u0 = (int)((long long)U * blockIdx.x / gridDim.x), u1 = (int)((long long)U * (blockIdx.x + 1) / gridDim.x);
@@ -456,7 +430,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
         clk.lap(3);
     }
     clk.lap(4);
-    clk.finish();
+    clk.finish(TRACE_WAITED);
 #else
     pdl_trigger();
     pdl_wait();

@@ -189,7 +189,7 @@ extern "C" int cuda_mem_info(size_t *free_b, size_t *total_b) {
 CUDA_TRACE_TU(util)
 
 /* ---- the in-kernel trace's host side: every translation unit's g_trace set at once ---- */
-#define TRACE_TUS(X) X(attn) X(flash) X(gdn) X(gdn_prefill) X(gemm) X(gemm_wg) X(gemv) X(moe) X(norm) X(sample) X(skinny) \
+#define TRACE_TUS(X) X(attn) X(flash) X(gdn) X(gdn_chunk) X(gdn_prefill) X(gemm) X(gemm_wg) X(gemv) X(moe) X(norm) X(sample) X(skinny) \
     X(skinny_pipe) X(skinny_tall) X(skinny_wide) X(tcv)
 #ifdef ORCHID_TRACE
 #define TRACE_DECL(name) extern "C" int cuda_trace_set_##name(const cuda_trace_dev *d);

@@ -15,7 +15,8 @@
  *                      [--trace DIR]
  *
  * --trace DIR: one more forward at T = 1 and at the largest T with the in-kernel timeline
- * on (cuda_backend_trace_next), written to DIR/trace_T<T>.csv (tools/trace_report.py).
+ * on (cuda_backend_trace_next), written to DIR/trace_T<T>.csv (tools/trace_report.py); with
+ * --pack K also one pack's, DIR/trace_packK.csv.
  * --pack K: the sessions are prefilled K at a time, one forward of K × ctx tokens each (the
  * server's packed prompt chunks, sched_plan_invariant; K · ctx ≤ the backend's
  * max_batch_tokens), each pack timed and the last one profiled per op.
@@ -116,11 +117,20 @@ int main(int argc, char **argv) {
         /* one forward for the pack, each prompt's last row's argmax (as the server asks) */
         const bool last = s0 + pack >= maxT && s0 > 0;
         if (last && cuda_backend_set_profile(be, 1, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        /* --trace with --pack: the timeline of one pack too (the second when there are three or
+         * more, else the first; never the profiled last one) */
+        char tpath[512];
+        const bool traced = trace_dir && pack > 1 && !last && s0 == (maxT >= 3 * pack ? pack : 0);
+        if (traced) {
+            snprintf(tpath, sizeof tpath, "%s/trace_pack%d.csv", trace_dir, pack);
+            cuda_backend_trace_next(be, tpath);
+        }
         const double tp = now_seconds();
         struct fwd_batch b = {.n_tokens = k * ctx, .tokens = ptok, .pos = ppos, .seq = pseq, .sessions = ss + s0,
                               .n_seqs = k, .n_out = k, .out_rows = prow, .out_logits = pnone, .out_argmax = pids};
         if (be->forward(be, &b, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-        if (pack > 1 && !last)
+        if (traced) printf("trace of one pack of %d x %d tokens: %s\n", k, ctx, tpath);
+        else if (pack > 1 && !last)
             printf("pack of %d x %d tokens: %.1f ms (%.0f tok/s)\n", k, ctx, (now_seconds() - tp) * 1e3,
                    k * ctx / (now_seconds() - tp));
         if (last) {
