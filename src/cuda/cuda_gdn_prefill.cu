@@ -16,6 +16,10 @@
 //      the decode form's (gdnp_lpr_for: other bits, still independent of what else is in
 //      the batch). H100, a pack of 8 x 512 tokens: the scan 1,082 -> 732 us a GDN layer,
 //      the pack 117.4 -> 107.0 ms (docs/PERFORMANCE.md, session 27).
+//
+// Since session 31 step 2 takes only the sequences of fewer than CUDA_GDN_CHUNK_MIN tokens
+// where the chunked form (cuda_gdn_chunk.cu: 64-token chunks on tensor cores, 732 -> 586 us
+// for that pack) applies; the longer ones go there, after the same preparation.
 #include <limits.h>
 #include <math.h>
 

@@ -205,9 +205,11 @@ int cuda_gdn_scan(const struct cuda_ctx *c, const float *conv_out, const float *
                   const float *A_log, const float *dt_bias, const struct cuda_seq *seqs, int n_seqs, int layer_ord,
                   int Hk, int Hv, int Dk, int Dv, int one_token, int pdl, float *y);
 /* The same recurrence for prefill chunks (cuda_gdn_prefill.cu): a parallel preparation
- * launch (l2-normalised q, k into qk [T][Hk][2][Dk], gates into [Hv][T][2]) and the scan
- * with double-buffered chunks; the same math as cuda_gdn_scan, summed in another order
- * (cuda_gdn_prefill_lanes Dk / 8, the default: bit for bit; 4: within 1e-4 of it). */
+ * launch (l2-normalised q, k into qk [T][Hk][2][Dk], gates into [Hv][T][2]), then the
+ * chunked form (below) for the long sequences and the scan with double-buffered chunks for
+ * the rest; the same math as cuda_gdn_scan, summed in another order (the scan with
+ * cuda_gdn_prefill_lanes Dk / 8: bit for bit; 4, the default, and the chunked form: within
+ * 1e-4 of it). */
 int cuda_gdn_prefill_init(char *err, size_t errlen);
 int cuda_gdn_prefill_supported(int Hk, int Hv, int Dk, int Dv);
 /* lanes a value row in the prefill scan (4 by default; Dk / 8, the decode form's bits, with ORCHID_GDNP_LPR=16) */
