@@ -48,6 +48,7 @@ struct node {
      * units of 1 (INTEGER) or 1e-15 (NUMBER: 15 fraction digits at most; no exponent then) */
     bool bounded;
     __int128 lo, hi;
+    __int128 mult; /* INTEGER: multipleOf (0: none; bounded then, at least by what can be written) */
     /* LITERAL */
     char *text;
     size_t len;
@@ -121,7 +122,7 @@ static int err_at(char *err, size_t errlen, const char *path, const char *msg) {
 
 static const char *const k_unsupported[] = {
     "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "multipleOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
     "uniqueItems", "contains", "minContains", "maxContains", "minProperties",
     "maxProperties", "unevaluatedProperties", "unevaluatedItems"};
 
@@ -225,6 +226,33 @@ static int num_bounds(const cJSON *s, struct node *nd, const char *path, char *e
     return 0;
 }
 
+/* Whether [x, y] holds a multiple of m (> 0): the largest multiple <= y is >= x. */
+static bool has_multiple(num_t x, num_t y, num_t m) {
+    if (x > y) return false;
+    num_t r = y % m;
+    if (r < 0) r += m;
+    return y - r >= x;
+}
+
+/* An integer node's multipleOf: a whole number from 1 to 10^18 (compile checks the type);
+ * the node is bounded from here (by what can be written when nothing tighter was given), so
+ * the prefix test sees it, and some multiple must lie within the bounds. */
+static int num_multiple(const cJSON *s, struct node *nd, const char *path, char *err, size_t errlen) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
+    if (!v || nd->kind != K_INTEGER) return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1) || v->valuedouble > 1e18 || v->valuedouble != floor(v->valuedouble))
+        return err_at(err, errlen, path, "'multipleOf' on an integer must be a whole number from 1 to 10^18");
+    nd->mult = (num_t)v->valuedouble;
+    if (!nd->bounded) {
+        nd->bounded = true;
+        nd->lo = -NUM_LIMIT(1);
+        nd->hi = NUM_LIMIT(1);
+    }
+    if (!has_multiple(nd->lo, nd->hi, nd->mult))
+        return err_at(err, errlen, path, "no multiple of 'multipleOf' lies within 'minimum' / 'maximum'");
+    return 0;
+}
+
 /* A count keyword (minItems ...): absent -> dflt; else an integer >= 0. */
 static int count_kw(const cJSON *s, const char *kw, uint32_t dflt, uint32_t *out, const char *path, char *err,
                     size_t errlen) {
@@ -283,7 +311,9 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
     if (!strcmp(type, "boolean")) return alt_of(g, (const int[]){g->lit_true, g->lit_false}, 2);
     if (!strcmp(type, "integer") || !strcmp(type, "number")) {
         int id = new_node(g, type[0] == 'i' ? K_INTEGER : K_NUMBER);
-        return id < 0 || num_bounds(s, &g->nodes[id], path, err, errlen) ? -1 : id;
+        return id < 0 || num_bounds(s, &g->nodes[id], path, err, errlen) || num_multiple(s, &g->nodes[id], path, err, errlen)
+                   ? -1
+                   : id;
     }
     if (!strcmp(type, "string")) {
         uint32_t lo, hi;
@@ -445,6 +475,8 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     const bool numeric = type_names(s, "integer") || type_names(s, "number");
     if (cJSON_GetObjectItemCaseSensitive(s, "pattern") && !type_names(s, "string"))
         return err_at(err, errlen, path, "'pattern' needs 'type': \"string\" to be enforced");
+    if (cJSON_GetObjectItemCaseSensitive(s, "multipleOf") && !(type_names(s, "integer") && !type_names(s, "number")))
+        return err_at(err, errlen, path, "'multipleOf' is enforced on integers only (\"type\": \"integer\")");
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
         if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(numeric && is_bound_kw(k_unsupported[i]))) {
             char m[128];
@@ -658,13 +690,19 @@ static bool num_span(const struct node *n, const struct jg_frame *f, int j, num_
 }
 
 /* Whether some value within the node's bounds can still be written from this frame. */
+/* Whether some value of [a, b] is within the node's bounds (and, with multipleOf, a multiple). */
+static bool span_ok(const struct node *n, num_t a, num_t b) {
+    if (a > n->hi || b < n->lo) return false;
+    return !n->mult || has_multiple(a > n->lo ? a : n->lo, b < n->hi ? b : n->hi, n->mult);
+}
+
 static bool num_viable(const struct node *n, const struct jg_frame *f) {
     if (!n->bounded) return true;
-    if (f->phase == P_N_SIGN) return n->lo <= 0; /* "-": some v <= 0 (-0 is 0) */
+    if (f->phase == P_N_SIGN) return span_ok(n, n->lo, 0); /* "-": some v <= 0 (-0 is 0) */
     const int more = f->phase == P_N_INT ? INT_DIGITS - f->pos : 0;
     for (int j = 0; j <= more; j++) {
         num_t a, b;
-        if (num_span(n, f, j, &a, &b) && a <= n->hi && b >= n->lo) return true;
+        if (num_span(n, f, j, &a, &b) && span_ok(n, a, b)) return true;
     }
     return false;
 }
@@ -676,7 +714,7 @@ static bool num_within(const struct node *n, const struct jg_frame *f) {
     num_t v = f->phase == P_N_ZERO ? 0 : num_int(f) * unit;
     if (f->phase == P_N_FRAC) v += (num_t)f->cand * pow10n(FRAC_DIGITS - f->pos);
     if (num_neg(f)) v = -v;
-    return v >= n->lo && v <= n->hi;
+    return v >= n->lo && v <= n->hi && (!n->mult || v % n->mult == 0);
 }
 
 /* The characters a patterned string may still take after `count` of them (the pending one

@@ -22,7 +22,8 @@
  * maxLength of at most 255, the NFA's remaining-length sets then deciding too).
  * Annotations (title, description, default, examples, format, $schema, ...)
  * and unknown keywords are ignored, as JSON Schema says. Validation keywords
- * that cannot be enforced here (bounds without a numeric type, multipleOf, allOf
+ * that cannot be enforced here (bounds without a numeric type, multipleOf but on
+ * an integer (a whole number there: enforced by the same prefix test), allOf
  * of several schemas (of one: that schema),
  * not, if / then / else, uniqueItems, ...) are an error naming the
  * keyword and where it is, never silently unenforced. An object schema with

@@ -86,8 +86,9 @@ BOUNDED = {
                    "delta": {"type": ["integer", "null"], "exclusiveMinimum": -3, "exclusiveMaximum": 3},
                    "big": {"type": "integer", "minimum": 1000},
                    "p": {"type": "number", "minimum": 0, "maximum": 1},
-                   "t": {"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 0.25}},
-    "required": ["age", "delta", "big", "p", "t"],
+                   "t": {"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 0.25},
+                   "step": {"type": "integer", "multipleOf": 5, "minimum": -20}},
+    "required": ["age", "delta", "big", "p", "t", "step"],
     "additionalProperties": False,
 }
 
@@ -107,8 +108,8 @@ def followed_and_forced(client, schema, doc, off_script):
 
 
 def test_numeric_bounds(client):
-    followed_and_forced(client, BOUNDED, {"age": 42, "delta": -2, "big": 123456, "p": 0.75, "t": -0.125},
-                        '{"age": 7, "delta": 3, "big": 5, "p": 1.5, "t": 0.25}')
+    followed_and_forced(client, BOUNDED, {"age": 42, "delta": -2, "big": 123456, "p": 0.75, "t": -0.125, "step": -15},
+                        '{"age": 7, "delta": 3, "big": 5, "p": 1.5, "t": 0.25, "step": 7}')
 
 
 PATTERNS = {
@@ -177,18 +178,19 @@ def test_pydantic_models_through_the_sdk(client):
         score: float = Field(ge=0, le=1)
         home: Address = Field(description="where they live")
         tags: list[str] = Field(max_length=3)
+        lot: int = Field(multiple_of=100, ge=0)
         where: tuple[float, float]
         pair: tuple[int, str] | None
 
     parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
     for temperature, seed in ((0, 0), (1.0, 1), (1.5, 2)):
         r = parse(model=MODEL, messages=[{"role": "user", "content": "no script"}], response_format=Person,
-                  max_tokens=600, temperature=temperature, seed=seed)
+                  max_tokens=1500, temperature=temperature, seed=seed)
         p = r.choices[0].message.parsed
         assert isinstance(p, Person) and 0 <= p.age <= 150 and 0 <= p.score <= 1, r.choices[0].message.content
-        assert len(p.where) == 2 and (p.pair is None or len(p.pair) == 2)
+        assert len(p.where) == 2 and (p.pair is None or len(p.pair) == 2) and p.lot % 100 == 0 and p.lot >= 0
     schema = Person.model_json_schema()
-    r = ask(client, "no script", response_format=fmt(schema), temperature=1.0, seed=3, max_tokens=600)
+    r = ask(client, "no script", response_format=fmt(schema), temperature=1.0, seed=3, max_tokens=1500)
     Person.model_validate_json(r.choices[0].message.content)
     valid(r.choices[0].message.content, schema)
 

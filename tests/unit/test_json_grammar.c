@@ -460,6 +460,43 @@ int main(void) {
     compile_error("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer");
     compile_error("{\"type\":\"integer\",\"exclusiveMinimum\":true}", "'exclusiveMinimum' must be a number");
     compile_error("{\"type\":\"integer\",\"minimum\":1e30}", "no integer");
+    {   /* multipleOf on integers: the value a multiple, with or without bounds; no dead ends */
+        jg_grammar *w = grammar("{\"type\":\"integer\",\"multipleOf\":7}");
+        yes(w, "0");
+        yes(w, "-0");
+        yes(w, "49");
+        yes(w, "-700");
+        no(w, "50");
+        no(w, "-1");
+        no_dead_ends(w, "multipleOf 7", "0123456789-");
+        jg_free(w);
+        w = grammar("{\"type\":[\"integer\",\"null\"],\"multipleOf\":25,\"minimum\":30,\"maximum\":110}");
+        yes(w, "50");
+        yes(w, "100");
+        yes(w, "null");
+        no(w, "25");  /* below the minimum */
+        no(w, "125"); /* above the maximum */
+        no(w, "60");
+        no(w, "0");
+        no_dead_ends(w, "multipleOf 25 in [30, 110]", "0123456789-");
+        jg_free(w);
+        w = grammar("{\"type\":\"integer\",\"multipleOf\":1000000007,\"exclusiveMaximum\":0}");
+        yes(w, "-1000000007");
+        yes(w, "-3000000021");
+        no(w, "0");
+        no(w, "-1000000008");
+        jg_free(w);
+        w = grammar("{\"type\":\"integer\",\"multipleOf\":997,\"exclusiveMaximum\":0}");
+        yes(w, "-1994");
+        no(w, "-0");
+        no_dead_ends(w, "multipleOf 997 below 0", "0123456789-");
+        jg_free(w);
+        compile_error("{\"type\":\"number\",\"multipleOf\":0.5}", "integers only");
+        compile_error("{\"multipleOf\":2}", "integers only");
+        compile_error("{\"type\":\"integer\",\"multipleOf\":2.5}", "whole number");
+        compile_error("{\"type\":\"integer\",\"multipleOf\":0}", "whole number");
+        compile_error("{\"type\":\"integer\",\"multipleOf\":10,\"minimum\":11,\"maximum\":19}", "no multiple");
+    }
     compile_error("{\"allOf\":[{},{}]}", "'allOf' of more than one schema");
     compile_error("{\"allOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "'allOf' beside other");
     {   /* allOf of one schema (Pydantic's $ref with a description): that schema */
