@@ -41,6 +41,8 @@ struct node {
     int n_prefix;
     int *prefix;
     uint32_t min_items, max_items;
+    bool unique; /* uniqueItems: items is a flat ALT of distinct literals (at most 64), each used
+                  * once — the array frame's seen holds the ones taken */
     /* STRING */
     uint32_t min_len, max_len;
     jr_nfa *re; /* pattern: the NFA the string's code points step (lengths then < JR_LENS) */
@@ -123,7 +125,7 @@ static int err_at(char *err, size_t errlen, const char *path, const char *msg) {
 static const char *const k_unsupported[] = {
     "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-    "uniqueItems", "contains", "minContains", "maxContains", "minProperties",
+    "contains", "minContains", "maxContains", "minProperties",
     "maxProperties", "unevaluatedProperties", "unevaluatedItems"};
 
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen);
@@ -303,6 +305,26 @@ static int alt_of(jg_grammar *g, const int *ids, int n) {
     return id < 0 ? -1 : set_alts(g, id, ids, n);
 }
 
+/* The distinct literal values node `id` allows (an enum, const, boolean or null, through
+ * alternatives), into lits (at most 64, deduplicated by their canonical JSON text: cJSON
+ * prints 1 and 1.0 alike); -1 when it allows anything else, or objects / arrays (whose texts
+ * need not be canonical), or more. */
+static int unique_lits(const jg_grammar *g, int id, int *lits, int *nl, int depth) {
+    const struct node *n = &g->nodes[id];
+    if (depth > 64) return -1;
+    if (n->kind == K_ALT) {
+        for (int i = 0; i < n->n_alt; i++)
+            if (unique_lits(g, n->alts[i], lits, nl, depth + 1) < 0) return -1;
+        return 0;
+    }
+    if (n->kind != K_LITERAL || n->text[0] == '{' || n->text[0] == '[') return -1;
+    for (int i = 0; i < *nl; i++)
+        if (!strcmp(g->nodes[lits[i]].text, n->text)) return 0;
+    if (*nl == 64) return -1;
+    lits[(*nl)++] = id;
+    return 0;
+}
+
 /* The node of one JSON type name, built from schema s's keywords for it. */
 static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char *path, int depth, char *err,
                      size_t errlen) {
@@ -388,6 +410,23 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         int it = !items ? g->any : cJSON_IsFalse(items) ? -1 : compile(g, items, sub, depth + 1, err, errlen);
         if (it < 0 && !(items && cJSON_IsFalse(items))) return -1;
         g->nodes[id].items = it;
+        /* uniqueItems over a finite set of literal values (Pydantic's set[Literal[...]],
+         * set[bool]): each value at most once; beyond that (sets of strings, numbers,
+         * objects) it cannot be enforced here */
+        const cJSON *uq = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
+        if (uq && !cJSON_IsBool(uq)) return err_at(err, errlen, path, "'uniqueItems' must be a boolean");
+        if (cJSON_IsTrue(uq)) {
+            int lits[64], nl = 0;
+            if (n_prefix > 0 || it < 0 || unique_lits(g, it, lits, &nl, 0) < 0)
+                return err_at(err, errlen, path, "'uniqueItems' is enforced only over items of at most 64 enum / const / "
+                                                 "boolean / null values (no tuple)");
+            if (lo > (uint32_t)nl) return err_at(err, errlen, path, "'minItems' is above the number of distinct values the items allow");
+            const int flat = new_node(g, K_ALT);
+            if (flat < 0 || set_alts(g, flat, lits, nl) < 0) return -1;
+            g->nodes[id].items = flat;
+            g->nodes[id].unique = true;
+            if (g->nodes[id].max_items > (uint32_t)nl) g->nodes[id].max_items = (uint32_t)nl; /* so an element always has a value left */
+        }
         return id;
     }
     if (!strcmp(type, "object")) {
@@ -475,6 +514,9 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     const bool numeric = type_names(s, "integer") || type_names(s, "number");
     if (cJSON_GetObjectItemCaseSensitive(s, "pattern") && !type_names(s, "string"))
         return err_at(err, errlen, path, "'pattern' needs 'type': \"string\" to be enforced");
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "uniqueItems")) && !type_names(s, "array") &&
+        !cJSON_GetObjectItemCaseSensitive(s, "items") && !cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
+        return err_at(err, errlen, path, "'uniqueItems' needs 'type': \"array\" (and items) to be enforced");
     if (cJSON_GetObjectItemCaseSensitive(s, "multipleOf") && !(type_names(s, "integer") && !type_names(s, "number")))
         return err_at(err, errlen, path, "'multipleOf' is enforced on integers only (\"type\": \"integer\")");
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
@@ -793,15 +835,23 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 return;
             }
             switch (n->kind) {
-            case K_ALT:
+            case K_ALT: {
+                /* a uniqueItems array's element: only the values it has not taken yet, and
+                 * the one chosen is marked taken in this thread's array frame */
+                struct jg_frame *pf = t->depth >= 2 ? &t->f[t->depth - 2] : NULL;
+                const bool uniq = pf && g->nodes[pf->node].kind == K_ARRAY && g->nodes[pf->node].unique &&
+                                  g->nodes[pf->node].items == f->node;
                 for (int i = 0; i < n->n_alt; i++) {
+                    if (uniq && (pf->seen >> i & 1)) continue;
                     struct jg_thread copy;
                     copy.depth = t->depth;
                     memcpy(copy.f, t->f, (size_t)t->depth * sizeof t->f[0]);
                     copy.f[copy.depth - 1].node = n->alts[i];
+                    if (uniq) copy.f[copy.depth - 2].seen |= 1ull << i;
                     step(g, out, &copy, c, hops + 1);
                 }
                 return;
+            }
             case K_ANY:
                 f->node = c == '{' ? g->any_object : c == '[' ? g->any_array : c == '"' ? g->any_string
                         : c == '-' || is_digit(c) ? g->any_number : c == 't' ? g->lit_true

@@ -23,10 +23,10 @@
  * Annotations (title, description, default, examples, format, $schema, ...)
  * and unknown keywords are ignored, as JSON Schema says. Validation keywords
  * that cannot be enforced here (bounds without a numeric type, multipleOf but on
- * an integer (a whole number there: enforced by the same prefix test), allOf
- * of several schemas (of one: that schema),
- * not, if / then / else, uniqueItems, ...) are an error naming the
- * keyword and where it is, never silently unenforced. An object schema with
+ * an integer (a whole number there: enforced by the same prefix test), allOf of
+ * several schemas (of one: that schema), not, if / then / else, uniqueItems but
+ * over at most 64 literal values, ...) are an error naming the keyword and where
+ * it is, never silently unenforced. An object schema with
  * properties never gets keys outside them: the documents produced are a
  * subset of those the schema allows, so every one validates.
  *
@@ -38,7 +38,9 @@
  * escaped surrogate only as a whole pair; min/maxLength count characters (code
  * points: an escape, a pair of them or a UTF-8 character is one), as JSON
  * Schema does. Tuples: prefixItems (or the older 'items' array) place by
- * place, then 'items' ('additionalItems').
+ * place, then 'items' ('additionalItems'). uniqueItems over literal values: an
+ * element's alternatives are those its array has not taken yet (the array frame's
+ * seen), and maxItems is capped at their number so an element always has one.
  *
  * State: a small fixed-size struct (several alternative parses when anyOf,
  * enum or a type list leave more than one open), copied cheaply with

@@ -263,7 +263,8 @@ def seed_json_grammar(out: Path):
              ({"type": "string", "pattern": "^(?:[0-9a-f]{2}:){2}[^\\d\\s]\\w*$"}, '"0a:ff:\\u00e9x"'),
              ({"type": "string", "pattern": "a|b(c|d)*?e{2,}"}, '"zzbcdee"'),
              ({"type": "integer", "exclusiveMinimum": -12.5, "maximum": -3}, "-12"),
-             (t.TUPLES, '{"pt": [0.5, -2], "head": ["b", 3, 4]}'),
+             (t.TUPLES, '{"pt": [0.5, -2], "head": ["b", 3, 4], "set": ["r", null]}'),
+             ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[false, true]"),
              ({"type": "array", "items": [{"type": "boolean"}], "additionalItems": False}, "[true]"),
              ({"type": "string", "maxLength": 2}, '"\\ud83d\\ude00x"')]
     for i, (schema, doc) in enumerate(pairs):

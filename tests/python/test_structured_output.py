@@ -129,15 +129,17 @@ TUPLES = {
     "properties": {"pt": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}],
                           "minItems": 2, "maxItems": 2},
                    "head": {"type": "array", "prefixItems": [{"enum": ["a", "b"]}], "items": {"type": "integer"},
-                            "maxItems": 3}},
-    "required": ["pt", "head"],
+                            "maxItems": 3},
+                   "set": {"type": "array", "items": {"enum": ["r", "g", "b", 7, None]}, "uniqueItems": True}},
+    "required": ["pt", "head", "set"],
     "additionalProperties": False,
 }
 
 
 def test_tuples(client):
-    # prefixItems (Pydantic's tuple[...]) with 'items' for the rest
-    followed_and_forced(client, TUPLES, {"pt": [0.5, -2], "head": ["b", 3, 4]}, '{"pt": [1, 2, 3], "head": [3, "a"]}')
+    # prefixItems (Pydantic's tuple[...]) with 'items' for the rest; a set of literal values
+    followed_and_forced(client, TUPLES, {"pt": [0.5, -2], "head": ["b", 3, 4], "set": [7, "g", None]},
+                        '{"pt": [1, 2, 3], "head": [3, "a"], "set": ["r", "r", "x"]}')
     # the older form (draft 7): 'items' as an array, 'additionalItems' for the rest
     old = {"type": "array", "items": [{"type": "boolean"}, {"type": "string", "maxLength": 3}],
            "additionalItems": False, "minItems": 1}
@@ -165,6 +167,8 @@ def test_pydantic_models_through_the_sdk(client):
     # what users send: the openai SDK's parse() turns a Pydantic model into a strict schema
     # (bounds from Field(ge=, le=), lengths, a nested model with a description); and the
     # model's own schema, where the nested model is a $ref with a description beside it
+    from typing import Literal
+
     from pydantic import BaseModel, Field
 
     class Address(BaseModel):
@@ -179,6 +183,7 @@ def test_pydantic_models_through_the_sdk(client):
         home: Address = Field(description="where they live")
         tags: list[str] = Field(max_length=3)
         lot: int = Field(multiple_of=100, ge=0)
+        colors: set[Literal["red", "green", "blue"]]
         where: tuple[float, float]
         pair: tuple[int, str] | None
 
@@ -189,6 +194,7 @@ def test_pydantic_models_through_the_sdk(client):
         p = r.choices[0].message.parsed
         assert isinstance(p, Person) and 0 <= p.age <= 150 and 0 <= p.score <= 1, r.choices[0].message.content
         assert len(p.where) == 2 and (p.pair is None or len(p.pair) == 2) and p.lot % 100 == 0 and p.lot >= 0
+        assert p.colors <= {"red", "green", "blue"}
     schema = Person.model_json_schema()
     r = ask(client, "no script", response_format=fmt(schema), temperature=1.0, seed=3, max_tokens=1500)
     Person.model_validate_json(r.choices[0].message.content)

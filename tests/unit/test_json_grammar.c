@@ -497,6 +497,46 @@ int main(void) {
         compile_error("{\"type\":\"integer\",\"multipleOf\":0}", "whole number");
         compile_error("{\"type\":\"integer\",\"multipleOf\":10,\"minimum\":11,\"maximum\":19}", "no multiple");
     }
+    {   /* uniqueItems over literal values (Pydantic's set[Literal[...]], set[bool]) */
+        jg_grammar *w = grammar("{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"uniqueItems\":true}");
+        yes(w, "[]");
+        yes(w, "[\"c\", \"a\"]");
+        yes(w, "[\"b\",\"a\",\"c\"]");
+        no(w, "[\"a\",\"a\"]");
+        no(w, "[\"a\",\"b\",\"a\"]");
+        {   /* after all three, no ',' (an element would have no value left) */
+            jg_state st;
+            jg_start(w, &st);
+            const char *full = "[\"b\",\"a\",\"c\"";
+            CHECK(jg_feed(w, &st, full, strlen(full)) && !jg_feed(w, &st, ",", 1), "a full set takes no more");
+        }
+        jg_free(w);
+        w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"uniqueItems\":true,\"minItems\":1}");
+        yes(w, "[true,false]");
+        yes(w, "[false]");
+        no(w, "[true,true]");
+        no(w, "[]");
+        jg_free(w);
+        w = grammar("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"const\":1},{\"enum\":[1.0,null]}]},\"uniqueItems\":true}");
+        yes(w, "[null,1]");
+        no(w, "[1,1]"); /* 1 and 1.0 are one value */
+        jg_free(w);
+        w = grammar("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\"]},"
+                    "\"uniqueItems\":true},\"more\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\"]}}},"
+                    "\"required\":[\"tags\"]}");
+        yes(w, "{\"tags\":[\"y\",\"x\"],\"more\":[\"x\",\"x\"]}");
+        no(w, "{\"tags\":[\"x\",\"x\"]}");
+        jg_free(w);
+        w = grammar("{\"type\":\"array\",\"items\":{\"enum\":[\"a\"]},\"uniqueItems\":false}");
+        yes(w, "[\"a\",\"a\"]");
+        jg_free(w);
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}", "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"items\":{\"enum\":[[1],[2]]},\"uniqueItems\":true}", "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' is enforced only");
+        compile_error("{\"uniqueItems\":true}", "needs 'type'");
+        compile_error("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":true,\"minItems\":3}", "distinct values");
+        compile_error("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":\"yes\"}", "must be a boolean");
+    }
     compile_error("{\"allOf\":[{},{}]}", "'allOf' of more than one schema");
     compile_error("{\"allOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "'allOf' beside other");
     {   /* allOf of one schema (Pydantic's $ref with a description): that schema */
