@@ -503,6 +503,32 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
     return err_at(err, errlen, path, m);
 }
 
+static void push_start(struct jg_thread *t, int node);
+
+/* Whether the text (a complete JSON value) is a document of node id's grammar. */
+static bool node_accepts(const jg_grammar *g, int id, const char *text) {
+    jg_state st;
+    st.n = 1;
+    push_start(&st.t[0], id);
+    return jg_feed(g, &st, text, strlen(text)) && jg_complete(g, &st);
+}
+
+/* The node of schema s without its enum / const: what its other keywords allow (compiled
+ * from a copy; the memo entries made for the copy's objects are dropped with it, so no
+ * freed pointer stays behind — $ref targets in the document compiled meanwhile are simply
+ * compiled again where met). */
+static int rest_node(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen) {
+    cJSON *copy = cJSON_Duplicate(s, 1);
+    if (!copy) return -1;
+    cJSON_DeleteItemFromObjectCaseSensitive(copy, "enum");
+    cJSON_DeleteItemFromObjectCaseSensitive(copy, "const");
+    const int memo_mark = g->n_memo;
+    const int id = compile(g, copy, path, depth + 1, err, errlen);
+    g->n_memo = memo_mark;
+    cJSON_Delete(copy);
+    return id;
+}
+
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen) {
     if (depth > 64) return err_at(err, errlen, path, "the schema nests too deeply");
     if (cJSON_IsTrue(s)) return g->any;
@@ -565,31 +591,29 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
         if (!cJSON_IsString(ref)) return err_at(err, errlen, path, "'$ref' must be a string");
         ids[n] = resolve_ref(g, ref->valuestring, path, depth, err, errlen);
         if (ids[n++] < 0) return -1;
-    } else if (cn) {
-        char *t = cJSON_PrintUnformatted(cn);
-        if (!t) return -1;
-        ids[n] = literal(g, t);
-        free(t);
-        if (ids[n++] < 0) return -1;
-    } else if (en) {
-        if (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0)
+    } else if (cn || en) {
+        /* the listed values that the schema's other keywords allow too (all of a schema's
+         * keywords apply: {"type": "integer", "enum": [1, "a"]} allows only 1) */
+        if (en && (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0))
             return err_at(err, errlen, path, "'enum' must be a non-empty array");
-        int m = cJSON_GetArraySize(en);
+        const int rest = rest_node(g, s, path, depth, err, errlen);
+        if (rest < 0) return -1;
+        int m = cn ? 1 : cJSON_GetArraySize(en), k = 0;
         int *lits = malloc((size_t)m * sizeof *lits);
         if (!lits) return -1;
-        int k = 0;
-        const cJSON *v;
-        cJSON_ArrayForEach(v, en) {
-            char *t = cJSON_PrintUnformatted(v);
-            lits[k] = t ? literal(g, t) : -1;
-            free(t);
-            if (lits[k++] < 0) {
+        for (int i = 0; i < m; i++) {
+            char *t = cJSON_PrintUnformatted(cn ? cn : cJSON_GetArrayItem(en, i));
+            if (!t) {
                 free(lits);
                 return -1;
             }
+            if (node_accepts(g, rest, t) && (lits[k] = literal(g, t)) >= 0) k++;
+            free(t);
         }
-        ids[n] = alt_of(g, lits, m);
+        ids[n] = k ? alt_of(g, lits, k) : -1;
         free(lits);
+        if (!k) return err_at(err, errlen, path, cn ? "'const' is not allowed by the schema's other keywords"
+                                                    : "no value of 'enum' is allowed by the schema's other keywords");
         if (ids[n++] < 0) return -1;
     } else if (any_of) {
         if (!cJSON_IsArray(any_of) || cJSON_GetArraySize(any_of) == 0 || cJSON_GetArraySize(any_of) > 16)
@@ -1177,10 +1201,14 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
     }
 }
 
+static void push_start(struct jg_thread *t, int node) {
+    t->depth = 0;
+    push(t, node, P_START);
+}
+
 void jg_start(const jg_grammar *g, jg_state *s) {
     s->n = 1;
-    s->t[0].depth = 0;
-    push(&s->t[0], g->root, P_START);
+    push_start(&s->t[0], g->root);
 }
 
 void jg_copy(jg_state *dst, const jg_state *src) {

@@ -38,7 +38,8 @@
  * escaped surrogate only as a whole pair; min/maxLength count characters (code
  * points: an escape, a pair of them or a UTF-8 character is one), as JSON
  * Schema does. Tuples: prefixItems (or the older 'items' array) place by
- * place, then 'items' ('additionalItems'). uniqueItems over literal values: an
+ * place, then 'items' ('additionalItems'). enum / const: the listed values
+ * that the schema's other keywords allow too (each fed through their grammar). uniqueItems over literal values: an
  * element's alternatives are those its array has not taken yet (the array frame's
  * seen), and maxItems is capped at their number so an element always has one.
  *

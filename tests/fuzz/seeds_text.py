@@ -265,6 +265,7 @@ def seed_json_grammar(out: Path):
              ({"type": "integer", "exclusiveMinimum": -12.5, "maximum": -3}, "-12"),
              (t.TUPLES, '{"pt": [0.5, -2], "head": ["b", 3, 4], "set": ["r", null]}'),
              ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[false, true]"),
+             ({"type": "integer", "enum": [1, "a", 3], "minimum": 2}, "3"),
              ({"type": "array", "items": [{"type": "boolean"}], "additionalItems": False}, "[true]"),
              ({"type": "string", "maxLength": 2}, '"\\ud83d\\ude00x"')]
     for i, (schema, doc) in enumerate(pairs):

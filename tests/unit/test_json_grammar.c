@@ -537,6 +537,31 @@ int main(void) {
         compile_error("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":true,\"minItems\":3}", "distinct values");
         compile_error("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"uniqueItems\":\"yes\"}", "must be a boolean");
     }
+    {   /* enum / const: only the values the schema's other keywords allow too */
+        jg_grammar *w = grammar("{\"type\":\"integer\",\"enum\":[1,\"a\",2.5,3,null]}");
+        yes(w, "1");
+        yes(w, "3");
+        no(w, "\"a\"");
+        no(w, "2.5");
+        no(w, "null");
+        jg_free(w);
+        w = grammar("{\"enum\":[\"ab\",\"abc\",7],\"maxLength\":2,\"type\":[\"string\",\"integer\"],\"minimum\":8}");
+        yes(w, "\"ab\"");
+        no(w, "\"abc\"");
+        no(w, "7");
+        jg_free(w);
+        w = grammar("{\"type\":[\"string\",\"null\"],\"enum\":[\"a\",null],\"description\":\"d\"}");
+        yes(w, "\"a\"");
+        yes(w, "null");
+        jg_free(w);
+        w = grammar("{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"$ref\":\"#/$defs/n\"}}}},"
+                    "\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},\"enum\":[[{\"k\":{}}],[1]]}");
+        yes(w, "[{\"k\":{}}]");
+        no(w, "[1]");
+        jg_free(w);
+        compile_error("{\"const\":\"x\",\"type\":\"integer\"}", "'const' is not allowed");
+        compile_error("{\"enum\":[5,6],\"type\":\"integer\",\"minimum\":7}", "no value of 'enum'");
+    }
     compile_error("{\"allOf\":[{},{}]}", "'allOf' of more than one schema");
     compile_error("{\"allOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "'allOf' beside other");
     {   /* allOf of one schema (Pydantic's $ref with a description): that schema */
