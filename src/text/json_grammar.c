@@ -576,24 +576,10 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!any_of) any_of = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     const cJSON *all_of = cJSON_GetObjectItemCaseSensitive(s, "allOf");
-    if (all_of) {
-        /* one schema (Pydantic wraps a $ref in it to give the field a description): that
-         * schema; several would need their intersection */
-        if (!cJSON_IsArray(all_of) || cJSON_GetArraySize(all_of) != 1)
-            return err_at(err, errlen, path, "'allOf' of more than one schema is not supported in constrained output");
-        if (ref || cn || en || any_of || type || cJSON_GetObjectItemCaseSensitive(s, "properties") ||
-            cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
-            return err_at(err, errlen, path, "'allOf' beside other validation keywords is not supported");
-        snprintf(sub, sizeof sub, "%s/allOf/0", path);
-        ids[n] = compile(g, cJSON_GetArrayItem(all_of, 0), sub, depth + 1, err, errlen);
-        if (ids[n++] < 0) return -1;
-    } else if (ref) {
-        if (!cJSON_IsString(ref)) return err_at(err, errlen, path, "'$ref' must be a string");
-        ids[n] = resolve_ref(g, ref->valuestring, path, depth, err, errlen);
-        if (ids[n++] < 0) return -1;
-    } else if (cn || en) {
-        /* the listed values that the schema's other keywords allow too (all of a schema's
-         * keywords apply: {"type": "integer", "enum": [1, "a"]} allows only 1) */
+    if (cn || en) {
+        /* the listed values that the schema's other keywords — $ref and allOf included —
+         * allow too (all of a schema's keywords apply: {"type": "integer", "enum": [1, "a"]}
+         * allows only 1) */
         if (en && (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0))
             return err_at(err, errlen, path, "'enum' must be a non-empty array");
         const int rest = rest_node(g, s, path, depth, err, errlen);
@@ -614,6 +600,21 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
         free(lits);
         if (!k) return err_at(err, errlen, path, cn ? "'const' is not allowed by the schema's other keywords"
                                                     : "no value of 'enum' is allowed by the schema's other keywords");
+        if (ids[n++] < 0) return -1;
+    } else if (all_of) {
+        /* one schema (Pydantic wraps a $ref in it to give the field a description): that
+         * schema; several would need their intersection */
+        if (!cJSON_IsArray(all_of) || cJSON_GetArraySize(all_of) != 1)
+            return err_at(err, errlen, path, "'allOf' of more than one schema is not supported in constrained output");
+        if (ref || any_of || type || cJSON_GetObjectItemCaseSensitive(s, "properties") ||
+            cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
+            return err_at(err, errlen, path, "'allOf' beside other validation keywords is not supported");
+        snprintf(sub, sizeof sub, "%s/allOf/0", path);
+        ids[n] = compile(g, cJSON_GetArrayItem(all_of, 0), sub, depth + 1, err, errlen);
+        if (ids[n++] < 0) return -1;
+    } else if (ref) {
+        if (!cJSON_IsString(ref)) return err_at(err, errlen, path, "'$ref' must be a string");
+        ids[n] = resolve_ref(g, ref->valuestring, path, depth, err, errlen);
         if (ids[n++] < 0) return -1;
     } else if (any_of) {
         if (!cJSON_IsArray(any_of) || cJSON_GetArraySize(any_of) == 0 || cJSON_GetArraySize(any_of) > 16)

@@ -559,6 +559,14 @@ int main(void) {
         yes(w, "[{\"k\":{}}]");
         no(w, "[1]");
         jg_free(w);
+        w = grammar("{\"$defs\":{\"C\":{\"type\":\"string\",\"maxLength\":1}},\"$ref\":\"#/$defs/C\",\"enum\":[\"a\",\"bb\"]}");
+        yes(w, "\"a\"");
+        no(w, "\"bb\"");
+        jg_free(w);
+        w = grammar("{\"allOf\":[{\"type\":\"integer\"}],\"enum\":[1,\"x\"]}");
+        yes(w, "1");
+        no(w, "\"x\"");
+        jg_free(w);
         compile_error("{\"const\":\"x\",\"type\":\"integer\"}", "'const' is not allowed");
         compile_error("{\"enum\":[5,6],\"type\":\"integer\",\"minimum\":7}", "no value of 'enum'");
     }
