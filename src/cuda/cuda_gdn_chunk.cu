@@ -88,7 +88,7 @@ __device__ __forceinline__ void gc_bfrag_ld(const uint16_t *hi, const uint16_t *
     bl[0] = gc_ld32(lo + o); bl[1] = gc_ld32(lo + o + 8);
 }
 /* a·b over the split halves: hi·hi into d, the two small products into lo (two chains, so
- * a k-step's three mma do not wait on each other; the caller adds lo at the end). */
+ * a k-step's three mma do not wait on each other; lo is added at the end: gc_product). */
 __device__ __forceinline__ void gc_mma3(float (&d)[4], float (&lo)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
                                         const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
     mma16816(lo, al, bh[0], bh[1]);
@@ -101,6 +101,27 @@ __device__ __forceinline__ void gc_add_lo(float (&d)[N][4], const float (&lo)[N]
     for (int j = 0; j < N; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) d[j][e] += lo[j][e];
+}
+
+/* acc[j] += A · Bᵀ over k in [0, k_end) for a warp's NT tiles of 16 rows (m0) × 8 columns
+ * (8·(nj0 + j)): A from the planes ahi / alo [m][k], B from bhi / blo [n][k], both of row
+ * stride LD; the split products' small terms in their own chain, added at the end (gc_mma3). */
+template <int LD, int NT>
+__device__ __forceinline__ void gc_product(const uint16_t *ahi, const uint16_t *alo, const uint16_t *bhi, const uint16_t *blo,
+                                           int m0, int nj0, int k_end, int gq, int c, float (&acc)[NT][4]) {
+    float lo[NT][4] = {};
+#pragma unroll
+    for (int k0 = 0; k0 < k_end; k0 += 16) {
+        uint32_t ah[4], al[4];
+        gc_afrag_ld<LD>(ahi, alo, m0, k0, gq, c, ah, al);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            uint32_t bh[2], bl[2];
+            gc_bfrag_ld<LD>(bhi, blo, 8 * (nj0 + j), k0, gq, c, bh, bl);
+            gc_mma3(acc[j], lo[j], ah, al, bh, bl);
+        }
+    }
+    gc_add_lo(acc, lo);
 }
 
 /* The S planes from the state accumulators: this warp's rows 16·mi + gq (+8), columns
@@ -259,19 +280,8 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
          * nothing of step 2 (the barrier above keeps the warps in step; dropping it, with
          * K̃ᵀ's planes moved into step 4, measured slower: docs/PERFORMANCE.md, session 31) */
         {
-            float zacc[4][4] = {}, zlo[4][4] = {};
-#pragma unroll
-            for (int k0 = 0; k0 < GC_DK; k0 += 16) {
-                uint32_t ah[4], al[4];
-                gc_afrag_ld<GC_LD>(&sm.k[0][0][0], &sm.k[1][0][0], 16 * omi, k0, gq, c, ah, al);
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++) {
-                    uint32_t bh[2], bl[2];
-                    gc_bfrag_ld<GC_LD>(&sm.s[0][0][0], &sm.s[1][0][0], 8 * (onj0 + jj), k0, gq, c, bh, bl);
-                    gc_mma3(zacc[jj], zlo[jj], ah, al, bh, bl);
-                }
-            }
-            gc_add_lo(zacc, zlo);
+            float zacc[4][4] = {};
+            gc_product<GC_LD>(&sm.k[0][0][0], &sm.k[1][0][0], &sm.s[0][0][0], &sm.s[1][0][0], 16 * omi, onj0, GC_DK, gq, c, zacc);
 #pragma unroll
             for (int jj = 0; jj < 4; jj++)
 #pragma unroll
@@ -340,36 +350,16 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
 
         /* 5. O = e^γ ⊙ (Q Sᵀ) + P V' → y (rows t < n) */
         {
-            float oacc[4][4] = {}, olo[4][4] = {};
-#pragma unroll
-            for (int k0 = 0; k0 < GC_DK; k0 += 16) {
-                uint32_t ah[4], al[4];
-                gc_afrag_ld<GC_LD>(&sm.q[0][0][0], &sm.q[1][0][0], 16 * omi, k0, gq, c, ah, al);
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++) {
-                    uint32_t bh[2], bl[2];
-                    gc_bfrag_ld<GC_LD>(&sm.s[0][0][0], &sm.s[1][0][0], 8 * (onj0 + jj), k0, gq, c, bh, bl);
-                    gc_mma3(oacc[jj], olo[jj], ah, al, bh, bl);
-                }
-            }
-            gc_add_lo(oacc, olo);
+            float oacc[4][4] = {};
+            gc_product<GC_LD>(&sm.q[0][0][0], &sm.q[1][0][0], &sm.s[0][0][0], &sm.s[1][0][0], 16 * omi, onj0, GC_DK, gq, c, oacc);
             const float e0 = sm.eg[16 * omi + gq], e1 = sm.eg[16 * omi + gq + 8];
 #pragma unroll
             for (int jj = 0; jj < 4; jj++) {
                 oacc[jj][0] *= e0; oacc[jj][1] *= e0; oacc[jj][2] *= e1; oacc[jj][3] *= e1;
-                olo[jj][0] = olo[jj][1] = olo[jj][2] = olo[jj][3] = 0.0f;
             }
-            for (int k0 = 0; k0 <= 16 * omi; k0 += 16) { /* j ≤ t: the diagonal block's upper half is 0 in P */
-                uint32_t ah[4], al[4];
-                gc_afrag_ld<GC_LDC>(&sm.p[0][0][0], &sm.p[1][0][0], 16 * omi, k0, gq, c, ah, al);
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++) {
-                    uint32_t bh[2], bl[2];
-                    gc_bfrag_ld<GC_LDC>(&sm.vn[0][0][0], &sm.vn[1][0][0], 8 * (onj0 + jj), k0, gq, c, bh, bl);
-                    gc_mma3(oacc[jj], olo[jj], ah, al, bh, bl);
-                }
-            }
-            gc_add_lo(oacc, olo);
+            /* j ≤ t: the k-steps up to the diagonal block, whose upper half is 0 in P */
+            gc_product<GC_LDC>(&sm.p[0][0][0], &sm.p[1][0][0], &sm.vn[0][0][0], &sm.vn[1][0][0], 16 * omi, onj0, 16 * (omi + 1),
+                               gq, c, oacc);
             float *yb = y + (size_t)h * Dv + (size_t)rb * GC_R;
 #pragma unroll
             for (int jj = 0; jj < 4; jj++)
@@ -385,23 +375,11 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
          * past its reads of the S planes (4, 5), the planes of the new S */
         {
             const float dl = sm.eg[GC_C - 1];
-            float slo[8][4] = {};
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) st[j][e] *= dl;
-#pragma unroll
-            for (int k0 = 0; k0 < GC_C; k0 += 16) {
-                uint32_t ah[4], al[4];
-                gc_afrag_ld<GC_LDC>(&sm.vn[0][0][0], &sm.vn[1][0][0], 16 * smi, k0, gq, c, ah, al);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    uint32_t bh[2], bl[2];
-                    gc_bfrag_ld<GC_LDC>(&sm.kt[0][0][0], &sm.kt[1][0][0], 8 * (snj0 + j), k0, gq, c, bh, bl);
-                    gc_mma3(st[j], slo[j], ah, al, bh, bl);
-                }
-            }
-            gc_add_lo(st, slo);
+            gc_product<GC_LDC>(&sm.vn[0][0][0], &sm.vn[1][0][0], &sm.kt[0][0][0], &sm.kt[1][0][0], 16 * smi, snj0, GC_C, gq, c, st);
         }
         __syncthreads();
         clk.lap(3); /* O and the S update's products */
