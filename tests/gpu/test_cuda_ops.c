@@ -980,21 +980,19 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
     D2H(gS, dS, (size_t)n_seqs * Hv * Dv * Dk * 4);
     e = rel_err(gS, S, (size_t)n_seqs * Hv * Dv * Dk);
     CHECK(e <= 1e-4, "gdn state: rel err %.3g", e);
-    if (pre_y) { /* the prefill form against the same reference and tolerance */
-        e = rel_err(pre_y, y, ny);
-        const double es = rel_err(pre_S, S, ns);
-        CHECK(e <= 1e-4 && es <= 1e-4, "gdn_scan_prefill Dk=%d Dv=%d T=%d seqs=%d lanes %d: rel err y %.3g, state %.3g", Dk, Dv, T,
-              n_seqs, cuda_gdn_prefill_lanes(Dk), e, es);
-        free(pre_y);
-        free(pre_S);
-    }
-    if (chunk_y) { /* the chunked form against the same reference and tolerance */
-        e = rel_err(chunk_y, y, ny);
-        const double es = rel_err(chunk_S, S, ns);
-        CHECK(e <= 1e-4 && es <= 1e-4, "gdn chunked scan Dk=%d Dv=%d T=%d seqs=%d: rel err y %.3g, state %.3g", Dk, Dv, T, n_seqs,
+    /* the prefill forms (the scan; the chunked one where it applies) against the same
+     * reference and tolerance */
+    char scan_name[48];
+    snprintf(scan_name, sizeof scan_name, "gdn_scan_prefill (lanes %d)", cuda_gdn_prefill_lanes(Dk));
+    const struct { const char *name; float *y, *S; } forms[2] = {{scan_name, pre_y, pre_S}, {"gdn chunked scan", chunk_y, chunk_S}};
+    for (int i = 0; i < 2; i++) {
+        if (!forms[i].y) continue;
+        e = rel_err(forms[i].y, y, ny);
+        const double es = rel_err(forms[i].S, S, ns);
+        CHECK(e <= 1e-4 && es <= 1e-4, "%s Dk=%d Dv=%d T=%d seqs=%d: rel err y %.3g, state %.3g", forms[i].name, Dk, Dv, T, n_seqs,
               e, es);
-        free(chunk_y);
-        free(chunk_S);
+        free(forms[i].y);
+        free(forms[i].S);
     }
     uint16_t *ob = malloc((size_t)T * vd * 2);
     D2H(ob, dout, (size_t)T * vd * 2);
