@@ -571,21 +571,22 @@ __device__ __forceinline__ void tcv_mma_smem(const unsigned char *wsm, const uin
  * 0..7), and the row rewritten in place in the k order of the four steps: out chunk 2·st +
  * hf, word c = sk_bfrag's b0 (hf 0) or b1 (hf 1) of step st from lane c's 16 values (chunks
  * 2c, 2c + 1). Waits for all of the thread's cp.async groups; ends with the rows visible to
- * the async proxy and a block barrier. ---- */
+ * the async proxy and a block barrier. wg_tokens_issue is the first half (the copies, not
+ * committed: cuda_skinny_wide.cu's looped form keeps them a slice ahead). ---- */
 template <int N>
-__device__ __forceinline__ void wg_stage_tokens(unsigned char *xb, float *xsum, int xs_ld, const uint16_t *x, int ldx, int t0,
-                                                int nT, int ng, int col0) {
-    const int tid = threadIdx.x;
-    for (int i = tid; i < N * ng * 8; i += blockDim.x) {
+__device__ __forceinline__ void wg_tokens_issue(unsigned char *xb, const uint16_t *x, int ldx, int t0, int nT, int ng, int col0) {
+    for (int i = threadIdx.x; i < N * ng * 8; i += blockDim.x) {
         const int t = i / (ng * 8), r = i % (ng * 8), g = r >> 3, ch = r & 7;
         unsigned char *dst = xb + ((size_t)g * N + t) * 128 + ((ch ^ (t & 7)) << 4);
         if (t < nT) cpa16(dst, x + (size_t)(t0 + t) * ldx + (size_t)col0 + g * QGROUP + ch * 8);
         else *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
     }
-    cpa_commit();
-    cpa_wait<0>();
-    __syncthreads();
-    for (int i = tid; i < nT * ng; i += blockDim.x) {
+}
+/* The second half, once the copies of wg_tokens_issue have landed and a block barrier has
+ * made every thread's visible: the sums and the rows in the steps' order, as above. */
+template <int N>
+__device__ __forceinline__ void wg_tokens_finish(unsigned char *xb, float *xsum, int xs_ld, int nT, int ng) {
+    for (int i = threadIdx.x; i < nT * ng; i += blockDim.x) {
         const int t = i % nT, g = i / nT;
         uint4 *row = reinterpret_cast<uint4 *>(xb + ((size_t)g * N + t) * 128);
         uint4 v[8];
@@ -611,6 +612,15 @@ __device__ __forceinline__ void wg_stage_tokens(unsigned char *xb, float *xsum, 
 #endif
     __syncthreads();
 }
+template <int N>
+__device__ __forceinline__ void wg_stage_tokens(unsigned char *xb, float *xsum, int xs_ld, const uint16_t *x, int ldx, int t0,
+                                                int nT, int ng, int col0) {
+    wg_tokens_issue<N>(xb, x, ldx, t0, nT, ng, col0);
+    cpa_commit();
+    cpa_wait<0>();
+    __syncthreads();
+    wg_tokens_finish<N>(xb, xsum, xs_ld, nT, ng);
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* One quantization group on wgmma (sw_wg_kernel, tall_wg_kernel): f's A fragments (LOP3:
@@ -618,10 +628,8 @@ __device__ __forceinline__ void wg_stage_tokens(unsigned char *xb, float *xsum, 
  * group at xg_s (wg_stage_tokens' layout), four k16 steps into cg — the first writes (cg's old
  * values unread), three add: each group's Σ(128 + q)·x the same as mma.sync's — committed as
  * one wgmma group. The caller waits for it (wg_group_scale). */
-template <int N, bool LOP3>
-__device__ __forceinline__ void wg_group_issue(const sk_w &f, uint32_t xg_s, float (&cg)[N / 2]) {
-    uint32_t af[4][4];
-    sk_frags<LOP3>(f, af);
+template <int N>
+__device__ __forceinline__ void wg_group_issue_af(uint32_t (&af)[4][4], uint32_t xg_s, float (&cg)[N / 2], int zero = -1) {
     uint64_t desc[4];
 #pragma unroll
     for (int st = 0; st < 4; st++) {
@@ -631,10 +639,21 @@ __device__ __forceinline__ void wg_group_issue(const sk_w &f, uint32_t xg_s, flo
     reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
     reg_fence(cg);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    wgmma_k16<N, 0>(cg, af[0], desc[0]);
+    if (zero < 0) wgmma_k16<N, 0>(cg, af[0], desc[0]);
+    else wgmma_k16_p<N>(cg, af[0], desc[0], zero); /* zero: a run-time 0 (wgmma_n64_p) */
 #pragma unroll
     for (int st = 1; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+/* The same from f, its A fragments built here (dead once issued: the caller waits for the
+ * group before building another's). With two groups in flight the caller keeps each group's
+ * fragments in registers of their own (wg_group_issue_af) until its wait: wgmma reads them
+ * asynchronously, and ptxas serialises the wgmma when their registers are redefined inside. */
+template <int N, bool LOP3>
+__device__ __forceinline__ void wg_group_issue(const sk_w &f, uint32_t xg_s, float (&cg)[N / 2]) {
+    uint32_t af[4][4];
+    sk_frags<LOP3>(f, af);
+    wg_group_issue_af<N>(af, xg_s, cg);
 }
 
 /* Waits until at most W wgmma groups are in flight (the group of cg done), then adds the

@@ -346,6 +346,11 @@ int cuda_skinny_wide_init(char *err, size_t errlen);
 int cuda_skinny_wide_takes_dense(const struct cuda_gemv_seg *segs, int n_segs, int T);
 int cuda_skinny_wide_max_rows(void); /* rows of one matrix one launch takes (taller ones go in chunks) */
 int cuda_skinny_wide_takes_swiglu(const struct cuda_qmat *gate, int T);
+/* test hooks: the looped form (every slice of a tile in one block) by the launch's shape
+ * (-1), never (0) or wherever it can run (1) — returns whether it can run on this device;
+ * and how many launches it took */
+int cuda_skinny_wide_force_loop(int mode);
+int cuda_skinny_wide_loop_launches(void);
 int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
                            int ldx);
 int cuda_skinny_wide_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,

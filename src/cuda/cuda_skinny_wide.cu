@@ -49,6 +49,9 @@ static int *sw_cnt;
 static int sw_sms = 1; /* multiprocessors (cuda_skinny_wide_init): the wave of sw_nsplit */
 static bool sw_wg = false; /* the wgmma form takes the launches (sm_90a code runs; ORCHID_SW_NOWG=1: off) */
 static bool sw_gpw_ok[2];  /* slices of 8 / 16 groups fit the device's shared memory (cuda_skinny_wide_init) */
+static bool sw_wgl = false; /* sw_wgl_kernel can run (sm_90a, its shared memory fits) */
+static int sw_wgl_force = -1; /* test hook (cuda_skinny_wide_force_loop): -1 by the launch's shape, 0 never, 1 always */
+static int sw_wgl_count;     /* launches sw_wgl_kernel took (the GPU test asks) */
 
 /* True in the last of the n blocks that count on *counter (then reset for the next
  * launch); the barrier and the acq_rel atomic order the blocks' partial writes before the
@@ -310,6 +313,146 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
 #endif
 }
 
+/* ---- the wgmma form with every slice in one block (dense, 8 groups a slice) ----
+ * The split form above runs a launch of 98 tiles × 4 slices (the GDN in-projection at K =
+ * 2,048) as 392 blocks in three waves, each block a serial chain of its copies, its products
+ * and its partial sums' round trip, and the last block of a tile adds the slices: 26.5 µs
+ * from the previous launch's end to its own for 14 MB of weights (H100 trace at 64
+ * sequences, ~5 µs of DRAM). Here a block is a tile and walks its KS slices itself, two
+ * slices' weights and tokens in flight (double-buffered: slice ks + 2's copies issued into
+ * the buffer slice ks has just released), the slices' sums added in registers: one wave
+ * of ≤ 132 blocks, no workspace, no counter.
+ * Bits: each slice is the split form's block — the same tiles, the same group sums in the
+ * same order onto an accumulator starting at 0 — and the slices are added in order from 0
+ * (total = 0 + p0, then + p1, ...), then onto the old output when accumulating: sw_reduce's
+ * sums exactly (the GPU tests compare with every token alone, bitwise). One block an SM
+ * (two buffers: ~207 KB at N = 64), two groups' wgmma in flight (the loop unrolled: ptxas
+ * serialised them otherwise).
+ * Measured (H100, 64 sequences, docs/PERFORMANCE.md session 32): the launch's own span is
+ * no shorter (a block's slice: ~1.0 µs of token sums and reordering, 3.1 of products — ~40 %
+ * of the tensor rate at two warpgroups an SM — and ~1.5 of waiting for its copies, four
+ * slices in a row), but the forward is 13.95 -> 13.86 ms: the blocks no longer hold the SMs
+ * in three waves while the next launch's blocks wait. ORCHID_SW_NOLOOP=1: the split form. */
+#define SWL_GPW 8
+template <int N>
+static constexpr __host__ __device__ size_t swl_stride() { /* one buffer: tokens, Σx, the 8 warps' weight tiles; 1,024-aligned */
+    return ((size_t)SWL_GPW * N * 128 + (size_t)N * (SWL_GPW + 4) * 4 + 8 * (size_t)TCV_WSM(SWL_GPW) + 1023) & ~(size_t)1023;
+}
+template <int N>
+static constexpr size_t swl_smem() { return 1024 + 2 * swl_stride<N>(); }
+
+template <int N>
+static __global__ void __launch_bounds__(256, 1) sw_wgl_kernel(sw_args a, int KS) {
+    TRACE_KERNEL();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int GPW = SWL_GPW, XL = GPW + 4;
+    static_assert(GPW % 2 == 0, "sw_wgl_kernel: groups in pairs");
+    extern __shared__ __align__(16) unsigned char sm[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(sm);
+    unsigned char *base = sm + ((1024 - (raw_s & 1023)) & 1023);
+    const int tile = blockIdx.x, nT = min(N, a.T);
+    const int zero = a.T < 0; /* 0, but not to the compiler: each group's first step by predicate (wgmma_n64_p) */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
+    const sw_place pl = sw_place_of<false>(a, tile, warp, gq);
+    const cuda_qmat m = a.w[pl.s];
+    const size_t wrow = (size_t)(pl.r0 - gq); /* the warp's first row */
+    /* buffer b: tokens [GPW][N][128 B] (swizzled), Σx [N][XL], then warp w's weight tile */
+    auto xb = [&](int b) { return base + (size_t)b * swl_stride<N>(); };
+    auto xsum = [&](int b) { return reinterpret_cast<float *>(xb(b) + (size_t)GPW * N * 128); };
+    auto wsm = [&](int b) { return xb(b) + (size_t)GPW * N * 128 + (size_t)N * XL * 4 + (size_t)warp * TCV_WSM(GPW); };
+    auto copy_w = [&](int ks, int b) { tcv_tile_async<GPW>(m, wrow, m.rows - (int)wrow, ks * GPW, wsm(b)); };
+    auto copy_x = [&](int ks, int b) { wg_tokens_issue<N>(xb(b), a.x, a.ldx, 0, nT, GPW, ks * GPW * QGROUP); };
+    /* commit groups in order: W0, W1, X0, X1, then one a slice (slice ks + 2, maybe empty):
+     * at slice ks, all but the newest group have landed <=> its weights and tokens have */
+    pdl_trigger();
+    copy_w(0, 0);
+    cpa_commit();
+    if (KS > 1) copy_w(1, 1);
+    cpa_commit();
+    pdl_wait();
+    copy_x(0, 0);
+    cpa_commit();
+    if (KS > 1) copy_x(1, 1);
+    cpa_commit();
+
+    float total[N / 8][4];
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) total[j][0] = total[j][1] = total[j][2] = total[j][3] = 0.0f;
+#pragma unroll 1
+    for (int ks = 0; ks < KS; ks++) {
+        const int b = ks & 1;
+        cpa_wait<1>();
+        __syncthreads();
+        trace_mark(TRACE_MARK4); /* (thread 0's) slice landed */
+        wg_tokens_finish<N>(xb(b), xsum(b), XL, nT, GPW);
+        trace_mark(TRACE_MARK5); /* tokens summed and reordered */
+        float acc[N / 8][4];
+#pragma unroll
+        for (int j = 0; j < N / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        const uint32_t xb_s = (uint32_t)__cvta_generic_to_shared(xb(b));
+        const unsigned char *ws = wsm(b);
+        const float *xs = xsum(b);
+        /* two groups in flight: group gi + 1's wgmma issued before group gi's sums are
+         * scaled (one block an SM: nothing else hides a group's round trip); the scaling
+         * stays in group order */
+        float cga[N / 2], cgb[N / 2];
+        uint32_t afa[4][4], afb[4][4]; /* each group's A fragments, live until its wait */
+        sk_w fa = tcv_smem_group<GPW>(ws, 0, gq, c), fb;
+        sk_frags<false>(fa, afa);
+        wg_group_issue_af<N>(afa, xb_s, cga, zero);
+        /* ptxas serialises the wgmma (C7513) where a wgmma input is defined between a commit
+         * and the next wait: every issue below is followed by a wait (the scale's) before the
+         * next group's fragments are built, and this one by its own (nothing to wait for yet) */
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#pragma unroll /* rolled, ptxas serialised the wgmma across the back edge (C7513) */
+        for (int gi = 1; gi < GPW - 1; gi += 2) {
+            fb = tcv_smem_group<GPW>(ws, gi, gq, c);
+            sk_frags<false>(fb, afb);
+            wg_group_issue_af<N>(afb, xb_s + (uint32_t)(gi * N * 128), cgb, zero);
+            wg_group_scale<N, 1>(fa, cga, xs + gi - 1, XL, c, acc);
+            reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afa));
+            fa = tcv_smem_group<GPW>(ws, gi + 1, gq, c);
+            sk_frags<false>(fa, afa);
+            wg_group_issue_af<N>(afa, xb_s + (uint32_t)((gi + 1) * N * 128), cga, zero);
+            wg_group_scale<N, 1>(fb, cgb, xs + gi, XL, c, acc);
+            reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afb));
+        }
+        fb = tcv_smem_group<GPW>(ws, GPW - 1, gq, c);
+        sk_frags<false>(fb, afb);
+        wg_group_issue_af<N>(afb, xb_s + (uint32_t)((GPW - 1) * N * 128), cgb, zero);
+        wg_group_scale<N, 1>(fa, cga, xs + GPW - 2, XL, c, acc);
+        reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afa));
+        wg_group_scale<N, 0>(fb, cgb, xs + GPW - 1, XL, c, acc);
+        reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afb));
+#pragma unroll
+        for (int j = 0; j < N / 8; j++) {
+            total[j][0] += acc[j][0]; total[j][1] += acc[j][1];
+            total[j][2] += acc[j][2]; total[j][3] += acc[j][3];
+        }
+        trace_mark(TRACE_MARK6); /* (warp 0's) slice's products added */
+        __syncthreads(); /* every warp is done with buffer b (its wgmma waited for in wg_group_scale) */
+        if (ks + 2 < KS) {
+            copy_w(ks + 2, b);
+            copy_x(ks + 2, b);
+        }
+        cpa_commit();
+    }
+    /* rows r0, r0 + 8 of matrix s; tokens 8j + 2c, 8j + 2c + 1 */
+    float *y = a.y[pl.s];
+    const int ldy = a.ldy[pl.s];
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int t = 8 * j + 2 * c + (e & 1), r = pl.r0 + 8 * (e >> 1);
+            if (t >= nT || r >= m.rows) continue;
+            float *o = y + (size_t)t * ldy + r;
+            *o = a.accumulate ? *o + total[j][e] : total[j][e];
+        }
+    }
+#endif
+}
+
 /* Tokens [64][GPW·64 + 8] bf16, then Σx [64][GPW + 4] fp32: the padding puts the 4 token
  * columns (2c) a quarter-warp reads in distinct banks (unpadded, GPW = 8 read them 2-way
  * and GPW = 16 4-way conflicted). */
@@ -364,6 +507,14 @@ extern "C" int cuda_skinny_wide_init(char *err, size_t errlen) {
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute (wgmma form) failed: %s",
                                         cudaGetErrorString(e));
     sw_wg = true;
+    if (swl_smem<64>() <= (size_t)caps.optin) {
+        e = cudaFuncSetAttribute(sw_wgl_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)swl_smem<32>());
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(sw_wgl_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)swl_smem<64>());
+        if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute (looped form) failed: %s",
+                                            cudaGetErrorString(e));
+        sw_wgl = true;
+    }
     return 0;
 }
 
@@ -434,12 +585,33 @@ static int sw_wg_nsplit(int blocks, int T) {
     return !off && T > 32 && 2 * blocks <= sw_sms ? 2 : 1;
 }
 
+/* Whether a dense launch goes to sw_wgl_kernel: slices of 8 groups, and tiles enough for
+ * half the SMs at least but no more than one wave (one block an SM); fewer tiles keep the
+ * split form, whose (tile, slice) blocks fill the SMs. ORCHID_SW_NOLOOP=1: never (A/B). */
+static bool sw_wgl_takes(int tiles, int gpw) {
+    static const bool off = env_flag("ORCHID_SW_NOLOOP");
+    if (!sw_wgl || gpw != SWL_GPW || sw_wgl_force == 0) return false;
+    return sw_wgl_force == 1 || (!off && 2 * tiles >= sw_sms && tiles <= sw_sms);
+}
+
+extern "C" int cuda_skinny_wide_force_loop(int mode) {
+    sw_wgl_force = mode;
+    return sw_wgl;
+}
+extern "C" int cuda_skinny_wide_loop_launches(void) { return sw_wgl_count; }
+
 /* One launch, the slice width picked from K (the caller asked sw_takes). */
 template <bool SWIGLU>
 static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
     const int gpw = sw_gpw(K), ks = (K / QGROUP) / gpw;
     if (!sw_takes(a.T, K, tiles)) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: %d tokens, K %d", a.T, K);
     const char *what = SWIGLU ? "skinny_wide_swiglu" : "skinny_wide";
+    if (!SWIGLU && sw_wgl_takes(tiles, gpw)) { /* every slice of a tile in one block */
+        sw_wgl_count++;
+        void (*k)(sw_args, int) = a.T > 32 ? sw_wgl_kernel<64> : sw_wgl_kernel<32>;
+        const size_t smem = a.T > 32 ? swl_smem<64>() : swl_smem<32>();
+        LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), k, dim3(tiles), dim3(256), smem, cstream(c), a, ks), "skinny_wide_loop");
+    }
     if (sw_wg) { /* the wgmma form: N = 32 or 64 token columns a block, one block or (sw_wg_nsplit) two along the tokens */
         const int nz = sw_wg_nsplit(tiles * ks, a.T);
         const bool n64 = a.T > 32 && nz == 1;

@@ -1368,6 +1368,24 @@ int main(void) {
         cuda_skinny_tall_wg_enable(tw);
         test_skinny_multi(512, 3);
         test_skinny_multi(2048, 40);
+        /* the looped wide form (every k-slice of a tile in one block, cuda_skinny_wide.cu's
+         * sw_wgl_kernel): forced wherever it can run, then a launch that takes it by its shape
+         * (96 tiles: the GDN in-projection's kind) — every token against itself alone, bitwise */
+        if (cuda_skinny_wide_force_loop(1)) {
+            const int n0 = cuda_skinny_wide_loop_launches();
+            const int Tl[] = {9, 16, 32, 33, 40, 64};
+            for (size_t i = 0; i < sizeof Tl / sizeof Tl[0]; i++) test_skinny(1000, 2048, 1, 0, Tl[i], (int)(i & 1));
+            test_skinny(45000, 2048, 1, 0, 64, 1); /* in chunks of rows */
+            test_skinny_multi(2048, 40);
+            test_skinny_multi(2048, 64);
+            cuda_skinny_wide_force_loop(-1);
+            const int n1 = cuda_skinny_wide_loop_launches();
+            CHECK(n1 > n0, "skinny_wide: the looped form took no launch when forced");
+            test_skinny(12288, 2048, 1, 0, 64, 0);
+            test_skinny(12288 + 40, 2048, 1, 0, 24, 1);
+            CHECK(cuda_skinny_wide_loop_launches() > n1, "skinny_wide: the looped form took no launch of 97 tiles");
+        }
+        cuda_skinny_wide_force_loop(-1);
         test_swiglu(512, 2048, 2, 1);
         test_swiglu(512, 2048, 64, 1);
         test_swiglu(512, 2048, 20, 1);
