@@ -629,7 +629,7 @@ __device__ __forceinline__ void wg_stage_tokens(unsigned char *xb, float *xsum, 
  * values unread), three add: each group's Σ(128 + q)·x the same as mma.sync's — committed as
  * one wgmma group. The caller waits for it (wg_group_scale). */
 template <int N>
-__device__ __forceinline__ void wg_group_issue_af(uint32_t (&af)[4][4], uint32_t xg_s, float (&cg)[N / 2], int zero = -1) {
+__device__ __forceinline__ void wg_group_issue_af(uint32_t (&af)[4][4], uint32_t xg_s, float (&cg)[N / 2]) {
     uint64_t desc[4];
 #pragma unroll
     for (int st = 0; st < 4; st++) {
@@ -639,8 +639,7 @@ __device__ __forceinline__ void wg_group_issue_af(uint32_t (&af)[4][4], uint32_t
     reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
     reg_fence(cg);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    if (zero < 0) wgmma_k16<N, 0>(cg, af[0], desc[0]);
-    else wgmma_k16_p<N>(cg, af[0], desc[0], zero); /* zero: a run-time 0 (wgmma_n64_p) */
+    wgmma_k16<N, 0>(cg, af[0], desc[0]);
 #pragma unroll
     for (int st = 1; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");

@@ -351,7 +351,6 @@ static __global__ void __launch_bounds__(256, 1) sw_wgl_kernel(sw_args a, int KS
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(sm);
     unsigned char *base = sm + ((1024 - (raw_s & 1023)) & 1023);
     const int tile = blockIdx.x, nT = min(N, a.T);
-    const int zero = a.T < 0; /* 0, but not to the compiler: each group's first step by predicate (wgmma_n64_p) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
     const sw_place pl = sw_place_of<false>(a, tile, warp, gq);
     const cuda_qmat m = a.w[pl.s];
@@ -399,27 +398,23 @@ static __global__ void __launch_bounds__(256, 1) sw_wgl_kernel(sw_args a, int KS
         uint32_t afa[4][4], afb[4][4]; /* each group's A fragments, live until its wait */
         sk_w fa = tcv_smem_group<GPW>(ws, 0, gq, c), fb;
         sk_frags<false>(fa, afa);
-        wg_group_issue_af<N>(afa, xb_s, cga, zero);
-        /* ptxas serialises the wgmma (C7513) where a wgmma input is defined between a commit
-         * and the next wait: every issue below is followed by a wait (the scale's) before the
-         * next group's fragments are built, and this one by its own (nothing to wait for yet) */
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-#pragma unroll /* rolled, ptxas serialised the wgmma across the back edge (C7513) */
+        wg_group_issue_af<N>(afa, xb_s, cga);
+#pragma unroll /* rolled, ptxas serialised the wgmma (C7513: trap 56) */
         for (int gi = 1; gi < GPW - 1; gi += 2) {
             fb = tcv_smem_group<GPW>(ws, gi, gq, c);
             sk_frags<false>(fb, afb);
-            wg_group_issue_af<N>(afb, xb_s + (uint32_t)(gi * N * 128), cgb, zero);
+            wg_group_issue_af<N>(afb, xb_s + (uint32_t)(gi * N * 128), cgb);
             wg_group_scale<N, 1>(fa, cga, xs + gi - 1, XL, c, acc);
             reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afa));
             fa = tcv_smem_group<GPW>(ws, gi + 1, gq, c);
             sk_frags<false>(fa, afa);
-            wg_group_issue_af<N>(afa, xb_s + (uint32_t)((gi + 1) * N * 128), cga, zero);
+            wg_group_issue_af<N>(afa, xb_s + (uint32_t)((gi + 1) * N * 128), cga);
             wg_group_scale<N, 1>(fb, cgb, xs + gi, XL, c, acc);
             reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afb));
         }
         fb = tcv_smem_group<GPW>(ws, GPW - 1, gq, c);
         sk_frags<false>(fb, afb);
-        wg_group_issue_af<N>(afb, xb_s + (uint32_t)((GPW - 1) * N * 128), cgb, zero);
+        wg_group_issue_af<N>(afb, xb_s + (uint32_t)((GPW - 1) * N * 128), cgb);
         wg_group_scale<N, 1>(fa, cga, xs + GPW - 2, XL, c, acc);
         reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afa));
         wg_group_scale<N, 0>(fb, cgb, xs + GPW - 1, XL, c, acc);

@@ -44,29 +44,6 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[16], const uint32_t *a, uin
         : WG_D8(0), WG_D8(8)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
 }
-/* The same two shapes with scale-d a run-time predicate (d = a·b + (acc ? d : 0)): an
- * immediate 0 becomes zeroing instructions on d before the wgmma, and with another group's
- * wgmma in flight ptxas serialises them (C7513); with a predicate it cannot see through, the
- * tensor core drops the old d itself. */
-__device__ __forceinline__ void wgmma_n64_p(float (&d)[32], const uint32_t *a, uint64_t desc, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
-}
-__device__ __forceinline__ void wgmma_n32_p(float (&d)[16], const uint32_t *a, uint64_t desc, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : WG_D8(0), WG_D8(8)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc));
-}
 #undef WG_D8
 
 /* One k16 step of N = 32 or 64 columns into an accumulator of exactly N/2 floats (the
@@ -78,12 +55,6 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], const uint32_t *a, 
     static_assert(N == 32 || N == 64, "wgmma_k16: N = 32 or 64");
     if constexpr (N == 64) wgmma_n64<N / 2, ACC>(d, a, desc);
     else wgmma_n32<ACC>(d, a, desc);
-}
-template <int N>
-__device__ __forceinline__ void wgmma_k16_p(float (&d)[N / 2], const uint32_t *a, uint64_t desc, int acc) {
-    static_assert(N == 32 || N == 64, "wgmma_k16_p: N = 32 or 64");
-    if constexpr (N == 64) wgmma_n64_p(d, a, desc, acc);
-    else wgmma_n32_p(d, a, desc, acc);
 }
 
 /* Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows 128 bytes
