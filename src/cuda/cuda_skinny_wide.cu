@@ -331,8 +331,9 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
  * Measured (H100, 64 sequences, docs/PERFORMANCE.md session 32): the launch's own span is
  * no shorter (a block's slice: ~1.0 µs of token sums and reordering, 3.1 of products — ~40 %
  * of the tensor rate at two warpgroups an SM — and ~1.5 of waiting for its copies, four
- * slices in a row), but the forward is 13.95 -> 13.86 ms: the blocks no longer hold the SMs
- * in three waves while the next launch's blocks wait. ORCHID_SW_NOLOOP=1: the split form. */
+ * slices in a row), but the forward is 13.95 -> 13.86 ms: the 34 SMs it leaves free take the
+ * next launches' blocks early (the GDN scan's state loads before its wait: 97.4 -> 95.1 µs a
+ * layer from the conv's end). ORCHID_SW_NOLOOP=1: the split form. */
 #define SWL_GPW 8
 template <int N>
 static constexpr __host__ __device__ size_t swl_stride() { /* one buffer: tokens, Σx, the 8 warps' weight tiles; 1,024-aligned */
