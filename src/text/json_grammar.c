@@ -35,6 +35,7 @@ struct node {
     int *prop_nodes;
     uint64_t required, all;
     int value_node; /* generic object: the values' node (-1: declared properties) */
+    uint32_t min_props, max_props; /* minProperties / maxProperties (counted: obj_count) */
     /* ARRAY: element i takes prefix[i] while i < n_prefix (a tuple: prefixItems, or the
      * older 'items' array), then items (-1: no further elements; max_items then ≤ n_prefix) */
     int items;
@@ -91,6 +92,7 @@ static int new_node(jg_grammar *g, enum kind k) {
     g->nodes[g->n].value_node = -1;
     g->nodes[g->n].items = -1;
     g->nodes[g->n].max_items = UINT32_MAX;
+    g->nodes[g->n].max_props = UINT32_MAX;
     g->nodes[g->n].max_len = UINT32_MAX;
     return g->n++;
 }
@@ -125,8 +127,7 @@ static int err_at(char *err, size_t errlen, const char *path, const char *msg) {
 static const char *const k_unsupported[] = {
     "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-    "contains", "minContains", "maxContains", "minProperties",
-    "maxProperties", "unevaluatedProperties", "unevaluatedItems"};
+    "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems"};
 
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen);
 
@@ -436,8 +437,15 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         if (props && !cJSON_IsObject(props)) return err_at(err, errlen, path, "'properties' must be an object");
         if (req && !cJSON_IsArray(req)) return err_at(err, errlen, path, "'required' must be an array of names");
         int n_declared = props ? cJSON_GetArraySize(props) : 0;
+        uint32_t pmin, pmax;
+        if (count_kw(s, "minProperties", 0, &pmin, path, err, errlen) ||
+            count_kw(s, "maxProperties", UINT32_MAX, &pmax, path, err, errlen))
+            return -1;
+        if (pmin > pmax) return err_at(err, errlen, path, "'minProperties' is above 'maxProperties'");
         int id = new_node(g, K_OBJECT);
         if (id < 0) return -1;
+        g->nodes[id].min_props = pmin;
+        g->nodes[id].max_props = pmax;
         if (n_declared == 0 && !(req && cJSON_GetArraySize(req) > 0)) {
             /* generic: any key; values of additionalProperties (a schema) or anything */
             int v = g->any;
@@ -447,6 +455,7 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
                 if (v < 0) return -1;
             } else if (cJSON_IsFalse(addl)) {
                 v = -2; /* no keys at all: only {} */
+                if (pmin > 0) return err_at(err, errlen, path, "'minProperties' can never be met: no property is allowed");
             }
             g->nodes[id].value_node = v;
             return id;
@@ -496,6 +505,11 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
             g->nodes[id].required |= 1ull << at;
         }
         g->nodes[id].all = k == 64 ? ~0ull : (1ull << k) - 1;
+        /* declared properties only (additionalProperties is not enforced beside them: no
+         * other key is ever written), so the counts are over those */
+        if (pmin > (uint32_t)k) return err_at(err, errlen, path, "'minProperties' is above the number of properties that may be written");
+        if ((uint32_t)__builtin_popcountll(g->nodes[id].required) > pmax)
+            return err_at(err, errlen, path, "'maxProperties' is below the number of required properties");
         return id;
     }
     char m[96];
@@ -576,6 +590,9 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!any_of) any_of = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     const cJSON *all_of = cJSON_GetObjectItemCaseSensitive(s, "allOf");
+    if (!cn && !en && (ref || any_of || all_of) &&
+        (cJSON_GetObjectItemCaseSensitive(s, "minProperties") || cJSON_GetObjectItemCaseSensitive(s, "maxProperties")))
+        return err_at(err, errlen, path, "'minProperties' / 'maxProperties' beside '$ref', 'anyOf' or 'allOf' are not supported");
     if (cn || en) {
         /* the listed values that the schema's other keywords — $ref and allOf included —
          * allow too (all of a schema's keywords apply: {"type": "integer", "enum": [1, "a"]}
@@ -641,7 +658,8 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
         } else {
             return err_at(err, errlen, path, "'type' must be a string or an array of 1 to 7 strings");
         }
-    } else if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "required")) {
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "required") ||
+               cJSON_GetObjectItemCaseSensitive(s, "minProperties") || cJSON_GetObjectItemCaseSensitive(s, "maxProperties")) {
         ids[n] = type_node(g, s, "object", path, depth, err, errlen);
         if (ids[n++] < 0) return -1;
     } else if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")) {
@@ -826,6 +844,19 @@ static bool is_hex(int c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >
 /* Whitespace where it may stand; false when the run is too long. */
 static bool take_ws(struct jg_frame *f) { return ++f->ws <= WS_MAX; }
 
+/* An object's properties so far: the declared ones given (seen is their mask), or the keys
+ * begun (a generic object counts them in seen). */
+static uint32_t obj_count(const struct node *n, const struct jg_frame *f) {
+    return n->value_node == -1 ? (uint32_t)__builtin_popcountll(f->seen) : (uint32_t)f->seen;
+}
+/* The declared properties a next key may be: any not yet given, or only required ones once
+ * another optional one would leave no room under maxProperties for those still missing. */
+static uint64_t obj_keys(const struct node *n, const struct jg_frame *f) {
+    const uint64_t left = n->all & ~f->seen, need = n->required & ~f->seen;
+    /* invariant: count + |need| <= max (compile checked it for the empty object) */
+    return (uint64_t)obj_count(n, f) + 1 + (uint64_t)__builtin_popcountll(need) > n->max_props ? need : left;
+}
+
 static void emit(jg_state *out, const struct jg_thread *t) {
     for (int i = 0; i < out->n; i++) {
         const struct jg_thread *o = &out->t[i];
@@ -928,7 +959,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 if (take_ws(f)) emit(out, t);
                 return;
             }
-            if (c == '}' && f->phase == P_O_FIRST && (n->value_node != -1 || !(n->required & ~f->seen))) {
+            if (c == '}' && f->phase == P_O_FIRST && n->min_props == 0 && (n->value_node != -1 || !(n->required & ~f->seen))) {
                 t->depth--;
                 emit(out, t);
                 return;
@@ -937,11 +968,13 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             f->ws = 0;
             if (n->value_node == -2) return; /* additionalProperties false, no properties: only {} */
             if (n->value_node >= 0) { /* generic: a free key, as a string */
+                if (f->seen >= n->max_props) return;
+                f->seen++;
                 f->phase = P_O_COLON;
                 if (push(t, g->any_string, P_S_IN)) emit(out, t);
                 return;
             }
-            f->cand = n->all & ~f->seen;
+            f->cand = obj_keys(n, f);
             if (!f->cand) return;
             f->phase = P_O_KEY;
             f->pos = 0;
@@ -985,13 +1018,13 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 return;
             }
             if (c == '}') {
-                if (n->value_node == -1 && (n->required & ~f->seen)) return;
+                if ((n->value_node == -1 && (n->required & ~f->seen)) || obj_count(n, f) < n->min_props) return;
                 t->depth--;
                 emit(out, t);
                 return;
             }
             if (c != ',') return;
-            if (n->value_node == -1 && !(n->all & ~f->seen)) return;
+            if (obj_count(n, f) >= n->max_props || (n->value_node == -1 && !obj_keys(n, f))) return;
             f->phase = P_O_KEYSTART;
             f->ws = 0;
             emit(out, t);

@@ -267,7 +267,10 @@ def seed_json_grammar(out: Path):
              ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[false, true]"),
              ({"type": "integer", "enum": [1, "a", 3], "minimum": 2}, "3"),
              ({"type": "array", "items": [{"type": "boolean"}], "additionalItems": False}, "[true]"),
-             ({"type": "string", "maxLength": 2}, '"\\ud83d\\ude00x"')]
+             ({"type": "string", "maxLength": 2}, '"\\ud83d\\ude00x"'),
+             (t.COUNTS, '{"opts": {"b": 2, "a": false}, "some": {"y": true}}'),
+             ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2},
+              '{"k": 1, "j": -2}')]
     for i, (schema, doc) in enumerate(pairs):
         put(d, f"pair-{i}", json.dumps(schema).encode() + b"\0" + doc.encode())
     for i, doc in enumerate(['{"a": {"b": [true, null, "\u00e9\\""]}}', "{}", '{"x": 1e5, "y": "\xe4\xb8\x96"}']):

@@ -150,6 +150,32 @@ def test_tuples(client):
         [True, "abc"]
 
 
+COUNTS = {
+    "type": "object",
+    "properties": {"opts": {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": [1, 2]},
+                                                            "c": {"type": "null"}},
+                            "required": ["a"], "minProperties": 2, "maxProperties": 2, "additionalProperties": False},
+                   "some": {"type": "object", "properties": {"x": {"type": "boolean"}, "y": {"type": "boolean"}},
+                            "minProperties": 1, "additionalProperties": False}},
+    "required": ["opts", "some"],
+    "additionalProperties": False,
+}
+
+
+def test_property_counts(client):
+    # minProperties / maxProperties: over declared properties (a required one kept room for)
+    followed_and_forced(client, COUNTS, {"opts": {"b": 2, "a": False}, "some": {"y": True}},
+                        '{"opts": {"b": 1, "c": null, "a": true}, "some": {}}')
+    # over free keys (greedy only: the mock's noise writes keys of any length)
+    free = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2}
+    r = ask(client, "SCRIPT:" + json.dumps({"k": 1, "j": -2}), response_format=fmt(free))
+    assert valid(r.choices[0].message.content, free) == {"k": 1, "j": -2}
+    for script in ('{"k": 1, "j": 2, "i": 3}', "{}"):
+        r = ask(client, "SCRIPT:" + script, response_format=fmt(free))
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        assert 1 <= len(valid(r.choices[0].message.content, free)) <= 2
+
+
 def test_patterns(client):
     # the validator is Python's re (a search), as jsonschema uses it
     followed_and_forced(client, PATTERNS,
@@ -324,7 +350,7 @@ def test_beside_tools_sampled_noise_stays_valid(client):
 def test_tiny_model_noise_becomes_valid_documents():
     with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
         c = s.client(timeout=300)
-        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES):
+        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES, COUNTS):
             for temperature, seed in ((0, 0), (0.7, 1), (1.0, 2), (1.0, 3)):
                 r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe it."}],
                                               max_tokens=600, temperature=temperature, seed=seed,

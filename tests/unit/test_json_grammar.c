@@ -626,6 +626,50 @@ int main(void) {
         compile_error("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"widget\"}]}", "#/prefixItems/0: unknown type");
         compile_error("{\"type\":\"array\",\"items\":[{}],\"additionalItems\":{\"type\":\"widget\"}}", "#/additionalItems");
     }
+    {   /* minProperties / maxProperties: declared properties (a required one among them), a
+         * generic object, an object only by the keyword, the empty object only */
+        jg_grammar *w = grammar("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"},"
+                                "\"c\":{\"type\":\"integer\"}},\"required\":[\"a\"],\"minProperties\":2,\"maxProperties\":2}");
+        yes(w, "{\"a\":1,\"b\":2}");
+        yes(w, "{\"c\":3,\"a\":1}");
+        yes(w, "{ \"b\" : 1 , \"a\" : 2 }");
+        no(w, "{\"a\":1}");
+        no(w, "{}");
+        no(w, "{\"a\":1,\"b\":2,\"c\":3}");
+        no(w, "{\"b\":1,\"c\":2}");
+        static jg_state st;
+        jg_start(w, &st); /* no dead end: after one optional property only the required one may follow */
+        CHECK(!jg_feed(w, &st, "{\"b\":1,\"c", 9), "maxProperties: a second optional key must die at once");
+        jg_start(w, &st);
+        CHECK(jg_feed(w, &st, "{\"b\":1,\"a", 9), "maxProperties: the required key stays open");
+        jg_free(w);
+        w = grammar("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},\"minProperties\":1,\"maxProperties\":2}");
+        yes(w, "{\"x\":1}");
+        yes(w, "{\"x\":1,\"y\":-2}");
+        no(w, "{}");
+        no(w, "{\"x\":1,\"y\":2,\"z\":3}");
+        no(w, "{\"x\":\"1\"}");
+        jg_free(w);
+        w = grammar("{\"minProperties\":1}");
+        yes(w, "{\"k\":null}");
+        yes(w, "{\"k\":[1,{}],\"j\":true}");
+        no(w, "{}");
+        no(w, "5");
+        jg_free(w);
+        w = grammar("{\"type\":[\"object\",\"null\"],\"properties\":{\"a\":{}},\"maxProperties\":0}");
+        yes(w, "{}");
+        yes(w, "null");
+        no(w, "{\"a\":1}");
+        jg_free(w);
+        compile_error("{\"type\":\"object\",\"minProperties\":3,\"maxProperties\":2}", "'minProperties' is above 'maxProperties'");
+        compile_error("{\"type\":\"object\",\"properties\":{\"a\":{}},\"minProperties\":2}", "above the number of properties");
+        compile_error("{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{}},\"required\":[\"a\",\"b\"],\"maxProperties\":1}",
+                      "below the number of required");
+        compile_error("{\"type\":\"object\",\"additionalProperties\":false,\"minProperties\":1}", "can never be met");
+        compile_error("{\"type\":\"object\",\"minProperties\":-1}", "'minProperties' must be a non-negative integer");
+        compile_error("{\"$defs\":{\"o\":{\"type\":\"object\"}},\"$ref\":\"#/$defs/o\",\"minProperties\":1}",
+                      "beside '$ref'");
+    }
     compile_error("{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
     compile_error("{\"type\":\"widget\"}", "unknown type");
     compile_error("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems");
