@@ -543,6 +543,142 @@ static int rest_node(jg_grammar *g, const cJSON *s, const char *path, int depth,
     return id;
 }
 
+/* The validation keywords of a schema beside its anyOf / oneOf that apply to each
+ * alternative (carry_into). Annotations (title, description, format, discriminator, ...)
+ * stay out; nullable is applied after the alternatives; the keywords refused anyway ('not',
+ * 'if', ...) are refused before. */
+static bool carried_kw(const char *k) {
+    static const char *const carried[] = {"type", "enum", "const", "properties", "required", "additionalProperties",
+                                          "items", "prefixItems", "additionalItems", "minItems", "maxItems",
+                                          "uniqueItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
+                                          "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties",
+                                          "maxProperties"};
+    for (size_t i = 0; i < sizeof carried / sizeof carried[0]; i++)
+        if (!strcmp(k, carried[i])) return true;
+    return false;
+}
+
+/* 1 when the type name t is in the type keyword tv (a string or an array of them). */
+static bool type_has(const cJSON *tv, const char *t) {
+    if (cJSON_IsString(tv)) return !strcmp(tv->valuestring, t);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, tv) if (cJSON_IsString(e) && !strcmp(e->valuestring, t)) return true;
+    return false;
+}
+
+/* Alternative alt of an anyOf with the keywords of its schema s carried into it (all of a
+ * schema's keywords apply: {"type": "object", "required": ["a"], "anyOf": [A, B]} is
+ * anyOf [A + type + required, B + type + required]). A keyword both places must agree,
+ * except 'type' (the types both allow) and 'required' (both lists). Returns a new schema
+ * (the caller deletes it), NULL with *rc = 0 when the alternative allows nothing the rest
+ * of s does (no type in common), or NULL with *rc = -1 and err set. */
+static cJSON *carry_into(const cJSON *s, const cJSON *alt, const char *path, int *rc, char *err, size_t errlen) {
+    *rc = -1;
+    if (cJSON_IsFalse(alt)) {
+        *rc = 0;
+        return NULL;
+    }
+    cJSON *m = cJSON_IsTrue(alt) ? cJSON_CreateObject() : cJSON_Duplicate(alt, 1);
+    if (!m) return NULL;
+    if (!cJSON_IsObject(m)) {
+        cJSON_Delete(m);
+        err_at(err, errlen, path, "a schema must be an object or a boolean");
+        return NULL;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(m, "$ref")) {
+        cJSON_Delete(m);
+        err_at(err, errlen, path, "an alternative with '$ref' beside the other keywords of its 'anyOf' / 'oneOf' schema is not supported");
+        return NULL;
+    }
+    const cJSON *k;
+    cJSON_ArrayForEach(k, s) {
+        if (!carried_kw(k->string)) continue;
+        cJSON *have = cJSON_GetObjectItemCaseSensitive(m, k->string);
+        if (!have) {
+            cJSON *dup = cJSON_Duplicate(k, 1);
+            if (!dup || !cJSON_AddItemToObject(m, k->string, dup)) {
+                cJSON_Delete(dup);
+                cJSON_Delete(m);
+                return NULL;
+            }
+            continue;
+        }
+        if (cJSON_Compare(have, k, 1)) continue;
+        cJSON *both = NULL;
+        if (!strcmp(k->string, "type") || !strcmp(k->string, "required")) {
+            /* type: the names in both; required: the names in either */
+            const bool is_type = k->string[0] == 't';
+            both = cJSON_CreateArray();
+            const cJSON *from[2] = {have, k};
+            for (int li = 0; li < 2 && both; li++) {
+                const bool list = cJSON_IsArray(from[li]);
+                for (const cJSON *e = list ? from[li]->child : from[li]; e; e = list ? e->next : NULL) {
+                    if (!cJSON_IsString(e)) continue;
+                    const bool keep = is_type ? li == 0 && type_has(k, e->valuestring) : !type_has(both, e->valuestring);
+                    if (keep) cJSON_AddItemToArray(both, cJSON_CreateString(e->valuestring));
+                }
+            }
+            if (both && is_type && cJSON_GetArraySize(both) == 0) { /* no type in common */
+                cJSON_Delete(both);
+                cJSON_Delete(m);
+                *rc = 0;
+                return NULL;
+            }
+        }
+        if (!both && (!strcmp(k->string, "type") || !strcmp(k->string, "required"))) { /* out of memory */
+            cJSON_Delete(m);
+            err_at(err, errlen, path, "out of memory");
+            return NULL;
+        }
+        if (!both) {
+            cJSON_Delete(m);
+            char msg[160];
+            snprintf(msg, sizeof msg, "'%.40s' both beside 'anyOf' / 'oneOf' and inside an alternative, with other values, is not supported",
+                     k->string);
+            err_at(err, errlen, path, msg);
+            return NULL;
+        }
+        cJSON_ReplaceItemInObjectCaseSensitive(m, k->string, both);
+    }
+    *rc = 0;
+    return m;
+}
+
+/* An anyOf / oneOf's alternatives as nodes into ids[*n]: each compiled with the keywords of
+ * its schema carried in (carry_into; compiled from copies, whose memo entries are dropped
+ * with them as in rest_node), or as it is when the schema has none. */
+static int any_of_nodes(jg_grammar *g, const cJSON *s, const cJSON *any_of, const char *path, int depth, int *ids, int *n,
+                        char *err, size_t errlen) {
+    bool carry = false;
+    const cJSON *k;
+    cJSON_ArrayForEach(k, s) carry = carry || carried_kw(k->string);
+    char sub[256];
+    const cJSON *v;
+    int i = 0, kept = 0;
+    cJSON_ArrayForEach(v, any_of) {
+        snprintf(sub, sizeof sub, "%s/anyOf/%d", path, i++);
+        if (!carry) {
+            if ((ids[(*n)++] = compile(g, v, sub, depth + 1, err, errlen)) < 0) return -1;
+            continue;
+        }
+        int rc;
+        cJSON *m = carry_into(s, v, sub, &rc, err, errlen);
+        if (!m) {
+            if (rc < 0) return -1;
+            continue; /* no type in common: this alternative allows nothing here */
+        }
+        const int memo_mark = g->n_memo;
+        const int id = compile(g, m, sub, depth + 1, err, errlen);
+        g->n_memo = memo_mark;
+        cJSON_Delete(m);
+        if (id < 0) return -1;
+        ids[(*n)++] = id;
+        kept++;
+    }
+    if (carry && !kept) return err_at(err, errlen, path, "no alternative of 'anyOf' / 'oneOf' allows a type the schema's 'type' does");
+    return 0;
+}
+
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen) {
     if (depth > 64) return err_at(err, errlen, path, "the schema nests too deeply");
     if (cJSON_IsTrue(s)) return g->any;
@@ -636,14 +772,7 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     } else if (any_of) {
         if (!cJSON_IsArray(any_of) || cJSON_GetArraySize(any_of) == 0 || cJSON_GetArraySize(any_of) > 16)
             return err_at(err, errlen, path, "'anyOf' / 'oneOf' must be an array of 1 to 16 schemas");
-        if (type) return err_at(err, errlen, path, "'anyOf' / 'oneOf' beside 'type' is not supported");
-        const cJSON *v;
-        int k = 0;
-        cJSON_ArrayForEach(v, any_of) {
-            snprintf(sub, sizeof sub, "%s/anyOf/%d", path, k++);
-            ids[n] = compile(g, v, sub, depth + 1, err, errlen);
-            if (ids[n++] < 0) return -1;
-        }
+        if (any_of_nodes(g, s, any_of, path, depth, ids, &n, err, errlen)) return -1;
     } else if (type) {
         if (cJSON_IsString(type)) {
             ids[n] = type_node(g, s, type->valuestring, path, depth, err, errlen);

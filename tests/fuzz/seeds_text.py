@@ -269,6 +269,8 @@ def seed_json_grammar(out: Path):
              ({"type": "array", "items": [{"type": "boolean"}], "additionalItems": False}, "[true]"),
              ({"type": "string", "maxLength": 2}, '"\\ud83d\\ude00x"'),
              (t.COUNTS, '{"opts": {"b": 2, "a": false}, "some": {"y": true}}'),
+             (t.UNION, '{"name": "ann", "id": 7}'),
+             ({"type": ["string", "null"], "oneOf": [{"type": "string", "minLength": 2}, {"type": "integer"}]}, '"ab"'),
              ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2},
               '{"k": 1, "j": -2}')]
     for i, (schema, doc) in enumerate(pairs):

@@ -176,6 +176,25 @@ def test_property_counts(client):
         assert 1 <= len(valid(r.choices[0].message.content, free)) <= 2
 
 
+UNION = {
+    "type": "object",
+    "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999}, "name": {"type": "string", "maxLength": 8}},
+    "additionalProperties": False,
+    "anyOf": [{"required": ["id"]}, {"required": ["name"]}],
+}
+
+
+def test_any_of_beside_other_keywords(client):
+    # the keywords beside anyOf apply to every alternative: one of the two, in the declared shape
+    followed_and_forced(client, UNION, {"name": "ann"}, '{"nick": "x"}')
+    shaped = {"type": "string", "anyOf": [{"maxLength": 2}, {"pattern": "^x"}]}
+    for script, want in (('"ab"', "ab"), ('"xylophone"', "xylophone")):
+        r = ask(client, "SCRIPT:" + script, response_format=fmt(shaped))
+        assert valid(r.choices[0].message.content, shaped) == want
+    r = ask(client, 'SCRIPT:"abc"', response_format=fmt(shaped))
+    valid(r.choices[0].message.content, shaped)
+
+
 def test_patterns(client):
     # the validator is Python's re (a search), as jsonschema uses it
     followed_and_forced(client, PATTERNS,
@@ -350,7 +369,7 @@ def test_beside_tools_sampled_noise_stays_valid(client):
 def test_tiny_model_noise_becomes_valid_documents():
     with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
         c = s.client(timeout=300)
-        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES, COUNTS):
+        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES, COUNTS, UNION):
             for temperature, seed in ((0, 0), (0.7, 1), (1.0, 2), (1.0, 3)):
                 r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe it."}],
                                               max_tokens=600, temperature=temperature, seed=seed,

@@ -670,6 +670,51 @@ int main(void) {
         compile_error("{\"$defs\":{\"o\":{\"type\":\"object\"}},\"$ref\":\"#/$defs/o\",\"minProperties\":1}",
                       "beside '$ref'");
     }
+    {   /* anyOf / oneOf beside other keywords: those apply to every alternative (carried in) */
+        jg_grammar *w = grammar("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\","
+                                "\"maxLength\":3}},\"additionalProperties\":false,\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}");
+        yes(w, "{\"a\":1}");
+        yes(w, "{\"b\":\"xy\"}");
+        yes(w, "{\"b\":\"x\",\"a\":2}");
+        no(w, "{}");
+        no(w, "{\"a\":\"1\"}");
+        no(w, "{\"c\":1}");
+        jg_free(w);
+        w = grammar("{\"type\":\"string\",\"anyOf\":[{\"maxLength\":2},{\"pattern\":\"^x\"}]}");
+        yes(w, "\"ab\"");
+        yes(w, "\"xyzzy\"");
+        no(w, "\"abc\"");
+        no(w, "5");
+        jg_free(w);
+        w = grammar("{\"type\":[\"string\",\"null\"],\"oneOf\":[{\"type\":\"string\",\"minLength\":2},{\"type\":\"integer\"}]}");
+        yes(w, "\"ab\"");
+        no(w, "\"a\"");
+        no(w, "5");
+        no(w, "null");
+        jg_free(w);
+        w = grammar("{\"type\":\"integer\",\"minimum\":0,\"anyOf\":[{\"maximum\":5},{\"multipleOf\":10}],\"title\":\"n\"}");
+        yes(w, "3");
+        yes(w, "20");
+        no(w, "-1");
+        no(w, "7");
+        no(w, "-10");
+        jg_free(w);
+        w = grammar("{\"type\":\"object\",\"required\":[\"a\"],\"anyOf\":[{\"required\":[\"b\"]},{\"type\":\"null\"}],\"nullable\":true}");
+        yes(w, "{\"a\":1,\"b\":2}");
+        yes(w, "null");
+        no(w, "{\"a\":1}");
+        jg_free(w);
+        /* Pydantic's discriminated union: annotations beside oneOf stay out of the alternatives */
+        w = grammar("{\"$defs\":{\"A\":{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"}},\"required\":[\"k\"]}},"
+                    "\"oneOf\":[{\"$ref\":\"#/$defs/A\"}],\"discriminator\":{\"propertyName\":\"k\"},\"title\":\"U\"}");
+        yes(w, "{\"k\":\"a\"}");
+        no(w, "{\"k\":\"b\"}");
+        jg_free(w);
+        compile_error("{\"type\":\"integer\",\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}", "no alternative");
+        compile_error("{\"type\":\"object\",\"properties\":{\"a\":{}},\"anyOf\":[{\"properties\":{\"b\":{}}}]}",
+                      "#/anyOf/0: 'properties' both beside");
+        compile_error("{\"$defs\":{\"A\":{}},\"type\":\"object\",\"anyOf\":[{\"$ref\":\"#/$defs/A\"}]}", "with '$ref' beside");
+    }
     compile_error("{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
     compile_error("{\"type\":\"widget\"}", "unknown type");
     compile_error("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems");
