@@ -3,12 +3,20 @@
 // path (gate/up GEMV with SwiGLU over (token, expert) pairs with the shared expert as pair
 // K, and the down GEMV that sums the weighted pairs straight into the residual stream), and the
 // large-batch path's routing (histogram, scan, scatter, tile list for the grouped
-// tensor-core GEMM of cuda_gemm.cu) and combine.
+// tensor-core GEMM of cuda_gemm.cu: one block, or a cooperative launch of a block per 1,024
+// pairs) and combine.
 #include <limits.h>
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
 #include "cuda/cuda_topk.h"
+
+/* the cooperative route (route_coop_kernel, below; its scratch is made by cuda_moe_init) */
+#define ROUTE_COOP_MIN 2048
+static int *route_hist;      /* [route_max_blocks][1024] per-block counts, then 2 barrier ints */
+static int route_max_blocks; /* blocks a cooperative route launch may have (the SMs); 0: off */
+static int route_force = -1; /* test hook (cuda_moe_route_force): -1 by size, 0 one block, 1 cooperative */
+static int route_coop_count; /* cooperative launches made (the GPU test asks) */
 
 /* PDL (every kernel here triggers at its start, except the router: after its rows): the
  * router and the shared expert's gate/up rows issue their first weight loads before
@@ -371,6 +379,15 @@ static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, c
 extern "C" int cuda_moe_init(char *err, size_t errlen) {
     const cudaError_t e = cudaFuncSetAttribute(router_kernel<RT_STAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "moe: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    /* the cooperative route: a block an SM at most (1,024 threads: one fits anywhere), its
+     * per-block counts and barrier in device memory, zeroed once (the barrier leaves it so) */
+    cuda_caps caps;
+    if (route_hist || device_caps(&caps) != cudaSuccess || !caps.coop || caps.sms < 2) return 0;
+    const size_t bytes = ((size_t)caps.sms * 1024 + 2) * sizeof(int);
+    int rc = cuda_malloc((void **)&route_hist, bytes, "moe route counts", err, errlen);
+    if (!rc) rc = cuda_memset0(route_hist, bytes, err, errlen);
+    if (rc) return rc;
+    route_max_blocks = caps.sms;
     return 0;
 }
 
@@ -636,7 +653,68 @@ __device__ __forceinline__ void warp_scan2(int &a, int &b, int lane) {
     }
 }
 
-/* ---- large-batch routing: one block does histogram, scan, tile list and scatter ---- */
+/* ---- large-batch routing: histogram, scan, tile list and scatter ----
+ * route_kernel does all of it in one block; route_coop_kernel (S > ROUTE_COOP_MIN pairs) in
+ * ⌈S / 1024⌉ blocks of a cooperative launch, a pair a thread: each block counts its pairs in
+ * shared memory (a pair's rank among its block's pairs of the same expert is the atomic's
+ * return), the blocks' counts meet through global memory at one barrier, and every block
+ * then scans the totals itself and scatters its pairs to offset + the earlier blocks' counts
+ * + rank. The one block took ~42 µs a layer for a pack of 8 × 512 tokens (32,768 pairs, H100
+ * trace), on the critical path between the top-k and the grouped gate/up. Within an expert
+ * the slots' order is the atomics' in both forms; no product depends on it (a slot's row is
+ * computed alone, and the combine reads each pair's own slot). */
+
+/* Offsets of the experts' runs and of their tiles (⌈count / tile rows⌉): exclusive scans of
+ * cnt over the experts, thread e < E holding expert e (warp scans by shuffles, then the warp
+ * totals — E <= 1024: 32 warps at most — by warp 0; a serial loop over E was ~4 µs of the
+ * route's 11 at 64 tokens, H200). off[E] and toff[E]: the totals; the tile count goes to
+ * r.tiles[max_tiles · 3] from block 0. Ends with a barrier. */
+__device__ __forceinline__ void route_offsets(const int *cnt, int E, int tile_shift, int *off, int *toff, cuda_moe_route &r) {
+    __shared__ int wsum[32], wtile[32];
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int n = tid < E ? cnt[tid] : 0, nt = (n + (1 << tile_shift) - 1) >> tile_shift;
+    int a = n, b = nt;
+    warp_scan2(a, b, lane);
+    if (lane == 31) {
+        wsum[wid] = a;
+        wtile[wid] = b;
+    }
+    __syncthreads();
+    if (wid == 0) {
+        const int nw = (blockDim.x + 31) >> 5;
+        int sa = lane < nw ? wsum[lane] : 0, sb = lane < nw ? wtile[lane] : 0;
+        warp_scan2(sa, sb, lane);
+        wsum[lane] = sa - (lane < nw ? wsum[lane] : 0); /* exclusive: the warps before */
+        wtile[lane] = sb - (lane < nw ? wtile[lane] : 0);
+    }
+    __syncthreads();
+    if (tid < E) {
+        off[tid] = wsum[wid] + a - n;
+        toff[tid] = wtile[wid] + b - nt;
+    }
+    if (tid == E - 1) {
+        off[E] = wsum[wid] + a;
+        toff[E] = wtile[wid] + b;
+        if (blockIdx.x == 0) r.tiles[r.max_tiles * 3] = toff[E];
+    }
+    __syncthreads();
+}
+
+/* The counts, offsets and tile list (expert, m0, m_end) of the route (one block writes them). */
+__device__ __forceinline__ void route_tiles(const int *cnt, const int *off, const int *toff, int E, int tile_shift,
+                                            cuda_moe_route &r) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        r.counts[e] = cnt[e];
+        r.offsets[e] = off[e];
+        for (int j = 0; j < toff[e + 1] - toff[e]; j++) {
+            const int ti = toff[e] + j;
+            r.tiles[ti * 3] = e;
+            r.tiles[ti * 3 + 1] = off[e] + (j << tile_shift);
+            r.tiles[ti * 3 + 2] = off[e] + cnt[e];
+        }
+    }
+    if (threadIdx.x == 0) r.offsets[E] = off[E];
+}
 
 static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, int S, int E, int K, int tile_shift,
                                                             cuda_moe_route r) {
@@ -652,51 +730,8 @@ static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, 
     __syncthreads();
     for (int i = tid; i < S; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
     __syncthreads();
-    /* exclusive scans of the counts and of the tiles (⌈count / tile rows⌉) over the experts:
-     * thread e < E holds expert e; warp scans by shuffles, then the warp totals (E <= 1024:
-     * 32 warps at most) scanned by warp 0. Was one thread's serial loop over E: ~4 µs of the
-     * route's 11 at 64 tokens (H200). */
-    {
-        __shared__ int wsum[32], wtile[32];
-        const int lane = tid & 31, wid = tid >> 5;
-        const int n = tid < E ? cnt[tid] : 0, nt = (n + (1 << tile_shift) - 1) >> tile_shift;
-        int a = n, b = nt;
-        warp_scan2(a, b, lane);
-        if (lane == 31) {
-            wsum[wid] = a;
-            wtile[wid] = b;
-        }
-        __syncthreads();
-        if (wid == 0) {
-            const int nw = (blockDim.x + 31) >> 5;
-            int sa = lane < nw ? wsum[lane] : 0, sb = lane < nw ? wtile[lane] : 0;
-            warp_scan2(sa, sb, lane);
-            wsum[lane] = sa - (lane < nw ? wsum[lane] : 0); /* exclusive: the warps before */
-            wtile[lane] = sb - (lane < nw ? wtile[lane] : 0);
-        }
-        __syncthreads();
-        if (tid < E) {
-            off[tid] = wsum[wid] + a - n;
-            toff[tid] = wtile[wid] + b - nt;
-        }
-        if (tid == E - 1) {
-            off[E] = wsum[wid] + a;
-            toff[E] = wtile[wid] + b;
-            r.tiles[r.max_tiles * 3] = toff[E];
-        }
-    }
-    __syncthreads();
-    for (int e = tid; e < E; e += blockDim.x) {
-        r.counts[e] = cnt[e];
-        r.offsets[e] = off[e];
-        for (int j = 0; j < toff[e + 1] - toff[e]; j++) {
-            const int ti = toff[e] + j;
-            r.tiles[ti * 3] = e;
-            r.tiles[ti * 3 + 1] = off[e] + (j << tile_shift);
-            r.tiles[ti * 3 + 2] = off[e] + cnt[e];
-        }
-    }
-    if (tid == 0) r.offsets[E] = off[E];
+    route_offsets(cnt, E, tile_shift, off, toff, r);
+    route_tiles(cnt, off, toff, E, tile_shift, r);
     for (int i = tid; i < S; i += blockDim.x) {
         const int e = ids[i];
         const int slot = off[e] + atomicAdd(&cur[e], 1);
@@ -704,6 +739,46 @@ static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, 
         r.slot_of_pair[i] = slot;
     }
 }
+
+static __global__ void __launch_bounds__(1024) route_coop_kernel(const int32_t *ids, int S, int E, int K, int tile_shift,
+                                                                 cuda_moe_route r, int *hist, int *bar) {
+    TRACE_KERNEL();
+    __shared__ int cnt[1024], off[1025], toff[1025], before[1024];
+    pdl_trigger();
+    pdl_wait();
+    const int tid = threadIdx.x, blk = blockIdx.x, nb = gridDim.x, i = blk * 1024 + tid;
+    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    const int e_i = i < S ? ids[i] : -1;
+    const int rank = e_i >= 0 ? atomicAdd(&cnt[e_i], 1) : 0;
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) hist[blk * 1024 + e] = cnt[e];
+    blocks_barrier(bar, bar + 1, nb);
+    for (int e = tid; e < E; e += blockDim.x) { /* every block's count of e: the total, and those before this block */
+        int tot = 0, bef = 0;
+        for (int bb = 0; bb < nb; bb++) {
+            const int v = __ldcg(hist + bb * 1024 + e);
+            tot += v;
+            bef += bb < blk ? v : 0;
+        }
+        cnt[e] = tot;
+        before[e] = bef;
+    }
+    __syncthreads();
+    route_offsets(cnt, E, tile_shift, off, toff, r);
+    if (blk == 0) route_tiles(cnt, off, toff, E, tile_shift, r);
+    if (e_i >= 0) {
+        const int slot = off[e_i] + before[e_i] + rank;
+        r.row_of_slot[slot] = i / K;
+        r.slot_of_pair[i] = slot;
+    }
+}
+
+extern "C" int cuda_moe_route_force(int mode) {
+    route_force = mode;
+    return route_max_blocks > 0;
+}
+extern "C" int cuda_moe_route_coop_launches(void) { return route_coop_count; }
 
 extern "C" int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, int tile_rows,
                                     struct cuda_moe_route *r) {
@@ -717,7 +792,15 @@ extern "C" int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids
     r->tile_rows = tile_rows;
     r->n_experts = E;
     r->n_slots = T * K;
-    LAUNCH_CHECK_RC(c, launch_k(route_kernel, dim3(1), dim3(1024), 0, cstream(c), ids, T * K, E, K, shift, *r), "moe_route");
+    const int S = T * K, nb = (S + 1023) / 1024;
+    static const bool one = env_flag("ORCHID_ROUTE_ONE_BLOCK");
+    if (route_max_blocks > 0 && nb <= route_max_blocks && route_force != 0 && (route_force == 1 || (!one && S > ROUTE_COOP_MIN))) {
+        route_coop_count++;
+        launch_cfg lc(dim3(nb), dim3(1024), 0, cstream(c), false, 0, true); /* cooperative without PDL, as cuda_flash.cu's */
+        LAUNCH_CHECK_RC(c, lc.launch(route_coop_kernel, ids, S, E, K, shift, *r, route_hist,
+                                      route_hist + (size_t)route_max_blocks * 1024), "moe_route (cooperative)");
+    }
+    LAUNCH_CHECK_RC(c, launch_k(route_kernel, dim3(1), dim3(1024), 0, cstream(c), ids, S, E, K, shift, *r), "moe_route");
 }
 
 /* Block (token t, 256 columns): one output a thread, its K expert rows requested together

@@ -286,6 +286,10 @@ static inline int cuda_moe_route_grid(const struct cuda_moe_route *r) {
  * tiles of at most tile_rows (a power of two, 8..128) slots. */
 int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, int tile_rows,
                          struct cuda_moe_route *r);
+/* test hooks: the route by its size (-1), always in one block (0) or always cooperative (1,
+ * where the device has it: the return says) — and the cooperative launches made */
+int cuda_moe_route_force(int mode);
+int cuda_moe_route_coop_launches(void);
 int cuda_moe_grouped_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *xn, int ldx, const struct cuda_moe_route *r, uint16_t *act);
 int cuda_moe_grouped_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,

@@ -1014,6 +1014,61 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
 /* ---- MoE: router logits from fp32 input (exact weights: 1e-5), top-k (ids exact, weights
  * 1e-5), and the whole block, pairs and grouped paths, on the GPU's routing (bf16
  * activations and bf16 tensor-core weights: 1e-2) ---- */
+/* The route of T tokens' K distinct experts of E by one block and by the cooperative launch
+ * (cuda_moe.cu): the same counts, offsets and tiles; every pair in its expert's run, its slot
+ * naming its token, each slot taken once (the order within a run is the atomics'). */
+static void test_route(int E, int K, int T, int tile_rows) {
+    const int S = T * K, max_tiles = (S + tile_rows - 1) / tile_rows + E;
+    int32_t *ids = malloc((size_t)S * 4), *dids;
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do {
+                e = (int)(rng_u64() % (uint64_t)E);
+                dup = 0;
+                for (int j = 0; j < k; j++) dup |= ids[t * K + j] == e;
+            } while (dup);
+            ids[t * K + k] = e;
+        }
+    DEV(dids, (size_t)S * 4);
+    H2D(dids, ids, (size_t)S * 4);
+    const size_t words = (size_t)(E + 1) * 2 + E + 2 * (size_t)S + (size_t)max_tiles * 3 + 1;
+    int32_t *got[2];
+    for (int form = 0; form < 2; form++) {
+        int32_t *d;
+        DEV(d, words * 4);
+        struct cuda_moe_route r = {.counts = d, .offsets = d + E + 1, .cursor = d + 2 * (E + 1)};
+        r.row_of_slot = r.cursor + E;
+        r.slot_of_pair = r.row_of_slot + S;
+        r.tiles = r.slot_of_pair + S;
+        r.max_tiles = max_tiles;
+        cuda_moe_route_force(form);
+        OK(cuda_moe_route_build(&ctx, dids, T, E, K, tile_rows, &r));
+        CHECK(cuda_sync(errbuf, sizeof errbuf) == 0, "route E=%d T=%d: %s", E, T, errbuf);
+        got[form] = malloc(words * 4);
+        D2H(got[form], d, words * 4);
+        cuda_free(d);
+    }
+    cuda_moe_route_force(-1);
+    const int32_t *a = got[0], *b = got[1];
+    const size_t tiles_at = (size_t)(E + 1) * 2 + E + 2 * (size_t)S; /* counts[E] is not written: not compared */
+    const int32_t *cnt = b, *off = b + E + 1, *row = b + 2 * (E + 1) + E, *slot = row + S;
+    const int ntiles = b[tiles_at + (size_t)max_tiles * 3];
+    const int bad = memcmp(a, b, (size_t)E * 4) || memcmp(a + E + 1, b + E + 1, (size_t)(E + 1) * 4) ||
+                    ntiles < 0 || ntiles > max_tiles || ntiles != a[tiles_at + (size_t)max_tiles * 3] || memcmp(a + tiles_at, b + tiles_at, (size_t)ntiles * 3 * 4);
+    char *taken = calloc((size_t)S, 1);
+    int misplaced = 0;
+    for (int i = 0; i < S; i++) {
+        const int e = ids[i], sl = slot[i];
+        if (sl < off[e] || sl >= off[e] + cnt[e] || taken[sl] || row[sl] != i / K) misplaced++;
+        else taken[sl] = 1;
+    }
+    CHECK(!bad && !misplaced, "route E=%d K=%d T=%d tiles of %d: cooperative vs one block: counts/offsets/tiles %s, %d pairs misplaced",
+          E, K, T, tile_rows, bad ? "differ" : "same", misplaced);
+    free(taken); free(got[0]); free(got[1]); free(ids);
+    cuda_free(dids);
+}
+
 static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     struct rq router, gate, up, down, sg, su, sd, seg;
     rq_make(&router, E, H, 1, 8, 1.0f / sqrtf((float)H));
@@ -1482,6 +1537,17 @@ int main(void) {
     test_moe(256, 8, 2048, 512, 5, 0);
     test_moe(8, 2, 128, 64, 3, 0);
     test_moe(256, 8, 2048, 512, 150, 1);
+    test_moe(16, 8, 256, 128, 600, 1); /* 4,800 pairs: the cooperative route by default */
+    if (cuda_moe_route_force(-1)) {
+        const int n0 = cuda_moe_route_coop_launches();
+        test_route(256, 8, 150, 128);
+        test_route(256, 8, 4096, 128);
+        test_route(128, 8, 3001, 64);
+        test_route(16, 4, 700, 128);
+        test_route(256, 8, 1, 128);
+        CHECK(cuda_moe_route_coop_launches() >= n0 + 5, "route: the cooperative form took %d launches of 5",
+              cuda_moe_route_coop_launches() - n0);
+    }
     test_moe(16, 8, 256, 128, 40, 1);
     test_moe(8, 2, 128, 64, 70, 1);
     test_moe(256, 8, 2048, 512, 2, 2);
