@@ -726,9 +726,9 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!any_of) any_of = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     const cJSON *all_of = cJSON_GetObjectItemCaseSensitive(s, "allOf");
-    if (!cn && !en && (ref || any_of || all_of) &&
+    if (!cn && !en && (ref || all_of) &&
         (cJSON_GetObjectItemCaseSensitive(s, "minProperties") || cJSON_GetObjectItemCaseSensitive(s, "maxProperties")))
-        return err_at(err, errlen, path, "'minProperties' / 'maxProperties' beside '$ref', 'anyOf' or 'allOf' are not supported");
+        return err_at(err, errlen, path, "'minProperties' / 'maxProperties' beside '$ref' or 'allOf' are not supported");
     if (cn || en) {
         /* the listed values that the schema's other keywords — $ref and allOf included —
          * allow too (all of a schema's keywords apply: {"type": "integer", "enum": [1, "a"]}

@@ -710,6 +710,11 @@ int main(void) {
         yes(w, "{\"k\":\"a\"}");
         no(w, "{\"k\":\"b\"}");
         jg_free(w);
+        w = grammar("{\"type\":\"object\",\"anyOf\":[{\"properties\":{\"a\":{}}},{\"properties\":{\"b\":{}}}],\"minProperties\":1}");
+        yes(w, "{\"a\":1}");
+        yes(w, "{\"b\":[]}");
+        no(w, "{}");
+        jg_free(w);
         compile_error("{\"type\":\"integer\",\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}", "no alternative");
         compile_error("{\"type\":\"object\",\"properties\":{\"a\":{}},\"anyOf\":[{\"properties\":{\"b\":{}}}]}",
                       "#/anyOf/0: 'properties' both beside");
