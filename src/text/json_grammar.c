@@ -797,7 +797,10 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     } else {
         ids[n++] = g->any;
     }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable")) && n < 16) ids[n++] = g->lit_null;
+    /* nullable (OpenAPI 3.0) adds null to an explicit type only, and never beside an enum or
+     * const (which must list null then, 3.0.3); readings that add it more widely allow all
+     * this allows, so what is written is valid under both */
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable")) && type && !en && !cn && n < 16) ids[n++] = g->lit_null;
     return set_alts(g, self, ids, n);
 }
 

@@ -146,6 +146,27 @@ int main(void) {
     no(g, "{\"ab\":1}");
     jg_free(g);
 
+    /* nullable (OpenAPI 3.0): null beside an explicit type only, not beside an enum / const
+     * that does not list it, nor beside $ref or anyOf without a type */
+    g = grammar("{\"type\":\"string\",\"maxLength\":2,\"nullable\":true}");
+    yes(g, "null");
+    yes(g, "\"ab\"");
+    jg_free(g);
+    g = grammar("{\"type\":\"string\",\"enum\":[\"a\",\"b\"],\"nullable\":true}");
+    yes(g, "\"a\"");
+    no(g, "null");
+    jg_free(g);
+    g = grammar("{\"enum\":[\"a\",null],\"nullable\":true}");
+    yes(g, "null");
+    jg_free(g);
+    g = grammar("{\"anyOf\":[{\"type\":\"integer\"}],\"nullable\":true}");
+    yes(g, "5");
+    no(g, "null");
+    jg_free(g);
+    g = grammar("{\"$defs\":{\"i\":{\"type\":\"integer\"}},\"$ref\":\"#/$defs/i\",\"nullable\":true}");
+    no(g, "null");
+    jg_free(g);
+
     /* enum of mixed values; a numeric literal is exact */
     g = grammar("{\"enum\":[\"red\",1,10,[1,2],{\"k\":null}]}");
     yes(g, "\"red\"");
