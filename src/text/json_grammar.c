@@ -147,12 +147,16 @@ static num_t pow10n(int k) {
 #define NUM_LIMIT(unit) (pow10n(INT_DIGITS) * (unit) - 1) /* the largest magnitude written */
 
 /* Whether schema s's type is `name` or a list naming it. */
-static bool type_names(const cJSON *s, const char *name) {
-    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type"), *t;
-    if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, name);
-    if (!cJSON_IsArray(ty)) return false;
-    cJSON_ArrayForEach(t, ty) if (cJSON_IsString(t) && !strcmp(t->valuestring, name)) return true;
+/* Whether v — a name, or an array of names ('type', 'required') — holds name. */
+static bool names_have(const cJSON *v, const char *name) {
+    if (cJSON_IsString(v)) return !strcmp(v->valuestring, name);
+    if (!cJSON_IsArray(v)) return false;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, v) if (cJSON_IsString(t) && !strcmp(t->valuestring, name)) return true;
     return false;
+}
+static bool type_names(const cJSON *s, const char *name) {
+    return names_have(cJSON_GetObjectItemCaseSensitive(s, "type"), name);
 }
 
 static bool is_bound_kw(const char *k) { return !strncmp(k, "minimum", 7) || !strncmp(k, "maximum", 7) || !strncmp(k, "exclusiveM", 10); }
@@ -558,12 +562,20 @@ static bool carried_kw(const char *k) {
     return false;
 }
 
-/* 1 when the type name t is in the type keyword tv (a string or an array of them). */
-static bool type_has(const cJSON *tv, const char *t) {
-    if (cJSON_IsString(tv)) return !strcmp(tv->valuestring, t);
-    const cJSON *e;
-    cJSON_ArrayForEach(e, tv) if (cJSON_IsString(e) && !strcmp(e->valuestring, t)) return true;
-    return false;
+/* The names of two 'type' keywords both hold (is_type), or of two 'required' lists either
+ * holds, as a new array (NULL: out of memory). */
+static cJSON *names_merged(const cJSON *a, const cJSON *b, bool is_type) {
+    cJSON *out = cJSON_CreateArray();
+    const cJSON *from[2] = {a, b};
+    for (int li = 0; li < 2 && out; li++) {
+        const bool list = cJSON_IsArray(from[li]);
+        for (const cJSON *e = list ? from[li]->child : from[li]; e; e = list ? e->next : NULL) {
+            if (!cJSON_IsString(e)) continue;
+            const bool keep = is_type ? li == 0 && names_have(b, e->valuestring) : !names_have(out, e->valuestring);
+            if (keep) cJSON_AddItemToArray(out, cJSON_CreateString(e->valuestring));
+        }
+    }
+    return out;
 }
 
 /* Alternative alt of an anyOf with the keywords of its schema s carried into it (all of a
@@ -571,7 +583,7 @@ static bool type_has(const cJSON *tv, const char *t) {
  * anyOf [A + type + required, B + type + required]). A keyword both places must agree,
  * except 'type' (the types both allow) and 'required' (both lists). Returns a new schema
  * (the caller deletes it), NULL with *rc = 0 when the alternative allows nothing the rest
- * of s does (no type in common), or NULL with *rc = -1 and err set. */
+ * of s does (no type in common), or NULL with *rc = -1 (err set, unless memory ran out). */
 static cJSON *carry_into(const cJSON *s, const cJSON *alt, const char *path, int *rc, char *err, size_t errlen) {
     *rc = -1;
     if (cJSON_IsFalse(alt)) {
@@ -604,38 +616,24 @@ static cJSON *carry_into(const cJSON *s, const cJSON *alt, const char *path, int
             continue;
         }
         if (cJSON_Compare(have, k, 1)) continue;
-        cJSON *both = NULL;
-        if (!strcmp(k->string, "type") || !strcmp(k->string, "required")) {
-            /* type: the names in both; required: the names in either */
-            const bool is_type = k->string[0] == 't';
-            both = cJSON_CreateArray();
-            const cJSON *from[2] = {have, k};
-            for (int li = 0; li < 2 && both; li++) {
-                const bool list = cJSON_IsArray(from[li]);
-                for (const cJSON *e = list ? from[li]->child : from[li]; e; e = list ? e->next : NULL) {
-                    if (!cJSON_IsString(e)) continue;
-                    const bool keep = is_type ? li == 0 && type_has(k, e->valuestring) : !type_has(both, e->valuestring);
-                    if (keep) cJSON_AddItemToArray(both, cJSON_CreateString(e->valuestring));
-                }
-            }
-            if (both && is_type && cJSON_GetArraySize(both) == 0) { /* no type in common */
-                cJSON_Delete(both);
-                cJSON_Delete(m);
-                *rc = 0;
-                return NULL;
-            }
-        }
-        if (!both && (!strcmp(k->string, "type") || !strcmp(k->string, "required"))) { /* out of memory */
-            cJSON_Delete(m);
-            err_at(err, errlen, path, "out of memory");
-            return NULL;
-        }
-        if (!both) {
+        const bool is_type = !strcmp(k->string, "type");
+        if (!is_type && strcmp(k->string, "required")) {
             cJSON_Delete(m);
             char msg[160];
             snprintf(msg, sizeof msg, "'%.40s' both beside 'anyOf' / 'oneOf' and inside an alternative, with other values, is not supported",
                      k->string);
             err_at(err, errlen, path, msg);
+            return NULL;
+        }
+        cJSON *both = names_merged(have, k, is_type);
+        if (!both) { /* out of memory, as the copies above */
+            cJSON_Delete(m);
+            return NULL;
+        }
+        if (is_type && cJSON_GetArraySize(both) == 0) { /* no type in common */
+            cJSON_Delete(both);
+            cJSON_Delete(m);
+            *rc = 0;
             return NULL;
         }
         cJSON_ReplaceItemInObjectCaseSensitive(m, k->string, both);
@@ -981,6 +979,10 @@ static bool take_ws(struct jg_frame *f) { return ++f->ws <= WS_MAX; }
 static uint32_t obj_count(const struct node *n, const struct jg_frame *f) {
     return n->value_node == -1 ? (uint32_t)__builtin_popcountll(f->seen) : (uint32_t)f->seen;
 }
+/* Whether the object may end here: no required property missing, minProperties met. */
+static bool obj_may_close(const struct node *n, const struct jg_frame *f) {
+    return !(n->value_node == -1 && (n->required & ~f->seen)) && obj_count(n, f) >= n->min_props;
+}
 /* The declared properties a next key may be: any not yet given, or only required ones once
  * another optional one would leave no room under maxProperties for those still missing. */
 static uint64_t obj_keys(const struct node *n, const struct jg_frame *f) {
@@ -1091,7 +1093,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 if (take_ws(f)) emit(out, t);
                 return;
             }
-            if (c == '}' && f->phase == P_O_FIRST && n->min_props == 0 && (n->value_node != -1 || !(n->required & ~f->seen))) {
+            if (c == '}' && f->phase == P_O_FIRST && obj_may_close(n, f)) {
                 t->depth--;
                 emit(out, t);
                 return;
@@ -1150,7 +1152,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 return;
             }
             if (c == '}') {
-                if ((n->value_node == -1 && (n->required & ~f->seen)) || obj_count(n, f) < n->min_props) return;
+                if (!obj_may_close(n, f)) return;
                 t->depth--;
                 emit(out, t);
                 return;
