@@ -400,24 +400,22 @@ static __global__ void __launch_bounds__(256, 1) sw_wgl_kernel(sw_args a, int KS
         sk_w fa = tcv_smem_group<GPW>(ws, 0, gq, c), fb;
         sk_frags<false>(fa, afa);
         wg_group_issue_af<N>(afa, xb_s, cga);
+        /* group gi into the x set, then group gi − 1's sums (the y set) scaled and its
+         * fragments released */
+        auto step = [&](int gi, sk_w &fx, uint32_t(&afx)[4][4], float(&cgx)[N / 2], const sk_w &fy,
+                        uint32_t(&afy)[4][4], float(&cgy)[N / 2]) {
+            fx = tcv_smem_group<GPW>(ws, gi, gq, c);
+            sk_frags<false>(fx, afx);
+            wg_group_issue_af<N>(afx, xb_s + (uint32_t)(gi * N * 128), cgx);
+            wg_group_scale<N, 1>(fy, cgy, xs + gi - 1, XL, c, acc);
+            reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afy));
+        };
 #pragma unroll /* rolled, ptxas serialised the wgmma (C7513: trap 56) */
         for (int gi = 1; gi < GPW - 1; gi += 2) {
-            fb = tcv_smem_group<GPW>(ws, gi, gq, c);
-            sk_frags<false>(fb, afb);
-            wg_group_issue_af<N>(afb, xb_s + (uint32_t)(gi * N * 128), cgb);
-            wg_group_scale<N, 1>(fa, cga, xs + gi - 1, XL, c, acc);
-            reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afa));
-            fa = tcv_smem_group<GPW>(ws, gi + 1, gq, c);
-            sk_frags<false>(fa, afa);
-            wg_group_issue_af<N>(afa, xb_s + (uint32_t)((gi + 1) * N * 128), cga);
-            wg_group_scale<N, 1>(fb, cgb, xs + gi, XL, c, acc);
-            reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afb));
+            step(gi, fb, afb, cgb, fa, afa, cga);
+            step(gi + 1, fa, afa, cga, fb, afb, cgb);
         }
-        fb = tcv_smem_group<GPW>(ws, GPW - 1, gq, c);
-        sk_frags<false>(fb, afb);
-        wg_group_issue_af<N>(afb, xb_s + (uint32_t)((GPW - 1) * N * 128), cgb);
-        wg_group_scale<N, 1>(fa, cga, xs + GPW - 2, XL, c, acc);
-        reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afa));
+        step(GPW - 1, fb, afb, cgb, fa, afa, cga);
         wg_group_scale<N, 0>(fb, cgb, xs + GPW - 1, XL, c, acc);
         reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&afb));
 #pragma unroll
