@@ -360,6 +360,34 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* N = 2^n ≤ 32 warp sums at once, each bit for bit warp_sum's (the same pairs, xor 16 then 8
+ * … 1, added in the same tree): at each of the first n levels a lane keeps half of its values
+ * (the upper half where its lane bit is set) and swaps the other half with its partner, so
+ * N values cost N − 1 + 5 − n shuffles instead of 5·N. Returns value j = lane >> (5 − n)
+ * (every lane of that group of 32 / N holds it). */
+template <int N, int C> /* one level with C values left (partner lane ^ 16·C/N), then the next */
+__device__ __forceinline__ void warp_sum_level(float (&v)[N], int lane) {
+    if constexpr (C > 1) {
+        constexpr int h = C / 2, o = 16 * C / N;
+        const bool upper = lane & o;
+#pragma unroll
+        for (int i = 0; i < h; i++) {
+            const float lo = v[i], hi = v[h + i];
+            v[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, o);
+        }
+        warp_sum_level<N, h>(v, lane);
+    }
+}
+template <int N>
+__device__ __forceinline__ float warp_sum_many(float (&v)[N], int lane) {
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "warp_sum_many: N a power of two up to 32");
+    warp_sum_level<N, N>(v, lane);
+    float s = v[0];
+#pragma unroll
+    for (int o = 16 / N; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
 /* One warp l2-normalises a Gated DeltaNet q or k head row of DK floats: dst = src · scale /
  * sqrt(Σ src² + 1e-6), the squares summed in lane order (lane's DK/32 values, then warp_sum);
  * scale = 1/√DK for q, 1 for k. Shared by the decode scan and the prefill's prep (same bits). */

@@ -120,12 +120,76 @@ __device__ __forceinline__ void rt_rest(const cuda_qmat &m, int row, const float
 }
 template <int BITS>
 __device__ __forceinline__ void router_row(const cuda_qmat &m, int row, const float *x, int ldx, int t0, int nt,
-                                           float *acc, int lane, const float *xs) {
+                                           float *acc, int lane) {
     rt_regs r;
-    rt_round<BITS>(m, row, lane, xs == nullptr, r);
-    if (!xs) pdl_wait(); /* staged: the kernel waited before staging */
-    rt_rest<BITS>(m, row, x, ldx, t0, nt, acc, lane, xs, r);
+    rt_round<BITS>(m, row, lane, true, r);
+    pdl_wait();
+    rt_rest<BITS>(m, row, x, ldx, t0, nt, acc, lane, nullptr, r);
 }
+
+/* The staged form's warp carries R router rows for its RT_TOK tokens (R = 2 past
+ * RT_ROWS2_MIN tokens): a staged x value read from shared memory then serves both rows (one
+ * row a warp read all of x once a row: at 64 tokens 135 MB of shared-memory reads, the
+ * launch's bound at ~6 µs), and a row of blocks stages its tokens once for 8·R rows (16
+ * copies of a row of blocks' 64 KB for E = 256, not 33). Each (row, token) sum is rt_rest's —
+ * the same chunks of the same lane in the same order (u, then the values), so the bits do not
+ * depend on the form. */
+#define RT_ROWS2_MIN 33
+#define RT_RUN 8 /* values of a chunk dequantized at a time (16 or 32: 4-bit chunks spilled) */
+template <int BITS, int R>
+__device__ __forceinline__ void rt_rest_rows(const cuda_qmat &m, const int (&row)[R], int nt, float (&acc)[R][RT_TOK],
+                                             int lane, const float *xs, rt_regs (&rr)[R]) {
+    constexpr int per = BITS == 4 ? 32 : 16;
+    const int nch = m.cols / per;
+    for (int base = lane; base < nch; base += 32 * RT_RU) {
+        if (base != lane)
+#pragma unroll
+            for (int i = 0; i < R; i++) rt_round<BITS>(m, row[i], base, false, rr[i]);
+#pragma unroll
+        for (int u = 0; u < RT_RU; u++) {
+            const int ch = base + 32 * u;
+            if (ch >= nch) continue;
+            /* a chunk in runs of RT_RUN values, each dequantized for the R rows and summed into
+             * every token (registers: a whole 4-bit chunk's 32 a row spilled): a (row, token) sum
+             * still takes the chunk's values in order */
+#pragma unroll
+            for (int h = 0; h < per / RT_RUN; h++) {
+                float wf[R][RT_RUN];
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    const uint32_t ws[4] = {rr[i].w[u].x, rr[i].w[u].y, rr[i].w[u].z, rr[i].w[u].w};
+#pragma unroll
+                    for (int e = 0; e < RT_RUN; e++) {
+                        const int k = RT_RUN * h + e;
+                        const uint32_t q = BITS == 4 ? (ws[k / 8] >> (4 * (k % 8))) & 15u : (ws[k / 4] >> (8 * (k % 4))) & 255u;
+                        wf[i][e] = fmaf(rr[i].sc[u], u2f(q), rr[i].bi[u]);
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < RT_TOK; t++) {
+                    if (t < nt) {
+                        const float4 *xp = reinterpret_cast<const float4 *>(rt_xs_at(xs, m.cols, t, ch * per + RT_RUN * h));
+#pragma unroll
+                        for (int v = 0; v < RT_RUN / 4; v++) {
+                            const float4 x4 = xp[v];
+#pragma unroll
+                            for (int i = 0; i < R; i++) {
+                                float a = acc[i][t];
+                                a = fmaf(wf[i][4 * v], x4.x, a);
+                                a = fmaf(wf[i][4 * v + 1], x4.y, a);
+                                a = fmaf(wf[i][4 * v + 2], x4.z, a);
+                                a = fmaf(wf[i][4 * v + 3], x4.w, a);
+                                acc[i][t] = a;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+/* Columns of router blocks of the staged form: 8·R rows each. */
+__host__ __device__ __forceinline__ int rt_staged_cols(int E, int R) { return (E + 8 * R - 1) / (8 * R); }
 
 __device__ __forceinline__ void rt_cas(float (&v)[8], int (&e)[8], int a, int b) {
     if (rt_before(v[b], e[b], v[a], e[a])) {
@@ -256,21 +320,45 @@ static int topk_block_on(void) {
  * before it). The one-token launches keep their own instances: a kernel carrying both
  * forms measured −1 % on batch-1 decode. */
 enum { RT_PLAIN = 0, RT_STAGED = 1, RT_NORM = 2 };
-template <int MODE>
+template <int MODE, int R = 1>
 static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T,
                                                             float *logits, int ld, float *seg, topk_tail tk, cuda_norm_src ns) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) float rt_xs[];
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int E = router.rows;
-    const int t0 = blockIdx.y * RT_TOK, nt = min(RT_TOK, T - t0);
-    if (MODE == RT_STAGED) { /* every thread: wait, then copy the row of blocks' tokens */
+    /* the block's row of RT_TOK tokens and its column: blockIdx (x, y) unstaged; staged, a
+     * 1-D grid of every row's rt_staged_cols(E, R) router blocks (column-major in a row),
+     * then one block a row for the shared gate's row — dispatched last and out of the
+     * top-k's count (the combine reads seg launches later), so no row's top-k waits for it */
+    const int ncols = MODE == RT_STAGED ? rt_staged_cols(E, R) : (int)gridDim.x;
+    const int nrows = (T + RT_TOK - 1) / RT_TOK;
+    const bool sg_blk = MODE == RT_STAGED && (int)blockIdx.x >= ncols * nrows;
+    const int trow = MODE != RT_STAGED ? (int)blockIdx.y : sg_blk ? (int)blockIdx.x - ncols * nrows : (int)blockIdx.x / ncols;
+    const int col = MODE != RT_STAGED ? (int)blockIdx.x : (int)blockIdx.x % ncols;
+    const int t0 = trow * RT_TOK, nt = min(RT_TOK, T - t0);
+    if (MODE == RT_STAGED) {
+        /* a router block's warp w sums rows 8·R·col + R·w + i (those past E: E − 1's weights,
+         * not stored); a shared-gate block's warp 0 sums its row */
         const int H = router.cols;
-        if (row <= E) { /* the weights toward L2 meanwhile */
-            const cuda_qmat &m = row < E ? router : sg;
-            const char *p = reinterpret_cast<const char *>(qrow_codes(m, row < E ? row : 0));
-            const int bytes = m.cols * m.bits / 8;
-            for (int o = lane * 128; o < bytes; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+        int rows[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) rows[i] = min(col * 8 * R + warp * R + i, E - 1);
+        const bool busy = sg_blk ? warp == 0 : col * 8 * R + warp * R < E;
+        /* the weights first (no launch writes them), then every thread waits and copies the row
+         * of blocks' tokens */
+        rt_regs rr[R];
+        if (busy) {
+            if (sg_blk) {
+                if (sg.bits == 4) rt_round<4>(sg, 0, lane, true, rr[0]);
+                else rt_round<8>(sg, 0, lane, true, rr[0]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    if (router.bits == 4) rt_round<4>(router, rows[i], lane, true, rr[i]);
+                    else rt_round<8>(router, rows[i], lane, true, rr[i]);
+                }
+            }
         }
         pdl_wait();
         for (int t = 0; t < nt; t++)
@@ -280,49 +368,78 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
         cpa_wait<0>();
         __syncthreads();
         trace_mark(TRACE_MARK4); /* the tokens staged */
-    }
-    const bool is_r = row < E;
-    cuda_qmat m; /* by value (see gateup_pairs_kernel) */
-    m.codes = is_r ? router.codes : sg.codes; m.scales = is_r ? router.scales : sg.scales;
-    m.biases = is_r ? router.biases : sg.biases; m.rows = is_r ? router.rows : sg.rows;
-    m.cols = is_r ? router.cols : sg.cols; m.bits = is_r ? router.bits : sg.bits; m.n_mats = 1;
-    const int r = is_r ? row : 0;
-    float acc[RT_TOK];
+        float acc[R][RT_TOK];
 #pragma unroll
-    for (int t = 0; t < RT_TOK; t++) acc[t] = 0.0f;
-    if (MODE == RT_NORM) { /* weights first, then every thread stages the normalised row */
-        rt_regs rr;
-        if (row <= E) {
-            if (m.bits == 4) rt_round<4>(m, r, lane, true, rr);
-            else rt_round<8>(m, r, lane, true, rr);
-        }
-        float g[NS_REG];
-        rms_row_load<NS_REG, false>(ns.gain, router.cols, g);
-        pdl_wait();
-        norm_src_row(ns, router.cols, g, [&](int i, float o) { *const_cast<float *>(rt_xs_at(rt_xs, router.cols, 0, i)) = o; });
-        __syncthreads();
-        trace_mark(TRACE_MARK4); /* the normalised row staged */
-        if (row <= E) {
-            if (m.bits == 4) rt_rest<4>(m, r, x, ldx, 0, 1, acc, lane, rt_xs, rr);
-            else rt_rest<8>(m, r, x, ldx, 0, 1, acc, lane, rt_xs, rr);
-        }
-        trace_mark(TRACE_MARK5); /* (warp 0's) row summed in its lanes */
-    } else if (row <= E) { /* router_row waits after its first weight loads (unstaged) */
-        const float *xs = MODE == RT_STAGED ? rt_xs : nullptr;
-        if (m.bits == 4) router_row<4>(m, r, x, ldx, t0, nt, acc, lane, xs);
-        else router_row<8>(m, r, x, ldx, t0, nt, acc, lane, xs);
-        if (MODE == RT_STAGED) trace_mark(TRACE_MARK5); /* (warp 0's) row summed in its lanes */
-    } else if (MODE == RT_PLAIN) {
-        pdl_wait();
-    }
-    if (row <= E) {
+        for (int i = 0; i < R; i++)
 #pragma unroll
-        for (int t = 0; t < RT_TOK; t++) {
-            if (t >= nt) break; /* warp-uniform */
-            const float v = warp_sum(acc[t]);
-            if (lane == 0) {
-                if (row < E) logits[(size_t)(t0 + t) * ld + row] = v;
-                else seg[t0 + t] = v;
+            for (int t = 0; t < RT_TOK; t++) acc[i][t] = 0.0f;
+        if (busy && sg_blk) {
+            if (sg.bits == 4) rt_rest<4>(sg, 0, x, ldx, t0, nt, acc[0], lane, rt_xs, rr[0]);
+            else rt_rest<8>(sg, 0, x, ldx, t0, nt, acc[0], lane, rt_xs, rr[0]);
+        } else if (busy) {
+            if (router.bits == 4) rt_rest_rows<4, R>(router, rows, nt, acc, lane, rt_xs, rr);
+            else rt_rest_rows<8, R>(router, rows, nt, acc, lane, rt_xs, rr);
+        }
+        trace_mark(TRACE_MARK5); /* (warp 0's) rows summed in its lanes */
+        if (busy && sg_blk) {
+            const float v = warp_sum_many<RT_TOK>(acc[0], lane); /* token lane >> 2 */
+            const int t = lane >> 2;
+            if ((lane & 3) == 0 && t < nt) seg[t0 + t] = v;
+        } else if (busy) {
+            constexpr int N = R * RT_TOK, G = 32 / N; /* N sums; sum j on lanes j·G .. j·G + G − 1 */
+            float all[N];
+#pragma unroll
+            for (int i = 0; i < R; i++)
+#pragma unroll
+                for (int t = 0; t < RT_TOK; t++) all[i * RT_TOK + t] = acc[i][t];
+            const float v = warp_sum_many<N>(all, lane);
+            const int j = lane / G, i = j / RT_TOK, t = j % RT_TOK;
+            const int row = col * 8 * R + warp * R + i;
+            if (lane % G == 0 && t < nt && row < E) logits[(size_t)(t0 + t) * ld + row] = v;
+        }
+    } else {
+        const int row = blockIdx.x * 8 + warp;
+        const bool is_r = row < E;
+        cuda_qmat m; /* by value (see gateup_pairs_kernel) */
+        m.codes = is_r ? router.codes : sg.codes; m.scales = is_r ? router.scales : sg.scales;
+        m.biases = is_r ? router.biases : sg.biases; m.rows = is_r ? router.rows : sg.rows;
+        m.cols = is_r ? router.cols : sg.cols; m.bits = is_r ? router.bits : sg.bits; m.n_mats = 1;
+        const int r = is_r ? row : 0;
+        float acc[RT_TOK];
+#pragma unroll
+        for (int t = 0; t < RT_TOK; t++) acc[t] = 0.0f;
+        if (MODE == RT_NORM) { /* weights first, then every thread stages the normalised row */
+            rt_regs rr;
+            if (row <= E) {
+                if (m.bits == 4) rt_round<4>(m, r, lane, true, rr);
+                else rt_round<8>(m, r, lane, true, rr);
+            }
+            float g[NS_REG];
+            rms_row_load<NS_REG, false>(ns.gain, router.cols, g);
+            pdl_wait();
+            norm_src_row(ns, router.cols, g, [&](int i, float o) { *const_cast<float *>(rt_xs_at(rt_xs, router.cols, 0, i)) = o; });
+            __syncthreads();
+            trace_mark(TRACE_MARK4); /* the normalised row staged */
+            if (row <= E) {
+                if (m.bits == 4) rt_rest<4>(m, r, x, ldx, 0, 1, acc, lane, rt_xs, rr);
+                else rt_rest<8>(m, r, x, ldx, 0, 1, acc, lane, rt_xs, rr);
+            }
+            trace_mark(TRACE_MARK5); /* (warp 0's) row summed in its lanes */
+        } else if (row <= E) { /* router_row waits after its first weight loads */
+            if (m.bits == 4) router_row<4>(m, r, x, ldx, t0, nt, acc, lane);
+            else router_row<8>(m, r, x, ldx, t0, nt, acc, lane);
+        } else {
+            pdl_wait();
+        }
+        if (row <= E) {
+#pragma unroll
+            for (int t = 0; t < RT_TOK; t++) {
+                if (t >= nt) break; /* warp-uniform */
+                const float v = warp_sum(acc[t]);
+                if (lane == 0) {
+                    if (row < E) logits[(size_t)(t0 + t) * ld + row] = v;
+                    else seg[t0 + t] = v;
+                }
             }
         }
     }
@@ -334,7 +451,8 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
     /* the top-k of this row of blocks' RT_TOK tokens, by its last block (one counter per
      * row: the rows' top-ks run side by side; one block for all 64 tokens took 50 µs a
      * layer on the H200), one warp per token; logits written by other blocks: through L2 */
-    if (tk.counter && last_block_done(tk.counter + blockIdx.y, gridDim.x)) {
+    if (sg_blk) return;
+    if (tk.counter && last_block_done(tk.counter + trow, ncols)) {
         const int t1 = min(T, t0 + RT_TOK);
         if (t1 - t0 == 1 && tk.block) { /* one token: the whole block (the same ids and weights) */
             __shared__ topk_scratch tks;
@@ -347,6 +465,13 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
             topk_token_cg(lr, E, tk.K, tk.renorm, tk.ids + (size_t)t * tk.K, tk.w + (size_t)t * tk.K, lane);
         }
     }
+}
+
+/* A staged launch of RT_ROWS2_MIN.. tokens carries two rows a warp (ORCHID_ROUTER_ROWS1=1:
+ * one, the A/B; the same bits). */
+static bool rt_rows2_on(void) {
+    static const bool off = env_flag("ORCHID_ROUTER_ROWS1");
+    return !off;
 }
 
 /* Dynamic shared memory of a router launch: the staged tokens, or none. */
@@ -367,9 +492,15 @@ static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, c
                                     *router, *sh_gate, x, ldx, T, logits, ld, seg, tk, *ns),
                         what);
     const size_t smem = rt_smem(router, sh_gate, x, T, ldx);
-    if (smem)
-        LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_STAGED>, grid, dim3(256), smem, cstream(c), *router, *sh_gate, x, ldx, T,
+    if (smem && T >= RT_ROWS2_MIN && rt_rows2_on()) {
+        const dim3 g(rt_staged_cols(router->rows, 2) * grid.y + grid.y);
+        LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_STAGED, 2>, g, dim3(256), smem, cstream(c), *router, *sh_gate, x, ldx, T,
                                     logits, ld, seg, tk, none),
+                        what);
+    }
+    if (smem)
+        LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_STAGED, 1>, dim3(rt_staged_cols(router->rows, 1) * grid.y + grid.y),
+                                    dim3(256), smem, cstream(c), *router, *sh_gate, x, ldx, T, logits, ld, seg, tk, none),
                         what);
     LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_PLAIN>, grid, dim3(256), 0, cstream(c), *router, *sh_gate, x, ldx, T, logits,
                                 ld, seg, tk, none),
@@ -377,7 +508,9 @@ static int rt_launch(const struct cuda_ctx *c, const struct cuda_qmat *router, c
 }
 
 extern "C" int cuda_moe_init(char *err, size_t errlen) {
-    const cudaError_t e = cudaFuncSetAttribute(router_kernel<RT_STAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
+    cudaError_t e = cudaFuncSetAttribute(router_kernel<RT_STAGED, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(router_kernel<RT_STAGED, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "moe: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     /* the cooperative route: a block an SM at most (1,024 threads: one fits anywhere), its
      * per-block counts and barrier in device memory, zeroed once (the barrier leaves it so) */

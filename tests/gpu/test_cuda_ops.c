@@ -1069,6 +1069,48 @@ static void test_route(int E, int K, int T, int tile_rows) {
     cuda_free(dids);
 }
 
+/* ---- the router of 2..64 tokens (rows of blocks of 8 tokens, RT_ROWS rows a warp) against
+ * each token alone (the one-token form: bit for bit, logits, shared gate, ids and weights)
+ * and the CPU's logits (1e-5), for router / shared-gate codes of 4 or 8 bits and expert
+ * counts that leave the last column of blocks part-filled ---- */
+static void test_router_batch(int E, int H, int T, int rbits, int sbits) {
+    const int K = E < 8 ? E : 8;
+    struct rq router, sg;
+    rq_make(&router, E, H, 1, rbits, 1.0f / sqrtf((float)H));
+    rq_make(&sg, 1, H, 1, sbits, 1.0f / sqrtf((float)H));
+    float *x = malloc((size_t)T * H * 4), *cl = malloc((size_t)T * E * 4);
+    rand_f32(x, (size_t)T * H, 1.0f);
+    cpu_qmatmul(NULL, &router.h, 0, x, T, H, cl, E);
+    float *dx, *dl, *ds, *dw, *d1l, *d1s, *d1w;
+    int32_t *di, *d1i;
+    int *dcnt;
+    DEV(dx, (size_t)T * H * 4); DEV(dl, (size_t)T * E * 4); DEV(ds, (size_t)T * 4); DEV(dw, (size_t)T * K * 4);
+    DEV(di, (size_t)T * K * 4); DEV(d1l, (size_t)E * 4); DEV(d1s, 4); DEV(d1w, (size_t)K * 4); DEV(d1i, (size_t)K * 4);
+    DEV(dcnt, 16 * sizeof(int));
+    if (cuda_memset0(dcnt, 16 * sizeof(int), errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+    H2D(dx, x, (size_t)T * H * 4);
+    OK(cuda_moe_router_topk(&ctx, &router.d, &sg.d, dx, H, T, dl, E, ds, K, 1, di, dw, dcnt));
+    float *bl = malloc((size_t)T * E * 4), *bs = malloc((size_t)T * 4), *bw = malloc((size_t)T * K * 4);
+    int32_t *bi = malloc((size_t)T * K * 4);
+    D2H(bl, dl, (size_t)T * E * 4); D2H(bs, ds, (size_t)T * 4); D2H(bw, dw, (size_t)T * K * 4); D2H(bi, di, (size_t)T * K * 4);
+    float *ol = malloc((size_t)E * 4), os, ow[8];
+    int32_t oi[8];
+    int diff = 0;
+    for (int t = 0; t < T; t++) {
+        OK(cuda_moe_router_topk(&ctx, &router.d, &sg.d, dx + (size_t)t * H, H, 1, d1l, E, d1s, K, 1, d1i, d1w, dcnt));
+        D2H(ol, d1l, (size_t)E * 4); D2H(&os, d1s, 4); D2H(ow, d1w, (size_t)K * 4); D2H(oi, d1i, (size_t)K * 4);
+        diff += bits_differ(ol, bl + (size_t)t * E, (size_t)E) + bits_differ(&os, bs + t, 1);
+        diff += bits_differ(ow, bw + (size_t)t * K, (size_t)K) + bits_differ(oi, bi + (size_t)t * K, (size_t)K);
+    }
+    CHECK(diff == 0, "router_batch E=%d H=%d T=%d bits %d/%d: %d values differ from each token alone", E, H, T, rbits, sbits, diff);
+    const double e = rel_err(bl, cl, (size_t)T * E);
+    CHECK(e <= 1e-5, "router_batch E=%d H=%d T=%d bits %d/%d: rel err %.3g against the CPU", E, H, T, rbits, sbits, e);
+    free(x); free(cl); free(bl); free(bs); free(bw); free(bi); free(ol);
+    cuda_free(dx); cuda_free(dl); cuda_free(ds); cuda_free(dw); cuda_free(di);
+    cuda_free(d1l); cuda_free(d1s); cuda_free(d1w); cuda_free(d1i); cuda_free(dcnt);
+    rq_free(&router); rq_free(&sg);
+}
+
 static void test_moe(int E, int K, int H, int I, int T, int grouped) {
     struct rq router, gate, up, down, sg, su, sd, seg;
     rq_make(&router, E, H, 1, 8, 1.0f / sqrtf((float)H));
@@ -1533,6 +1575,15 @@ int main(void) {
         const int d2[] = {5, 77};
         test_gdn(2, 4, 64, 64, 2, d2);
     }
+    /* 2..32 tokens: a row a warp (8 a block); 33..64: two (16 a block) */
+    test_router_batch(256, 2048, 64, 8, 8);
+    test_router_batch(256, 2048, 37, 4, 8);
+    test_router_batch(256, 2048, 16, 8, 8);
+    test_router_batch(40, 512, 9, 8, 4);
+    test_router_batch(40, 512, 45, 8, 4); /* 3 columns of 16 rows, the last with 8 */
+    test_router_batch(8, 256, 2, 4, 4);
+    test_router_batch(24, 2560, 17, 8, 8); /* a lane has a second round of chunks (160 of 16 values) */
+    test_router_batch(24, 2560, 50, 4, 8); /* the same in 4-bit codes (80 of 32) and two rows a warp */
     test_moe(256, 8, 2048, 512, 1, 0);
     test_moe(256, 8, 2048, 512, 5, 0);
     test_moe(8, 2, 128, 64, 3, 0);
