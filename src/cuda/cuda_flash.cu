@@ -276,16 +276,30 @@ static long fl_tail_launches = 0; /* launches that combined themselves (tests ch
 extern "C" long cuda_flash_tail_launches(void) { return fl_tail_launches; }
 extern "C" void cuda_flash_force_no_tail(int on) { fl_tail_off = on; }
 
-/* Splits a block: as many as keep about two blocks an SM busy (two fit by shared memory),
- * one where the launch has no more blocks than that (batch-1 decode: 2 KV heads × 16
- * splits at context 512; prefill: one split). ORCHID_ATTN_SPB overrides (A/B). */
-static int fl_spb(int n_blocks, int n_split) {
-    static int env = -1;
+/* Splits a block for n_units (query tile, KV head) pairs of n_split splits each: as many as
+ * keep about two blocks an SM busy (two fit by shared memory), ⌊blocks / slots⌋; one where
+ * the launch has no more blocks than that (batch-1 decode: 2 KV heads × 16 splits at
+ * context 512; prefill: one split). ORCHID_ATTN_SPB overrides (A/B).
+ * ORCHID_ATTN_ONE_WAVE=1 (prepared in session 33, not yet measured on a card): the fewest
+ * that put the launch in one wave of those slots — a split group per unit as many times as
+ * fit, each of ⌈n_split / groups⌉ splits. The default's floor leaves 64 sequences at context
+ * 512 with 7 splits a block, 384 blocks in 1.45 waves of 264 slots: 14 splits' time on the
+ * critical path where one wave of 8-split blocks would take 8 (the trace: the flash launch
+ * ~47 µs a layer from the previous launch's end). The same bits either way. */
+static int fl_spb(int n_units, int n_split) {
+    static int env = -1, one_wave = 0;
     if (env < 0) {
         const char *v = getenv("ORCHID_ATTN_SPB");
         env = v && *v ? atoi(v) : 0;
+        one_wave = env_flag("ORCHID_ATTN_ONE_WAVE");
     }
-    int spb = fl_spb_forced ? fl_spb_forced : env > 0 ? env : n_blocks / (2 * fl_sms);
+    int spb = fl_spb_forced ? fl_spb_forced : env;
+    if (spb <= 0 && one_wave) {
+        const int groups = n_units > 0 ? 2 * fl_sms / n_units : 1;
+        spb = groups < 1 ? n_split : (n_split + groups - 1) / groups;
+    } else if (spb <= 0) {
+        spb = n_units * n_split / (2 * fl_sms);
+    }
     if (spb < 1) spb = 1;
     return spb < n_split ? spb : n_split;
 }
@@ -296,7 +310,7 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     const bool caps_ok = device_caps(&caps) == cudaSuccess;
     fl_sms = caps_ok && caps.sms > 0 ? caps.sms : 132;
     fl_coop = caps_ok && caps.coop; /* the in-launch combine is a cooperative launch */
-    (void)fl_spb(0, 1); /* reads the environment here, outside any graph capture */
+    (void)fl_spb(1, 1); /* reads the environment here, outside any graph capture */
     if (D != 256 && D != 128 && D != 64) return 0; /* other head dims use the scalar kernel */
     for (int tail = 0; tail < 2; tail++) {
         const cudaError_t e = cudaFuncSetAttribute((const void *)flash_fn(D, tail), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -315,7 +329,7 @@ extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, c
     *launched = *combined = 0;
     const int group = n_heads / kv_heads;
     if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
-    const int spb = fl_spb(n_tiles * kv_heads * n_split, n_split);
+    const int spb = fl_spb(n_tiles * kv_heads, n_split);
     const dim3 grid(n_tiles * kv_heads, (n_split + spb - 1) / spb);
     const size_t smem = flash_smem(D);
     /* the combine in the launch: its blocks meet at a barrier, so all must be resident at

@@ -754,11 +754,12 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     const double e = rel_err(got, ref, (size_t)T * nh * D);
     CHECK(e <= 1e-2, "attention (%s) nh=%d kvh=%d D=%d seqs=%d T=%d split=%d: rel err %.3g", attn_mode, nh, kvh, D, n_seqs, T, n_split, e);
     if (n_split > 1 && !strcmp(attn_mode, "tensor-core")) {
-        /* a flash block taking 1, 2 or 3 key splits one after another (the chosen count above):
-         * every split's partial, hence the output, the same bits */
+        /* a flash block taking 1, 2, 3 or all key splits one after another (the chosen count
+         * above): every split's partial, hence the output, the same bits */
         uint16_t *ob2 = malloc((size_t)T * nh * D * 2);
-        for (int spb = 1; spb <= 3; spb++) {
-            cuda_flash_force_spb(spb);
+        for (int spb = 1; spb <= 4; spb++) {
+            if (spb == 4 && n_split <= 3) break;
+            cuda_flash_force_spb(spb == 4 ? n_split : spb);
             OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
             D2H(ob2, dout, (size_t)T * nh * D * 2);
             int diff = 0;
