@@ -18,6 +18,7 @@
 #include "text/json_grammar.h"
 
 #include "text/json_regex.h"
+#include "text/json_schema_merge.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -148,15 +149,8 @@ static num_t pow10n(int k) {
 
 /* Whether schema s's type is `name` or a list naming it. */
 /* Whether v — a name, or an array of names ('type', 'required') — holds name. */
-static bool names_have(const cJSON *v, const char *name) {
-    if (cJSON_IsString(v)) return !strcmp(v->valuestring, name);
-    if (!cJSON_IsArray(v)) return false;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, v) if (cJSON_IsString(t) && !strcmp(t->valuestring, name)) return true;
-    return false;
-}
 static bool type_names(const cJSON *s, const char *name) {
-    return names_have(cJSON_GetObjectItemCaseSensitive(s, "type"), name);
+    return jsm_names_have(cJSON_GetObjectItemCaseSensitive(s, "type"), name);
 }
 
 static bool is_bound_kw(const char *k) { return !strncmp(k, "minimum", 7) || !strncmp(k, "maximum", 7) || !strncmp(k, "exclusiveM", 10); }
@@ -276,14 +270,7 @@ static int count_kw(const cJSON *s, const char *kw, uint32_t dflt, uint32_t *out
 }
 
 static int resolve_ref(jg_grammar *g, const char *ref, const char *path, int depth, char *err, size_t errlen) {
-    const cJSON *target = NULL;
-    if (!strcmp(ref, "#")) {
-        target = g->doc;
-    } else if (!strncmp(ref, "#/$defs/", 8) || !strncmp(ref, "#/definitions/", 14)) {
-        const char *sect = ref[2] == '$' ? "$defs" : "definitions";
-        const char *name = ref + (ref[2] == '$' ? 8 : 14);
-        target = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(g->doc, sect), name);
-    }
+    const cJSON *target = jsm_ref_target(g->doc, ref);
     if (!target) {
         char m[320];
         snprintf(m, sizeof m, "'$ref' \"%.120s\" does not resolve (\"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\" "
@@ -547,109 +534,14 @@ static int rest_node(jg_grammar *g, const cJSON *s, const char *path, int depth,
     return id;
 }
 
-/* The validation keywords of a schema beside its anyOf / oneOf that apply to each
- * alternative (carry_into). Annotations (title, description, format, discriminator, ...)
- * stay out; nullable is applied after the alternatives; the keywords refused anyway ('not',
- * 'if', ...) are refused before. */
-static bool carried_kw(const char *k) {
-    static const char *const carried[] = {"type", "enum", "const", "properties", "required", "additionalProperties",
-                                          "items", "prefixItems", "additionalItems", "minItems", "maxItems",
-                                          "uniqueItems", "minLength", "maxLength", "pattern", "minimum", "maximum",
-                                          "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties",
-                                          "maxProperties"};
-    for (size_t i = 0; i < sizeof carried / sizeof carried[0]; i++)
-        if (!strcmp(k, carried[i])) return true;
-    return false;
-}
-
-/* The names of two 'type' keywords both hold (is_type), or of two 'required' lists either
- * holds, as a new array (NULL: out of memory). */
-static cJSON *names_merged(const cJSON *a, const cJSON *b, bool is_type) {
-    cJSON *out = cJSON_CreateArray();
-    const cJSON *from[2] = {a, b};
-    for (int li = 0; li < 2 && out; li++) {
-        const bool list = cJSON_IsArray(from[li]);
-        for (const cJSON *e = list ? from[li]->child : from[li]; e; e = list ? e->next : NULL) {
-            if (!cJSON_IsString(e)) continue;
-            const bool keep = is_type ? li == 0 && names_have(b, e->valuestring) : !names_have(out, e->valuestring);
-            if (keep) cJSON_AddItemToArray(out, cJSON_CreateString(e->valuestring));
-        }
-    }
-    return out;
-}
-
-/* Alternative alt of an anyOf with the keywords of its schema s carried into it (all of a
- * schema's keywords apply: {"type": "object", "required": ["a"], "anyOf": [A, B]} is
- * anyOf [A + type + required, B + type + required]). A keyword both places must agree,
- * except 'type' (the types both allow) and 'required' (both lists). Returns a new schema
- * (the caller deletes it), NULL with *rc = 0 when the alternative allows nothing the rest
- * of s does (no type in common), or NULL with *rc = -1 (err set, unless memory ran out). */
-static cJSON *carry_into(const cJSON *s, const cJSON *alt, const char *path, int *rc, char *err, size_t errlen) {
-    *rc = -1;
-    if (cJSON_IsFalse(alt)) {
-        *rc = 0;
-        return NULL;
-    }
-    cJSON *m = cJSON_IsTrue(alt) ? cJSON_CreateObject() : cJSON_Duplicate(alt, 1);
-    if (!m) return NULL;
-    if (!cJSON_IsObject(m)) {
-        cJSON_Delete(m);
-        err_at(err, errlen, path, "a schema must be an object or a boolean");
-        return NULL;
-    }
-    if (cJSON_GetObjectItemCaseSensitive(m, "$ref")) {
-        cJSON_Delete(m);
-        err_at(err, errlen, path, "an alternative with '$ref' beside the other keywords of its 'anyOf' / 'oneOf' schema is not supported");
-        return NULL;
-    }
-    const cJSON *k;
-    cJSON_ArrayForEach(k, s) {
-        if (!carried_kw(k->string)) continue;
-        cJSON *have = cJSON_GetObjectItemCaseSensitive(m, k->string);
-        if (!have) {
-            cJSON *dup = cJSON_Duplicate(k, 1);
-            if (!dup || !cJSON_AddItemToObject(m, k->string, dup)) {
-                cJSON_Delete(dup);
-                cJSON_Delete(m);
-                return NULL;
-            }
-            continue;
-        }
-        if (cJSON_Compare(have, k, 1)) continue;
-        const bool is_type = !strcmp(k->string, "type");
-        if (!is_type && strcmp(k->string, "required")) {
-            cJSON_Delete(m);
-            char msg[160];
-            snprintf(msg, sizeof msg, "'%.40s' both beside 'anyOf' / 'oneOf' and inside an alternative, with other values, is not supported",
-                     k->string);
-            err_at(err, errlen, path, msg);
-            return NULL;
-        }
-        cJSON *both = names_merged(have, k, is_type);
-        if (!both) { /* out of memory, as the copies above */
-            cJSON_Delete(m);
-            return NULL;
-        }
-        if (is_type && cJSON_GetArraySize(both) == 0) { /* no type in common */
-            cJSON_Delete(both);
-            cJSON_Delete(m);
-            *rc = 0;
-            return NULL;
-        }
-        cJSON_ReplaceItemInObjectCaseSensitive(m, k->string, both);
-    }
-    *rc = 0;
-    return m;
-}
-
 /* An anyOf / oneOf's alternatives as nodes into ids[*n]: each compiled with the keywords of
- * its schema carried in (carry_into; compiled from copies, whose memo entries are dropped
+ * its schema carried in (jsm_carry_into; compiled from copies, whose memo entries are dropped
  * with them as in rest_node), or as it is when the schema has none. */
 static int any_of_nodes(jg_grammar *g, const cJSON *s, const cJSON *any_of, const char *path, int depth, int *ids, int *n,
                         char *err, size_t errlen) {
     bool carry = false;
     const cJSON *k;
-    cJSON_ArrayForEach(k, s) carry = carry || carried_kw(k->string);
+    cJSON_ArrayForEach(k, s) carry = carry || jsm_carried_kw(k->string);
     char sub[256];
     const cJSON *v;
     int i = 0, kept = 0;
@@ -660,7 +552,7 @@ static int any_of_nodes(jg_grammar *g, const cJSON *s, const cJSON *any_of, cons
             continue;
         }
         int rc;
-        cJSON *m = carry_into(s, v, sub, &rc, err, errlen);
+        cJSON *m = jsm_carry_into(s, v, sub, &rc, err, errlen);
         if (!m) {
             if (rc < 0) return -1;
             continue; /* no type in common: this alternative allows nothing here */
@@ -684,17 +576,20 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!cJSON_IsObject(s)) return err_at(err, errlen, path, "a schema must be an object or a boolean");
     for (int i = 0; i < g->n_memo; i++)
         if (g->memo[i].schema == s) return g->memo[i].node;
-    /* minimum / maximum bind numbers only (JSON Schema): enforced where the type names one */
+    /* minimum / maximum bind numbers only (JSON Schema): enforced where the type names one.
+     * Beside an allOf these checks wait for the merged schema (the type may be inside). */
     const bool numeric = type_names(s, "integer") || type_names(s, "number");
-    if (cJSON_GetObjectItemCaseSensitive(s, "pattern") && !type_names(s, "string"))
+    const bool merging = cJSON_GetObjectItemCaseSensitive(s, "allOf") != NULL;
+    if (!merging && cJSON_GetObjectItemCaseSensitive(s, "pattern") && !type_names(s, "string"))
         return err_at(err, errlen, path, "'pattern' needs 'type': \"string\" to be enforced");
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "uniqueItems")) && !type_names(s, "array") &&
+    if (!merging && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "uniqueItems")) && !type_names(s, "array") &&
         !cJSON_GetObjectItemCaseSensitive(s, "items") && !cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
         return err_at(err, errlen, path, "'uniqueItems' needs 'type': \"array\" (and items) to be enforced");
-    if (cJSON_GetObjectItemCaseSensitive(s, "multipleOf") && !(type_names(s, "integer") && !type_names(s, "number")))
+    if (!merging && cJSON_GetObjectItemCaseSensitive(s, "multipleOf") && !(type_names(s, "integer") && !type_names(s, "number")))
         return err_at(err, errlen, path, "'multipleOf' is enforced on integers only (\"type\": \"integer\")");
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
-        if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(numeric && is_bound_kw(k_unsupported[i]))) {
+        if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(numeric && is_bound_kw(k_unsupported[i])) &&
+            !(merging && is_bound_kw(k_unsupported[i]))) {
             char m[128];
             if (is_bound_kw(k_unsupported[i]))
                 snprintf(m, sizeof m, "'%s' needs a numeric 'type' (\"integer\" or \"number\") to be enforced",
@@ -724,9 +619,9 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!any_of) any_of = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     const cJSON *all_of = cJSON_GetObjectItemCaseSensitive(s, "allOf");
-    if (!cn && !en && (ref || all_of) &&
+    if (!cn && !en && ref && !all_of &&
         (cJSON_GetObjectItemCaseSensitive(s, "minProperties") || cJSON_GetObjectItemCaseSensitive(s, "maxProperties")))
-        return err_at(err, errlen, path, "'minProperties' / 'maxProperties' beside '$ref' or 'allOf' are not supported");
+        return err_at(err, errlen, path, "'minProperties' / 'maxProperties' beside '$ref' are not supported");
     if (cn || en) {
         /* the listed values that the schema's other keywords — $ref and allOf included —
          * allow too (all of a schema's keywords apply: {"type": "integer", "enum": [1, "a"]}
@@ -753,15 +648,24 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
                                                     : "no value of 'enum' is allowed by the schema's other keywords");
         if (ids[n++] < 0) return -1;
     } else if (all_of) {
-        /* one schema (Pydantic wraps a $ref in it to give the field a description): that
-         * schema; several would need their intersection */
-        if (!cJSON_IsArray(all_of) || cJSON_GetArraySize(all_of) != 1)
-            return err_at(err, errlen, path, "'allOf' of more than one schema is not supported in constrained output");
-        if (ref || any_of || type || cJSON_GetObjectItemCaseSensitive(s, "properties") ||
-            cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
-            return err_at(err, errlen, path, "'allOf' beside other validation keywords is not supported");
-        snprintf(sub, sizeof sub, "%s/allOf/0", path);
-        ids[n] = compile(g, cJSON_GetArrayItem(all_of, 0), sub, depth + 1, err, errlen);
+        /* one schema and nothing beside it to validate (Pydantic wraps a $ref in it to give
+         * the field a description): that schema, shared with its other uses; else the
+         * schemas merged into their intersection (jsm_all_of), compiled from the copy (its
+         * memo entries dropped with it, as in rest_node) */
+        bool alone = cJSON_IsArray(all_of) && cJSON_GetArraySize(all_of) == 1;
+        const cJSON *k;
+        cJSON_ArrayForEach(k, s) alone = alone && (!strcmp(k->string, "allOf") || jsm_annotation_kw(k->string));
+        if (alone) {
+            snprintf(sub, sizeof sub, "%s/allOf/0", path);
+            ids[n] = compile(g, cJSON_GetArrayItem(all_of, 0), sub, depth + 1, err, errlen);
+        } else {
+            cJSON *merged = jsm_all_of(g->doc, s, path, err, errlen);
+            if (!merged) return -1;
+            const int memo_mark = g->n_memo;
+            ids[n] = compile(g, merged, path, depth + 1, err, errlen);
+            g->n_memo = memo_mark;
+            cJSON_Delete(merged);
+        }
         if (ids[n++] < 0) return -1;
     } else if (ref) {
         if (!cJSON_IsString(ref)) return err_at(err, errlen, path, "'$ref' must be a string");

@@ -272,7 +272,11 @@ def seed_json_grammar(out: Path):
              (t.UNION, '{"name": "ann", "id": 7}'),
              ({"type": ["string", "null"], "oneOf": [{"type": "string", "minLength": 2}, {"type": "integer"}]}, '"ab"'),
              ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2},
-              '{"k": 1, "j": -2}')]
+              '{"k": 1, "j": -2}'),
+             (t.ALLOF, '{"name": "ann", "id": 42}'),
+             ({"type": "integer", "minimum": 0, "allOf": [{"maximum": 9}, {"type": ["integer", "null"], "minimum": 2}]}, "5"),
+             ({"allOf": [{"properties": {"a": {}, "b": {}}, "additionalProperties": False},
+                         {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a": [], "b": 1}')]
     for i, (schema, doc) in enumerate(pairs):
         put(d, f"pair-{i}", json.dumps(schema).encode() + b"\0" + doc.encode())
     for i, doc in enumerate(['{"a": {"b": [true, null, "\u00e9\\""]}}', "{}", '{"x": 1e5, "y": "\xe4\xb8\x96"}']):

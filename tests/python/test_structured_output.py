@@ -195,6 +195,20 @@ def test_any_of_beside_other_keywords(client):
     valid(r.choices[0].message.content, shaped)
 
 
+ALLOF = {
+    "$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}}, "required": ["id"],
+                       "title": "Base"}},
+    "allOf": [{"$ref": "#/$defs/Base"},
+              {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "id": {"maximum": 99}},
+               "required": ["name"], "title": "Named"}],
+}
+
+
+def test_all_of(client):
+    # an allOf of several schemas (OpenAPI's composed models): every one of them holds
+    followed_and_forced(client, ALLOF, {"id": 42, "name": "ann"}, '{"id": 500, "nick": "x"}')
+
+
 def test_patterns(client):
     # the validator is Python's re (a search), as jsonschema uses it
     followed_and_forced(client, PATTERNS,
@@ -369,7 +383,7 @@ def test_beside_tools_sampled_noise_stays_valid(client):
 def test_tiny_model_noise_becomes_valid_documents():
     with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
         c = s.client(timeout=300)
-        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES, COUNTS, UNION):
+        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES, COUNTS, UNION, ALLOF):
             for temperature, seed in ((0, 0), (0.7, 1), (1.0, 2), (1.0, 3)):
                 r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe it."}],
                                               max_tokens=600, temperature=temperature, seed=seed,

@@ -591,8 +591,86 @@ int main(void) {
         compile_error("{\"const\":\"x\",\"type\":\"integer\"}", "'const' is not allowed");
         compile_error("{\"enum\":[5,6],\"type\":\"integer\",\"minimum\":7}", "no value of 'enum'");
     }
-    compile_error("{\"allOf\":[{},{}]}", "'allOf' of more than one schema");
-    compile_error("{\"allOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "'allOf' beside other");
+    {   /* allOf of several schemas, and beside other keywords: their intersection (jsm_all_of) */
+        /* composition, as OpenAPI writes an extended model: a $ref'd base and more fields */
+        jg_grammar *w = grammar("{\"$defs\":{\"Base\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},"
+                                "\"required\":[\"id\"],\"title\":\"Base\"}},\"allOf\":[{\"$ref\":\"#/$defs/Base\"},{\"type\":\"object\","
+                                "\"properties\":{\"name\":{\"type\":\"string\"}},\"required\":[\"name\"],\"title\":\"More\"}]}");
+        yes(w, "{\"id\":1,\"name\":\"a\"}");
+        yes(w, "{\"name\":\"a\",\"id\":-4}");
+        no(w, "{\"id\":1}");
+        no(w, "{\"name\":\"a\"}");
+        no(w, "{\"id\":\"x\",\"name\":\"a\"}");
+        no(w, "[]");
+        jg_free(w);
+        /* the types all allow; bounds: the largest minimum, the smallest maximum */
+        w = grammar("{\"allOf\":[{\"type\":[\"string\",\"integer\"]},{\"type\":[\"integer\",\"null\"],\"minimum\":3},{\"maximum\":7,"
+                    "\"minimum\":1}]}");
+        yes(w, "3");
+        yes(w, "7");
+        no(w, "2");
+        no(w, "8");
+        no(w, "\"a\"");
+        no(w, "null");
+        jg_free(w);
+        w = grammar("{\"type\":\"integer\",\"minimum\":0,\"allOf\":[{\"maximum\":5}]}"); /* beside the allOf */
+        yes(w, "5");
+        yes(w, "0");
+        no(w, "6");
+        no(w, "-1");
+        jg_free(w);
+        w = grammar("{\"allOf\":[{\"type\":\"string\"}],\"type\":\"string\",\"maxLength\":2}");
+        yes(w, "\"ab\"");
+        no(w, "\"abc\"");
+        jg_free(w);
+        /* a property in several schemas: both of its schemas */
+        w = grammar("{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"a\":{\"minimum\":2}},"
+                    "\"required\":[\"a\"]}]}");
+        yes(w, "{\"a\":2}");
+        no(w, "{\"a\":1}");
+        no(w, "{\"a\":\"x\"}");
+        no(w, "{}");
+        jg_free(w);
+        /* one closes its object: the others may only narrow the properties it declares */
+        w = grammar("{\"allOf\":[{\"properties\":{\"a\":{},\"b\":{}},\"additionalProperties\":false},{\"properties\":"
+                    "{\"b\":{\"type\":\"integer\"}},\"required\":[\"b\"]}]}");
+        yes(w, "{\"b\":1}");
+        yes(w, "{\"a\":true,\"b\":1}");
+        no(w, "{\"b\":\"x\"}");
+        no(w, "{\"c\":1,\"b\":1}");
+        jg_free(w);
+        /* an anyOf in one schema, a type in another: the alternatives the type allows */
+        w = grammar("{\"allOf\":[{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]},{\"type\":[\"integer\",\"boolean\"]}]}");
+        yes(w, "1");
+        no(w, "\"a\"");
+        no(w, "true");
+        jg_free(w);
+        /* nullable (OpenAPI) only where every schema with a type is */
+        w = grammar("{\"allOf\":[{\"type\":\"string\",\"nullable\":true},{\"type\":\"string\",\"maxLength\":3}]}");
+        yes(w, "\"abc\"");
+        no(w, "null");
+        jg_free(w);
+        w = grammar("{\"allOf\":[{\"type\":\"string\",\"nullable\":true},{\"type\":\"string\",\"nullable\":true,\"maxLength\":3}]}");
+        yes(w, "null");
+        no(w, "\"abcd\"");
+        jg_free(w);
+        w = grammar("{\"allOf\":[{},true,{\"type\":\"boolean\"}]}");
+        yes(w, "true");
+        no(w, "1");
+        jg_free(w);
+    }
+    compile_error("{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "no 'type' in common");
+    compile_error("{\"allOf\":[{\"type\":\"string\"},false]}", "allows nothing");
+    compile_error("{\"allOf\":[{\"type\":\"string\",\"pattern\":\"a\"},{\"pattern\":\"b\"}]}", "'pattern' in several schemas");
+    compile_error("{\"allOf\":[{\"enum\":[1,2]},{\"enum\":[2,3]}]}", "'enum' in several schemas");
+    compile_error("{\"allOf\":[{\"anyOf\":[{\"type\":\"string\"}]},{\"oneOf\":[{\"type\":\"integer\"}]}]}", "more than one 'anyOf'");
+    compile_error("{\"allOf\":[{\"properties\":{\"a\":{}},\"additionalProperties\":false},{\"properties\":{\"b\":{}}}]}",
+                  "does not declare \"b\"");
+    compile_error("{\"$defs\":{\"A\":{\"allOf\":[{\"$ref\":\"#/$defs/A\"},{\"type\":\"integer\"}]}},\"$ref\":\"#/$defs/A\"}",
+                  "nest too deeply");
+    compile_error("{\"allOf\":[{\"$ref\":\"#/$defs/none\"},{}]}", "does not resolve");
+    compile_error("{\"allOf\":[{\"not\":{}},{}]}", "'not' is not supported");
+    compile_error("{\"allOf\":[{\"type\":\"string\"}],\"not\":{}}", "'not' is not supported");
     {   /* allOf of one schema (Pydantic's $ref with a description): that schema */
         jg_grammar *w = grammar("{\"$defs\":{\"P\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
                                 "\"required\":[\"a\"]}},\"type\":\"object\",\"properties\":{\"p\":{\"allOf\":"
