@@ -552,7 +552,7 @@ static int any_of_nodes(jg_grammar *g, const cJSON *s, const cJSON *any_of, cons
             continue;
         }
         int rc;
-        cJSON *m = jsm_carry_into(s, v, sub, &rc, err, errlen);
+        cJSON *m = jsm_carry_into(g->doc, s, v, sub, &rc, err, errlen);
         if (!m) {
             if (rc < 0) return -1;
             continue; /* no type in common: this alternative allows nothing here */

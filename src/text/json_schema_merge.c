@@ -72,63 +72,7 @@ static int add_copy(cJSON *o, const char *key, const cJSON *item) {
     return 0;
 }
 
-cJSON *jsm_carry_into(const cJSON *s, const cJSON *alt, const char *path, int *rc, char *err, size_t errlen) {
-    *rc = -1;
-    if (cJSON_IsFalse(alt)) {
-        *rc = 0;
-        return NULL;
-    }
-    cJSON *m = cJSON_IsTrue(alt) ? cJSON_CreateObject() : cJSON_Duplicate(alt, 1);
-    if (!m) return NULL;
-    if (!cJSON_IsObject(m)) {
-        cJSON_Delete(m);
-        fail(err, errlen, path, "a schema must be an object or a boolean");
-        return NULL;
-    }
-    if (cJSON_GetObjectItemCaseSensitive(m, "$ref")) {
-        cJSON_Delete(m);
-        fail(err, errlen, path, "an alternative with '$ref' beside the other keywords of its 'anyOf' / 'oneOf' schema is not supported");
-        return NULL;
-    }
-    const cJSON *k;
-    cJSON_ArrayForEach(k, s) {
-        if (!jsm_carried_kw(k->string)) continue;
-        cJSON *have = cJSON_GetObjectItemCaseSensitive(m, k->string);
-        if (!have) {
-            if (add_copy(m, k->string, k)) {
-                cJSON_Delete(m);
-                return NULL;
-            }
-            continue;
-        }
-        if (cJSON_Compare(have, k, 1)) continue;
-        const bool is_type = !strcmp(k->string, "type");
-        if (!is_type && strcmp(k->string, "required")) {
-            cJSON_Delete(m);
-            char msg[160];
-            snprintf(msg, sizeof msg, "'%.40s' both beside 'anyOf' / 'oneOf' and inside an alternative, with other values, is not supported",
-                     k->string);
-            fail(err, errlen, path, msg);
-            return NULL;
-        }
-        cJSON *both = names_merged(have, k, is_type);
-        if (!both) { /* out of memory, as the copies above */
-            cJSON_Delete(m);
-            return NULL;
-        }
-        if (is_type && cJSON_GetArraySize(both) == 0) { /* no type in common */
-            cJSON_Delete(both);
-            cJSON_Delete(m);
-            *rc = 0;
-            return NULL;
-        }
-        cJSON_ReplaceItemInObjectCaseSensitive(m, k->string, both);
-    }
-    *rc = 0;
-    return m;
-}
-
-/* ---- allOf ---- */
+/* ---- merging (allOf, and an anyOf's siblings carried into an alternative) ---- */
 
 bool jsm_annotation_kw(const char *k) {
     static const char *const notes[] = {"title", "description", "default", "examples", "$comment", "$schema", "$id",
@@ -175,6 +119,7 @@ static cJSON *all_of_pair(const cJSON *a, const cJSON *b) {
  * (additionalProperties other than true: each must declare every property of the merge). */
 struct merge {
     const cJSON *doc;
+    const char *where; /* how a keyword's two values met, for the error: "in several schemas of 'allOf'" */
     const cJSON *closed[MERGE_MAX_DEPTH];
     int n_closed;
     int typed, typed_nullable; /* schemas with a 'type', and of those the ones nullable (OpenAPI) */
@@ -235,8 +180,8 @@ static int merge_kw(struct merge *mg, cJSON *m, const cJSON *v, const char *path
         }
         return 0;
     }
-    char msg[160];
-    snprintf(msg, sizeof msg, "'%.40s' in several schemas of 'allOf' with other values is not supported", k);
+    char msg[200];
+    snprintf(msg, sizeof msg, "'%.40s' %s with other values is not supported", k, mg->where);
     return fail(mg->err, mg->errlen, path, msg);
 }
 
@@ -290,32 +235,76 @@ static int merge_schema(struct merge *mg, cJSON *m, const cJSON *s, const char *
     return 0;
 }
 
+/* The merge's last rules on m (0, or -1 with err set): nullable, the closed objects. */
+static int settle(struct merge *mg, cJSON *m, const char *path) {
+    /* nullable adds null beside a type: the merge allows it only when every schema with a
+     * type does */
+    if (mg->typed_nullable < mg->typed || !mg->typed) cJSON_DeleteItemFromObjectCaseSensitive(m, "nullable");
+    /* JSON Schema's additionalProperties sees only its own schema's properties: a schema that
+     * closes its object refuses what the others add. Merged, the others' properties would be
+     * allowed, so that is refused here instead. */
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(m, "properties"), *p;
+    for (int i = 0; i < mg->n_closed; i++) {
+        const cJSON *own = cJSON_GetObjectItemCaseSensitive(mg->closed[i], "properties");
+        cJSON_ArrayForEach(p, props) {
+            if (cJSON_GetObjectItemCaseSensitive(own, p->string)) continue;
+            char msg[240];
+            snprintf(msg, sizeof msg, "a schema sets 'additionalProperties' and does not declare \"%.60s\", which another "
+                                      "(%s) declares: not supported", p->string, mg->where);
+            return fail(mg->err, mg->errlen, path, msg);
+        }
+    }
+    return 0;
+}
+
 cJSON *jsm_all_of(const cJSON *doc, const cJSON *s, const char *path, char *err, size_t errlen) {
-    struct merge mg = {.doc = doc, .err = err, .errlen = errlen};
+    struct merge mg = {.doc = doc, .where = "in several schemas of 'allOf'", .err = err, .errlen = errlen};
     cJSON *m = cJSON_CreateObject();
     if (!m) return NULL;
-    if (merge_schema(&mg, m, s, path, 0)) {
+    if (merge_schema(&mg, m, s, path, 0) || settle(&mg, m, path)) {
         cJSON_Delete(m);
         return NULL;
     }
-    /* nullable adds null beside a type: the merge allows it only when every schema with a
-     * type does */
-    if (mg.typed_nullable < mg.typed || !mg.typed) cJSON_DeleteItemFromObjectCaseSensitive(m, "nullable");
-    /* JSON Schema's additionalProperties sees only its own schema's properties: under
-     * allOf, one that closes its object refuses what the others add. Merged, the others'
-     * properties would be allowed, so that is refused here instead. */
-    const cJSON *props = cJSON_GetObjectItemCaseSensitive(m, "properties"), *p;
-    for (int i = 0; i < mg.n_closed; i++) {
-        const cJSON *own = cJSON_GetObjectItemCaseSensitive(mg.closed[i], "properties");
-        cJSON_ArrayForEach(p, props) {
-            if (cJSON_GetObjectItemCaseSensitive(own, p->string)) continue;
-            char msg[200];
-            snprintf(msg, sizeof msg, "a schema of 'allOf' sets 'additionalProperties' and does not declare \"%.60s\", which "
-                                      "another declares: not supported", p->string);
-            fail(err, errlen, path, msg);
+    return m;
+}
+
+cJSON *jsm_carry_into(const cJSON *doc, const cJSON *s, const cJSON *alt, const char *path, int *rc, char *err,
+                      size_t errlen) {
+    *rc = -1;
+    if (cJSON_IsFalse(alt)) {
+        *rc = 0;
+        return NULL;
+    }
+    struct merge mg = {.doc = doc, .where = "both beside 'anyOf' / 'oneOf' and inside an alternative", .err = err,
+                       .errlen = errlen};
+    cJSON *m = cJSON_CreateObject();
+    if (!m) return NULL;
+    if (merge_schema(&mg, m, alt, path, 0)) goto fail;
+    /* no type in common: the alternative allows nothing the rest of s does (dropped) */
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(s, "type"), *at = cJSON_GetObjectItemCaseSensitive(m, "type");
+    if (st && at) {
+        cJSON *both = names_merged(at, st, true);
+        if (!both) goto fail;
+        const bool none = cJSON_GetArraySize(both) == 0;
+        cJSON_Delete(both);
+        if (none) {
             cJSON_Delete(m);
+            *rc = 0;
             return NULL;
         }
     }
+    const cJSON *k;
+    cJSON_ArrayForEach(k, s) if (jsm_carried_kw(k->string) && merge_kw(&mg, m, k, path)) goto fail;
+    if (st) { /* s's own nullable adds null after the alternatives; in them it counts as one typed schema */
+        mg.typed++;
+        mg.typed_nullable += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable"));
+    }
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+    if (ap && !cJSON_IsTrue(ap) && mg.n_closed < MERGE_MAX_DEPTH) mg.closed[mg.n_closed++] = s;
+    if (settle(&mg, m, path)) goto fail;
+    *rc = 0;
     return m;
+fail:
+    cJSON_Delete(m);
+    return NULL;
 }

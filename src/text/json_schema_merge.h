@@ -21,11 +21,12 @@ bool jsm_carried_kw(const char *k);
 
 /* Alternative alt of an anyOf with the validation keywords of its schema s carried into it
  * (all of a schema's keywords apply: {"type": "object", "required": ["a"], "anyOf": [A, B]}
- * is anyOf [A + type + required, B + type + required]). A keyword both places must agree,
- * except 'type' (the types both allow) and 'required' (both lists). Returns a new schema
- * (the caller deletes it), NULL with *rc = 0 when the alternative allows nothing the rest
- * of s does (no type in common), or NULL with *rc = -1 (err set, unless memory ran out). */
-cJSON *jsm_carry_into(const cJSON *s, const cJSON *alt, const char *path, int *rc, char *err, size_t errlen);
+ * is anyOf [A + type + required, B + type + required]): the two merged as jsm_all_of merges
+ * (alt's '$ref' resolved in doc). Returns a new schema (the caller deletes it), NULL with
+ * *rc = 0 when the alternative allows nothing the rest of s does (no type in common), or
+ * NULL with *rc = -1 (err set, unless memory ran out). */
+cJSON *jsm_carry_into(const cJSON *doc, const cJSON *s, const cJSON *alt, const char *path, int *rc, char *err,
+                      size_t errlen);
 
 /* Schema s (with an 'allOf') as one schema: its own keywords and every allOf schema's
  * ('$ref's resolved in doc, nested allOfs flattened) merged — 'type' to the types all allow,

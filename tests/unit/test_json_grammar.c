@@ -815,9 +815,27 @@ int main(void) {
         no(w, "{}");
         jg_free(w);
         compile_error("{\"type\":\"integer\",\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}", "no alternative");
-        compile_error("{\"type\":\"object\",\"properties\":{\"a\":{}},\"anyOf\":[{\"properties\":{\"b\":{}}}]}",
-                      "#/anyOf/0: 'properties' both beside");
-        compile_error("{\"$defs\":{\"A\":{}},\"type\":\"object\",\"anyOf\":[{\"$ref\":\"#/$defs/A\"}]}", "with '$ref' beside");
+        /* properties both beside and inside: joined, as an allOf joins them */
+        w = grammar("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"anyOf\":[{\"properties\":{\"b\":"
+                    "{\"type\":\"string\"}}},{\"required\":[\"a\"]}]}");
+        yes(w, "{\"b\":\"x\"}");
+        yes(w, "{\"a\":1}");
+        yes(w, "{\"b\":\"x\",\"a\":2}");
+        no(w, "{\"a\":\"x\"}");
+        no(w, "{\"b\":1}");
+        jg_free(w);
+        /* an alternative that is a $ref, with the keywords beside the anyOf carried in */
+        w = grammar("{\"$defs\":{\"A\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"integer\"}},\"required\":[\"k\"]}},"
+                    "\"type\":\"object\",\"required\":[\"z\"],\"anyOf\":[{\"$ref\":\"#/$defs/A\"},{\"type\":\"null\"}]}");
+        yes(w, "{\"k\":1,\"z\":0}");
+        no(w, "{\"k\":1}");
+        no(w, "{\"k\":\"1\",\"z\":0}");
+        no(w, "null");
+        jg_free(w);
+        compile_error("{\"type\":\"string\",\"pattern\":\"a\",\"anyOf\":[{\"pattern\":\"b\"}]}",
+                      "#/anyOf/0: 'pattern' both beside 'anyOf' / 'oneOf' and inside an alternative");
+        compile_error("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":false,\"anyOf\":[{\"properties\":"
+                      "{\"b\":{}}}]}", "does not declare \"b\"");
     }
     compile_error("{\"$ref\":\"#/$defs/missing\"}", "does not resolve");
     compile_error("{\"type\":\"widget\"}", "unknown type");
