@@ -45,6 +45,9 @@ struct node {
     uint32_t min_items, max_items;
     bool unique; /* uniqueItems: items is a flat ALT of distinct literals (at most 64), each used
                   * once — the array frame's seen holds the ones taken */
+    bool unique_str; /* uniqueItems over free strings: items is the STRING node (no pattern,
+                      * maxLength ≥ 1); the array frame's seen:cand is a 128-bit Bloom filter
+                      * of the items written (uniq_str_*) */
     /* STRING */
     uint32_t min_len, max_len;
     jr_nfa *re; /* pattern: the NFA the string's code points step (lengths then < JR_LENS) */
@@ -317,6 +320,14 @@ static int unique_lits(const jg_grammar *g, int id, int *lits, int *nl, int dept
     return 0;
 }
 
+#define UNIQ_STR_MAX 16 /* items of a uniqueItems array of free strings */
+
+/* Node id through ALTs of one alternative (what a schema's compile wraps its node in). */
+static int single_node(const jg_grammar *g, int id) {
+    for (int hops = 0; hops < 64 && g->nodes[id].kind == K_ALT && g->nodes[id].n_alt == 1; hops++) id = g->nodes[id].alts[0];
+    return id;
+}
+
 /* The node of one JSON type name, built from schema s's keywords for it. */
 static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char *path, int depth, char *err,
                      size_t errlen) {
@@ -407,11 +418,23 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
          * objects) it cannot be enforced here */
         const cJSON *uq = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
         if (uq && !cJSON_IsBool(uq)) return err_at(err, errlen, path, "'uniqueItems' must be a boolean");
-        if (cJSON_IsTrue(uq)) {
+        const int str = it >= 0 ? single_node(g, it) : -1;
+        if (cJSON_IsTrue(uq) && n_prefix == 0 && str >= 0 && g->nodes[str].kind == K_STRING && !g->nodes[str].re &&
+            g->nodes[str].max_len >= 1) {
+            /* a set of free strings (Pydantic's set[str]): each item's text hashed as it is
+             * written, a close refused while the hash is in the filter (uniq_*). At most
+             * UNIQ_STR_MAX items, so the 128-bit filter stays sparse (a false positive, which
+             * makes the model write a longer string, at ~2 % by the 16th item) */
+            if (lo > UNIQ_STR_MAX)
+                return err_at(err, errlen, path, "'uniqueItems' over strings is enforced for at most 16 items ('minItems' is above)");
+            g->nodes[id].items = str;
+            g->nodes[id].unique_str = true;
+            if (g->nodes[id].max_items > UNIQ_STR_MAX) g->nodes[id].max_items = UNIQ_STR_MAX;
+        } else if (cJSON_IsTrue(uq)) {
             int lits[64], nl = 0;
             if (n_prefix > 0 || it < 0 || unique_lits(g, it, lits, &nl, 0) < 0)
                 return err_at(err, errlen, path, "'uniqueItems' is enforced only over items of at most 64 enum / const / "
-                                                 "boolean / null values (no tuple)");
+                                                 "boolean / null values, or strings without a 'pattern' (no tuple)");
             if (lo > (uint32_t)nl) return err_at(err, errlen, path, "'minItems' is above the number of distinct values the items allow");
             const int flat = new_node(g, K_ALT);
             if (flat < 0 || set_alts(g, flat, lits, nl) < 0) return -1;
@@ -915,6 +938,54 @@ static bool push(struct jg_thread *t, int node, int phase) {
     return true;
 }
 
+/* ---- uniqueItems over strings ----
+ * An item's UTF-16 code units are hashed (FNV-1a, 64 bits) into its frame's cand as they
+ * complete — raw UTF-8 and \u escapes alike, so equal JSON strings hash alike. The array's
+ * frame keeps a Bloom filter of 4 bits (of its seen:cand) an item: a close is refused while
+ * all 4 of the string's bits are set, which a string written before always has — no item
+ * repeats; another rarely has them (a false positive: the model writes a longer string
+ * instead). A string at maxLength can only close, so the character that would bring it there
+ * as a string in the filter is refused too: never a dead end (maxLength ≥ 1 is compiled). */
+static uint64_t uniq_unit(uint64_t h, uint32_t u) {
+    h = (h ^ (u & 0xFF)) * 0x100000001b3ull;
+    return (h ^ (u >> 8 & 0xFF)) * 0x100000001b3ull;
+}
+static uint64_t uniq_cp(uint64_t h, uint32_t cp) {
+    if (cp < 0x10000) return uniq_unit(h, cp);
+    cp -= 0x10000;
+    return uniq_unit(uniq_unit(h, 0xD800 + (cp >> 10)), 0xDC00 + (cp & 0x3FF));
+}
+/* The array frame when thread t's top frame is an item of a unique-strings array, else NULL. */
+static struct jg_frame *uniq_parent(const jg_grammar *g, struct jg_thread *t) {
+    if (t->depth < 2) return NULL;
+    struct jg_frame *p = &t->f[t->depth - 2];
+    const struct node *pn = &g->nodes[p->node];
+    return pn->kind == K_ARRAY && pn->unique_str && pn->items == t->f[t->depth - 1].node ? p : NULL;
+}
+/* Whether hash h's 4 bits are all set in the array frame's filter; add: set them. */
+static bool uniq_bits(struct jg_frame *p, uint64_t h, bool add) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    bool all = true;
+    for (int j = 0; j < 4; j++) {
+        const unsigned i = (unsigned)(h >> (7 * j)) & 127;
+        uint64_t *w = i < 64 ? &p->seen : &p->cand;
+        all = all && (*w >> (i & 63) & 1);
+        if (add) *w |= 1ull << (i & 63);
+    }
+    return all;
+}
+/* A unique-strings item's code unit (unit) or code point v hashed; done: a character is
+ * complete, refused (false) when the string would then sit at maxLength in the filter. */
+static bool uniq_char(const jg_grammar *g, struct jg_thread *t, struct jg_frame *f, const struct node *n, uint32_t v,
+                      bool unit, bool done) {
+    struct jg_frame *p = uniq_parent(g, t);
+    if (!p) return true;
+    f->cand = unit ? uniq_unit(f->cand, v) : uniq_cp(f->cand, v);
+    return !done || f->count < n->max_len || !uniq_bits(p, f->cand, false);
+}
+
 /* Steps thread t (a private copy) with byte c; the surviving threads go to out. */
 static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c, int hops) {
     if (hops > 64) return; /* alternatives that only lead to themselves ($ref cycles) */
@@ -969,7 +1040,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             case K_STRING: /* a pattern's NFA set in cand, a code point being read in seen */
                 if (c != '"') return;
                 f->phase = P_S_IN;
-                if (n->re) f->cand = jr_start(n->re);
+                f->cand = n->re ? jr_start(n->re) : 0xcbf29ce484222325ull; /* the NFA, or FNV-1a's start (uniq_*) */
                 emit(out, t);
                 return;
             case K_NUMBER:
@@ -1110,10 +1181,10 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 const int hi = range == 2 ? 0x9F : range == 4 ? 0x8F : 0xBF;
                 if (c < lo || c > hi) return;
                 f->pos = (uint16_t)(need - 1);
-                if (n->re) { /* the code points this byte leaves possible must take the pattern on */
-                    f->seen = f->seen << 6 | (uint64_t)(c & 0x3F);
-                    if (!re_cp(n, f, (uint32_t)f->seen, need - 1)) return;
-                }
+                f->seen = f->seen << 6 | (uint64_t)(c & 0x3F);
+                /* the code points this byte leaves possible must take the pattern on */
+                if (n->re && !re_cp(n, f, (uint32_t)f->seen, need - 1)) return;
+                if (need == 1 && !uniq_char(g, t, f, n, (uint32_t)f->seen, false, true)) return;
                 emit(out, t);
                 return;
             }
@@ -1123,17 +1194,19 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 if (c < 0xE0) f->pos = 1;
                 else if (c < 0xF0) f->pos = (uint16_t)(2 | (c == 0xE0 ? 1 : c == 0xED ? 2 : 0) << 4);
                 else f->pos = (uint16_t)(3 | (c == 0xF0 ? 3 : c == 0xF4 ? 4 : 0) << 4);
-                if (n->re) {
-                    f->seen = (uint64_t)(c & (c < 0xE0 ? 0x1F : c < 0xF0 ? 0x0F : 0x07));
-                    if (!re_cp(n, f, (uint32_t)f->seen, f->pos & 15)) return;
-                }
+                f->seen = (uint64_t)(c & (c < 0xE0 ? 0x1F : c < 0xF0 ? 0x0F : 0x07));
+                if (n->re && !re_cp(n, f, (uint32_t)f->seen, f->pos & 15)) return;
                 emit(out, t);
                 return;
             }
             if (c == '"') {
                 if (f->count < n->min_len) return;
                 if (n->re && !jr_accepts(n->re, f->cand)) return;
+                struct jg_frame *up = uniq_parent(g, t);
+                if (up && uniq_bits(up, f->cand, false)) return; /* written before (or a false positive) */
+                const uint64_t h = f->cand;
                 t->depth--;
+                if (up) uniq_bits(up, h, true);
                 emit(out, t);
                 return;
             }
@@ -1148,6 +1221,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             }
             if (++f->count > n->max_len) return;
             if (n->re && !re_cp(n, f, (uint32_t)c, 0)) return;
+            if (!uniq_char(g, t, f, n, (uint32_t)c, false, true)) return;
             emit(out, t);
             return;
         case P_S_ESC:
@@ -1158,10 +1232,10 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 f->seen = 0;
             } else if (c && strchr("\"\\/bfnrt", c)) {
                 f->phase = P_S_IN;
-                if (n->re) {
-                    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-                    if (!re_cp(n, f, (uint32_t)(unsigned char)to[strchr(from, c) - from], 0)) return;
-                }
+                static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+                const uint32_t cp = (uint32_t)(unsigned char)to[strchr(from, c) - from];
+                if (n->re && !re_cp(n, f, cp, 0)) return;
+                if (!uniq_char(g, t, f, n, cp, false, true)) return;
             } else {
                 return;
             }
@@ -1183,6 +1257,8 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 if (k == 3 && !re_cp(n, f, (uint32_t)f->seen, 0)) return;
                 if (k < 3 && !re_range(n, f, f->count, lo, hi)) return;
             }
+            /* a whole code unit: hashed; a character done unless it is a pair's high half */
+            if (k == 3 && !uniq_char(g, t, f, n, (uint32_t)f->seen, true, low || f->seen < 0xD800 || f->seen > 0xDBFF)) return;
             if (k < 3) {
                 f->pos = (uint16_t)(f->pos + 1);
             } else if (!low && f->seen >= 0xD800 && f->seen <= 0xDBFF) {

@@ -274,6 +274,8 @@ def seed_json_grammar(out: Path):
              ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2},
               '{"k": 1, "j": -2}'),
              (t.ALLOF, '{"name": "ann", "id": 42}'),
+             (t.SETS, '{"tags": ["a", "\\u00e9", "\u00e8"], "any": ["x"]}'),
+             ({"type": "array", "items": {"type": "string", "maxLength": 1}, "uniqueItems": True}, '["a", "\\ud83d\\ude00"]'),
              ({"type": "integer", "minimum": 0, "allOf": [{"maximum": 9}, {"type": ["integer", "null"], "minimum": 2}]}, "5"),
              ({"allOf": [{"properties": {"a": {}, "b": {}}, "additionalProperties": False},
                          {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a": [], "b": 1}')]

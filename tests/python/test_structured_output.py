@@ -195,6 +195,23 @@ def test_any_of_beside_other_keywords(client):
     valid(r.choices[0].message.content, shaped)
 
 
+SETS = {
+    "type": "object",
+    "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True,
+                            "minItems": 2, "maxItems": 6},
+                   "any": {"type": "array", "items": {"type": "string", "maxLength": 4}, "uniqueItems": True,
+                           "maxItems": 4}},
+    "required": ["tags", "any"],
+    "additionalProperties": False,
+}
+
+
+def test_sets_of_strings(client):
+    # uniqueItems over free strings (Pydantic's set[str]): a repeat is never written
+    followed_and_forced(client, SETS, {"tags": ["a", "bc", "\u00e9"], "any": []},
+                        '{"tags": ["a", "a", "a"], "any": ["x", "x"]}')
+
+
 ALLOF = {
     "$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}}, "required": ["id"],
                        "title": "Base"}},
@@ -383,7 +400,7 @@ def test_beside_tools_sampled_noise_stays_valid(client):
 def test_tiny_model_noise_becomes_valid_documents():
     with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "2048", "--parallel", "2"]) as s:
         c = s.client(timeout=300)
-        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES, COUNTS, UNION, ALLOF):
+        for schema in (PERSON, TREE, BOUNDED, PATTERNS, TUPLES, COUNTS, UNION, ALLOF, SETS):
             for temperature, seed in ((0, 0), (0.7, 1), (1.0, 2), (1.0, 3)):
                 r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe it."}],
                                               max_tokens=600, temperature=temperature, seed=seed,

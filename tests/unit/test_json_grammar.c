@@ -518,6 +518,44 @@ int main(void) {
         compile_error("{\"type\":\"integer\",\"multipleOf\":0}", "whole number");
         compile_error("{\"type\":\"integer\",\"multipleOf\":10,\"minimum\":11,\"maximum\":19}", "no multiple");
     }
+    {   /* uniqueItems over free strings (Pydantic's set[str]): no item twice, as JSON values —
+         * escapes and raw UTF-8 alike; a string at maxLength never left where only a repeat
+         * could close it */
+        jg_grammar *w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}");
+        yes(w, "[]");
+        yes(w, "[\"a\",\"b\",\"ab\",\"\"]");
+        yes(w, "[\"\\u00e9\",\"e\"]");
+        no(w, "[\"a\",\"a\"]");
+        no(w, "[\"\",\"\"]");
+        no(w, "[\"x\",\"y\",\"x\"]");
+        no(w, "[\"a\",\"\\u0061\"]");           /* the same string, escaped */
+        no(w, "[\"\\u00e9\",\"\xc3\xa9\"]");     /* é escaped, then raw */
+        no(w, "[\"\xf0\x9f\x98\x80\",\"\\ud83d\\ude00\"]"); /* 😀 raw, then as a pair */
+        no(w, "[\"a\\n\",\"a\\u000a\"]");
+        yes(w, "[\"ab\",\"abc\",\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\"]");
+        no(w, "[\"ab\",\"abc\",\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\"]"); /* 16 at most */
+        jg_free(w);
+        /* maxLength 1: after "a", the 'a' that would leave the string only a repeat is refused */
+        w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":1,\"minLength\":1},\"uniqueItems\":true}");
+        yes(w, "[\"a\",\"b\"]");
+        no(w, "[\"a\",\"a\"]");
+        {
+            jg_state st;
+            jg_start(w, &st);
+            CHECK(jg_feed(w, &st, "[\"a\",\"", 6), "a unique string item may start");
+            jg_state probe;
+            jg_copy(&probe, &st);
+            CHECK(!jg_feed(w, &probe, "a", 1), "maxLength 1: a second \"a\" is refused at its character, not at the quote");
+            jg_copy(&probe, &st);
+            CHECK(jg_feed(w, &probe, "b\"]", 3) && jg_complete(w, &probe), "another character closes");
+        }
+        jg_free(w);
+        /* nested: each array its own filter */
+        w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}}");
+        yes(w, "[[\"a\",\"b\"],[\"a\",\"b\"]]");
+        no(w, "[[\"a\"],[\"b\",\"b\"]]");
+        jg_free(w);
+    }
     {   /* uniqueItems over literal values (Pydantic's set[Literal[...]], set[bool]) */
         jg_grammar *w = grammar("{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"uniqueItems\":true}");
         yes(w, "[]");
@@ -551,7 +589,11 @@ int main(void) {
         w = grammar("{\"type\":\"array\",\"items\":{\"enum\":[\"a\"]},\"uniqueItems\":false}");
         yes(w, "[\"a\",\"a\"]");
         jg_free(w);
-        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}", "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"a\"},\"uniqueItems\":true}",
+                      "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":0},\"uniqueItems\":true}",
+                      "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true,\"minItems\":17}", "at most 16 items");
         compile_error("{\"type\":\"array\",\"items\":{\"enum\":[[1],[2]]},\"uniqueItems\":true}", "'uniqueItems' is enforced only");
         compile_error("{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' is enforced only");
         compile_error("{\"uniqueItems\":true}", "needs 'type'");
