@@ -23,10 +23,12 @@
  * Annotations (title, description, default, examples, format, $schema, ...)
  * and unknown keywords are ignored, as JSON Schema says. Validation keywords
  * that cannot be enforced here (bounds without a numeric type, multipleOf but on
- * an integer (a whole number there: enforced by the same prefix test), allOf of
- * several schemas (of one: that schema), not, if / then / else, uniqueItems but
- * over at most 64 literal values, ...) are an error naming the keyword and where
- * it is, never silently unenforced. An object schema with
+ * an integer (a whole number there: enforced by the same prefix test), not, if /
+ * then / else, uniqueItems but over at most 64 literal values or over strings
+ * without a pattern, an allOf (or an anyOf's siblings) whose schemas disagree on a
+ * keyword text/json_schema_merge.h cannot merge, ...) are an error naming the
+ * keyword and where it is, never silently unenforced. allOf, and the keywords beside
+ * an anyOf, are merged into one schema first (json_schema_merge.h). An object schema with
  * properties never gets keys outside them: the documents produced are a
  * subset of those the schema allows, so every one validates.
  *
@@ -41,7 +43,9 @@
  * place, then 'items' ('additionalItems'). enum / const: the listed values
  * that the schema's other keywords allow too (each fed through their grammar). uniqueItems over literal values: an
  * element's alternatives are those its array has not taken yet (the array frame's
- * seen), and maxItems is capped at their number so an element always has one.
+ * seen), and maxItems is capped at their number so an element always has one; over
+ * free strings: a Bloom filter of the items' hashes in the array frame, a close
+ * refused while the string's bits are all set, at most 16 items.
  *
  * State: a small fixed-size struct (several alternative parses when anyOf,
  * enum or a type list leave more than one open), copied cheaply with
