@@ -47,7 +47,7 @@ struct node {
                   * once — the array frame's seen holds the ones taken */
     bool unique_str; /* uniqueItems over free strings: items is the STRING node (no pattern,
                       * maxLength ≥ 1); the array frame's seen:cand is a 128-bit Bloom filter
-                      * of the items written (uniq_str_*) */
+                      * of the items written (uniq_*) */
     /* STRING */
     uint32_t min_len, max_len;
     jr_nfa *re; /* pattern: the NFA the string's code points step (lengths then < JR_LENS) */
@@ -151,7 +151,7 @@ static num_t pow10n(int k) {
 #define NUM_LIMIT(unit) (pow10n(INT_DIGITS) * (unit) - 1) /* the largest magnitude written */
 
 /* Whether schema s's type is `name` or a list naming it. */
-/* Whether v — a name, or an array of names ('type', 'required') — holds name. */
+/* Whether schema s's 'type' (a name or a list of names) names name. */
 static bool type_names(const cJSON *s, const char *name) {
     return jsm_names_have(cJSON_GetObjectItemCaseSensitive(s, "type"), name);
 }
