@@ -280,26 +280,17 @@ extern "C" void cuda_flash_force_no_tail(int on) { fl_tail_off = on; }
  * keep about two blocks an SM busy (two fit by shared memory), ⌊blocks / slots⌋; one where
  * the launch has no more blocks than that (batch-1 decode: 2 KV heads × 16 splits at
  * context 512; prefill: one split). ORCHID_ATTN_SPB overrides (A/B).
- * ORCHID_ATTN_ONE_WAVE=1 (prepared in session 33, not yet measured on a card): the fewest
- * that put the launch in one wave of those slots — a split group per unit as many times as
- * fit, each of ⌈n_split / groups⌉ splits. The default's floor leaves 64 sequences at context
- * 512 with 7 splits a block, 384 blocks in 1.45 waves of 264 slots: 14 splits' time on the
- * critical path where one wave of 8-split blocks would take 8 (the trace: the flash launch
- * ~47 µs a layer from the previous launch's end). The same bits either way. */
+ * (Measured in session 34, H100: the fewest splits that fit one wave — 64 sequences at 512,
+ * 8 a block and 256 blocks against 7 and 384 — gave the same forwards, 13.74 / 13.79 ms at
+ * 64: the launch's waves are not the attention's cost.) */
 static int fl_spb(int n_units, int n_split) {
-    static int env = -1, one_wave = 0;
+    static int env = -1;
     if (env < 0) {
         const char *v = getenv("ORCHID_ATTN_SPB");
         env = v && *v ? atoi(v) : 0;
-        one_wave = env_flag("ORCHID_ATTN_ONE_WAVE");
     }
     int spb = fl_spb_forced ? fl_spb_forced : env;
-    if (spb <= 0 && one_wave) {
-        const int groups = n_units > 0 ? 2 * fl_sms / n_units : 1;
-        spb = groups < 1 ? n_split : (n_split + groups - 1) / groups;
-    } else if (spb <= 0) {
-        spb = n_units * n_split / (2 * fl_sms);
-    }
+    if (spb <= 0) spb = n_units * n_split / (2 * fl_sms);
     if (spb < 1) spb = 1;
     return spb < n_split ? spb : n_split;
 }
