@@ -123,11 +123,6 @@ static char *escaped(const char *name, size_t *len) {
     return q;
 }
 
-static int err_at(char *err, size_t errlen, const char *path, const char *msg) {
-    snprintf(err, errlen, "%s: %s", path[0] ? path : "#", msg);
-    return -1;
-}
-
 static const char *const k_unsupported[] = {
     "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
@@ -208,7 +203,7 @@ static int num_bounds(const cJSON *s, struct node *nd, const char *path, char *e
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
             char m[96];
             snprintf(m, sizeof m, "'%s' must be a number", kw[i]);
-            return err_at(err, errlen, path, m);
+            return jsm_fail(err, errlen, path, m);
         }
         bool exact;
         num_t b = scaled(v->valuedouble, scale, i < 2, limit, &exact);
@@ -220,7 +215,7 @@ static int num_bounds(const cJSON *s, struct node *nd, const char *path, char *e
     }
     if (!any) return 0;
     if (lo > hi || lo > limit || hi < -limit)
-        return err_at(err, errlen, path,
+        return jsm_fail(err, errlen, path,
                       nd->kind == K_NUMBER
                           ? "no number of at most 18 integer and 15 fraction digits lies within 'minimum' / 'maximum'"
                           : "no integer of at most 18 digits lies within 'minimum' / 'maximum'");
@@ -245,7 +240,7 @@ static int num_multiple(const cJSON *s, struct node *nd, const char *path, char 
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
     if (!v || nd->kind != K_INTEGER) return 0;
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1) || v->valuedouble > 1e18 || v->valuedouble != floor(v->valuedouble))
-        return err_at(err, errlen, path, "'multipleOf' on an integer must be a whole number from 1 to 10^18");
+        return jsm_fail(err, errlen, path, "'multipleOf' on an integer must be a whole number from 1 to 10^18");
     nd->mult = (num_t)v->valuedouble;
     if (!nd->bounded) {
         nd->bounded = true;
@@ -253,7 +248,7 @@ static int num_multiple(const cJSON *s, struct node *nd, const char *path, char 
         nd->hi = NUM_LIMIT(1);
     }
     if (!has_multiple(nd->lo, nd->hi, nd->mult))
-        return err_at(err, errlen, path, "no multiple of 'multipleOf' lies within 'minimum' / 'maximum'");
+        return jsm_fail(err, errlen, path, "no multiple of 'multipleOf' lies within 'minimum' / 'maximum'");
     return 0;
 }
 
@@ -266,7 +261,7 @@ static int count_kw(const cJSON *s, const char *kw, uint32_t dflt, uint32_t *out
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 || v->valuedouble != (double)(long)v->valuedouble) {
         char m[96];
         snprintf(m, sizeof m, "'%s' must be a non-negative integer", kw);
-        return err_at(err, errlen, path, m);
+        return jsm_fail(err, errlen, path, m);
     }
     *out = (uint32_t)v->valuedouble;
     return 0;
@@ -278,7 +273,7 @@ static int resolve_ref(jg_grammar *g, const char *ref, const char *path, int dep
         char m[320];
         snprintf(m, sizeof m, "'$ref' \"%.120s\" does not resolve (\"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\" "
                               "in this schema are supported)", ref);
-        return err_at(err, errlen, path, m);
+        return jsm_fail(err, errlen, path, m);
     }
     return compile(g, target, ref, depth + 1, err, errlen);
 }
@@ -344,18 +339,18 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         uint32_t lo, hi;
         if (count_kw(s, "minLength", 0, &lo, path, err, errlen) || count_kw(s, "maxLength", UINT32_MAX, &hi, path, err, errlen))
             return -1;
-        if (lo > hi) return err_at(err, errlen, path, "'minLength' is above 'maxLength'");
+        if (lo > hi) return jsm_fail(err, errlen, path, "'minLength' is above 'maxLength'");
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
         jr_nfa *re = NULL;
         if (pat) {
-            if (!cJSON_IsString(pat)) return err_at(err, errlen, path, "'pattern' must be a string");
+            if (!cJSON_IsString(pat)) return jsm_fail(err, errlen, path, "'pattern' must be a string");
             if ((lo > 0 || hi != UINT32_MAX) && hi >= JR_LENS)
-                return err_at(err, errlen, path, "beside 'pattern', 'maxLength' must be given and at most 255");
+                return jsm_fail(err, errlen, path, "beside 'pattern', 'maxLength' must be given and at most 255");
             char m[200];
-            if (jr_compile(pat->valuestring, &re, m, sizeof m)) return err_at(err, errlen, path, m);
+            if (jr_compile(pat->valuestring, &re, m, sizeof m)) return jsm_fail(err, errlen, path, m);
             if (hi < JR_LENS && !jr_len_ok(re, jr_start(re), (int)lo, (int)hi)) {
                 jr_free(re);
-                return err_at(err, errlen, path, "no string the pattern matches has a length within 'minLength' / "
+                return jsm_fail(err, errlen, path, "no string the pattern matches has a length within 'minLength' / "
                                                  "'maxLength'");
             }
         }
@@ -373,14 +368,14 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         uint32_t lo, hi;
         if (count_kw(s, "minItems", 0, &lo, path, err, errlen) || count_kw(s, "maxItems", UINT32_MAX, &hi, path, err, errlen))
             return -1;
-        if (lo > hi) return err_at(err, errlen, path, "'minItems' is above 'maxItems'");
+        if (lo > hi) return jsm_fail(err, errlen, path, "'minItems' is above 'maxItems'");
         /* a tuple: prefixItems (2020-12, Pydantic's tuple[...]) with 'items' for the rest, or
          * the older 'items' array with 'additionalItems'; otherwise 'items' for every element.
          * A rest of 'false' ends the array at the tuple's length. */
         const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
         const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
         const char *prefix_kw = "prefixItems", *rest_kw = "items";
-        if (prefix && !cJSON_IsArray(prefix)) return err_at(err, errlen, path, "'prefixItems' must be an array of schemas");
+        if (prefix && !cJSON_IsArray(prefix)) return jsm_fail(err, errlen, path, "'prefixItems' must be an array of schemas");
         if (!prefix && items && cJSON_IsArray(items)) {
             prefix = items;
             prefix_kw = "items";
@@ -390,7 +385,7 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         const int n_prefix = prefix ? cJSON_GetArraySize(prefix) : 0;
         if (items && cJSON_IsFalse(items)) {
             if (lo > (uint32_t)n_prefix)
-                return err_at(err, errlen, path, "'minItems' is above the tuple's length, and no further items are allowed");
+                return jsm_fail(err, errlen, path, "'minItems' is above the tuple's length, and no further items are allowed");
             if (hi > (uint32_t)n_prefix) hi = (uint32_t)n_prefix;
         }
         int id = new_node(g, K_ARRAY);
@@ -417,7 +412,7 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
          * set[bool]): each value at most once; beyond that (sets of strings, numbers,
          * objects) it cannot be enforced here */
         const cJSON *uq = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
-        if (uq && !cJSON_IsBool(uq)) return err_at(err, errlen, path, "'uniqueItems' must be a boolean");
+        if (uq && !cJSON_IsBool(uq)) return jsm_fail(err, errlen, path, "'uniqueItems' must be a boolean");
         const int str = it >= 0 ? single_node(g, it) : -1;
         if (cJSON_IsTrue(uq) && n_prefix == 0 && str >= 0 && g->nodes[str].kind == K_STRING && !g->nodes[str].re &&
             g->nodes[str].max_len >= 1) {
@@ -426,16 +421,16 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
              * UNIQ_STR_MAX items, so the 128-bit filter stays sparse (a false positive, which
              * makes the model write a longer string, at ~2 % by the 16th item) */
             if (lo > UNIQ_STR_MAX)
-                return err_at(err, errlen, path, "'uniqueItems' over strings is enforced for at most 16 items ('minItems' is above)");
+                return jsm_fail(err, errlen, path, "'uniqueItems' over strings is enforced for at most 16 items ('minItems' is above)");
             g->nodes[id].items = str;
             g->nodes[id].unique_str = true;
             if (g->nodes[id].max_items > UNIQ_STR_MAX) g->nodes[id].max_items = UNIQ_STR_MAX;
         } else if (cJSON_IsTrue(uq)) {
             int lits[64], nl = 0;
             if (n_prefix > 0 || it < 0 || unique_lits(g, it, lits, &nl, 0) < 0)
-                return err_at(err, errlen, path, "'uniqueItems' is enforced only over items of at most 64 enum / const / "
+                return jsm_fail(err, errlen, path, "'uniqueItems' is enforced only over items of at most 64 enum / const / "
                                                  "boolean / null values, or strings without a 'pattern' (no tuple)");
-            if (lo > (uint32_t)nl) return err_at(err, errlen, path, "'minItems' is above the number of distinct values the items allow");
+            if (lo > (uint32_t)nl) return jsm_fail(err, errlen, path, "'minItems' is above the number of distinct values the items allow");
             const int flat = new_node(g, K_ALT);
             if (flat < 0 || set_alts(g, flat, lits, nl) < 0) return -1;
             g->nodes[id].items = flat;
@@ -448,14 +443,14 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
         const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
         const cJSON *addl = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
-        if (props && !cJSON_IsObject(props)) return err_at(err, errlen, path, "'properties' must be an object");
-        if (req && !cJSON_IsArray(req)) return err_at(err, errlen, path, "'required' must be an array of names");
+        if (props && !cJSON_IsObject(props)) return jsm_fail(err, errlen, path, "'properties' must be an object");
+        if (req && !cJSON_IsArray(req)) return jsm_fail(err, errlen, path, "'required' must be an array of names");
         int n_declared = props ? cJSON_GetArraySize(props) : 0;
         uint32_t pmin, pmax;
         if (count_kw(s, "minProperties", 0, &pmin, path, err, errlen) ||
             count_kw(s, "maxProperties", UINT32_MAX, &pmax, path, err, errlen))
             return -1;
-        if (pmin > pmax) return err_at(err, errlen, path, "'minProperties' is above 'maxProperties'");
+        if (pmin > pmax) return jsm_fail(err, errlen, path, "'minProperties' is above 'maxProperties'");
         int id = new_node(g, K_OBJECT);
         if (id < 0) return -1;
         g->nodes[id].min_props = pmin;
@@ -469,7 +464,7 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
                 if (v < 0) return -1;
             } else if (cJSON_IsFalse(addl)) {
                 v = -2; /* no keys at all: only {} */
-                if (pmin > 0) return err_at(err, errlen, path, "'minProperties' can never be met: no property is allowed");
+                if (pmin > 0) return jsm_fail(err, errlen, path, "'minProperties' can never be met: no property is allowed");
             }
             g->nodes[id].value_node = v;
             return id;
@@ -478,11 +473,11 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         int n_extra = 0;
         const cJSON *r;
         cJSON_ArrayForEach(r, req) {
-            if (!cJSON_IsString(r)) return err_at(err, errlen, path, "'required' must be an array of names");
+            if (!cJSON_IsString(r)) return jsm_fail(err, errlen, path, "'required' must be an array of names");
             if (!cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) n_extra++;
         }
         int total = n_declared + n_extra;
-        if (total > 64) return err_at(err, errlen, path, "more than 64 properties in one object are not supported");
+        if (total > 64) return jsm_fail(err, errlen, path, "more than 64 properties in one object are not supported");
         struct node *o = &g->nodes[id]; /* valid until the next new_node */
         o->names = calloc((size_t)total, sizeof *o->names);
         o->name_lens = calloc((size_t)total, sizeof *o->name_lens);
@@ -521,14 +516,14 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         g->nodes[id].all = k == 64 ? ~0ull : (1ull << k) - 1;
         /* declared properties only (additionalProperties is not enforced beside them: no
          * other key is ever written), so the counts are over those */
-        if (pmin > (uint32_t)k) return err_at(err, errlen, path, "'minProperties' is above the number of properties that may be written");
+        if (pmin > (uint32_t)k) return jsm_fail(err, errlen, path, "'minProperties' is above the number of properties that may be written");
         if ((uint32_t)__builtin_popcountll(g->nodes[id].required) > pmax)
-            return err_at(err, errlen, path, "'maxProperties' is below the number of required properties");
+            return jsm_fail(err, errlen, path, "'maxProperties' is below the number of required properties");
         return id;
     }
     char m[96];
     snprintf(m, sizeof m, "unknown type '%.40s'", type);
-    return err_at(err, errlen, path, m);
+    return jsm_fail(err, errlen, path, m);
 }
 
 static void push_start(struct jg_thread *t, int node);
@@ -588,15 +583,15 @@ static int any_of_nodes(jg_grammar *g, const cJSON *s, const cJSON *any_of, cons
         ids[(*n)++] = id;
         kept++;
     }
-    if (carry && !kept) return err_at(err, errlen, path, "no alternative of 'anyOf' / 'oneOf' allows a type the schema's 'type' does");
+    if (carry && !kept) return jsm_fail(err, errlen, path, "no alternative of 'anyOf' / 'oneOf' allows a type the schema's 'type' does");
     return 0;
 }
 
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen) {
-    if (depth > 64) return err_at(err, errlen, path, "the schema nests too deeply");
+    if (depth > 64) return jsm_fail(err, errlen, path, "the schema nests too deeply");
     if (cJSON_IsTrue(s)) return g->any;
-    if (cJSON_IsFalse(s)) return err_at(err, errlen, path, "the schema 'false' allows nothing");
-    if (!cJSON_IsObject(s)) return err_at(err, errlen, path, "a schema must be an object or a boolean");
+    if (cJSON_IsFalse(s)) return jsm_fail(err, errlen, path, "the schema 'false' allows nothing");
+    if (!cJSON_IsObject(s)) return jsm_fail(err, errlen, path, "a schema must be an object or a boolean");
     for (int i = 0; i < g->n_memo; i++)
         if (g->memo[i].schema == s) return g->memo[i].node;
     /* minimum / maximum bind numbers only (JSON Schema): enforced where the type names one.
@@ -604,12 +599,12 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     const bool numeric = type_names(s, "integer") || type_names(s, "number");
     const bool merging = cJSON_GetObjectItemCaseSensitive(s, "allOf") != NULL;
     if (!merging && cJSON_GetObjectItemCaseSensitive(s, "pattern") && !type_names(s, "string"))
-        return err_at(err, errlen, path, "'pattern' needs 'type': \"string\" to be enforced");
+        return jsm_fail(err, errlen, path, "'pattern' needs 'type': \"string\" to be enforced");
     if (!merging && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "uniqueItems")) && !type_names(s, "array") &&
         !cJSON_GetObjectItemCaseSensitive(s, "items") && !cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
-        return err_at(err, errlen, path, "'uniqueItems' needs 'type': \"array\" (and items) to be enforced");
+        return jsm_fail(err, errlen, path, "'uniqueItems' needs 'type': \"array\" (and items) to be enforced");
     if (!merging && cJSON_GetObjectItemCaseSensitive(s, "multipleOf") && !(type_names(s, "integer") && !type_names(s, "number")))
-        return err_at(err, errlen, path, "'multipleOf' is enforced on integers only (\"type\": \"integer\")");
+        return jsm_fail(err, errlen, path, "'multipleOf' is enforced on integers only (\"type\": \"integer\")");
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
         if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(numeric && is_bound_kw(k_unsupported[i])) &&
             !(merging && is_bound_kw(k_unsupported[i]))) {
@@ -619,7 +614,7 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
                          k_unsupported[i]);
             else
                 snprintf(m, sizeof m, "'%s' is not supported in constrained output", k_unsupported[i]);
-            return err_at(err, errlen, path, m);
+            return jsm_fail(err, errlen, path, m);
         }
     /* reserve the node first (an ALT of one, filled below) so $ref cycles end here */
     int self = new_node(g, K_ALT);
@@ -644,13 +639,13 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     const cJSON *all_of = cJSON_GetObjectItemCaseSensitive(s, "allOf");
     if (!cn && !en && ref && !all_of &&
         (cJSON_GetObjectItemCaseSensitive(s, "minProperties") || cJSON_GetObjectItemCaseSensitive(s, "maxProperties")))
-        return err_at(err, errlen, path, "'minProperties' / 'maxProperties' beside '$ref' are not supported");
+        return jsm_fail(err, errlen, path, "'minProperties' / 'maxProperties' beside '$ref' are not supported");
     if (cn || en) {
         /* the listed values that the schema's other keywords — $ref and allOf included —
          * allow too (all of a schema's keywords apply: {"type": "integer", "enum": [1, "a"]}
          * allows only 1) */
         if (en && (!cJSON_IsArray(en) || cJSON_GetArraySize(en) == 0))
-            return err_at(err, errlen, path, "'enum' must be a non-empty array");
+            return jsm_fail(err, errlen, path, "'enum' must be a non-empty array");
         const int rest = rest_node(g, s, path, depth, err, errlen);
         if (rest < 0) return -1;
         int m = cn ? 1 : cJSON_GetArraySize(en), k = 0;
@@ -667,7 +662,7 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
         }
         ids[n] = k ? alt_of(g, lits, k) : -1;
         free(lits);
-        if (!k) return err_at(err, errlen, path, cn ? "'const' is not allowed by the schema's other keywords"
+        if (!k) return jsm_fail(err, errlen, path, cn ? "'const' is not allowed by the schema's other keywords"
                                                     : "no value of 'enum' is allowed by the schema's other keywords");
         if (ids[n++] < 0) return -1;
     } else if (all_of) {
@@ -691,12 +686,12 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
         }
         if (ids[n++] < 0) return -1;
     } else if (ref) {
-        if (!cJSON_IsString(ref)) return err_at(err, errlen, path, "'$ref' must be a string");
+        if (!cJSON_IsString(ref)) return jsm_fail(err, errlen, path, "'$ref' must be a string");
         ids[n] = resolve_ref(g, ref->valuestring, path, depth, err, errlen);
         if (ids[n++] < 0) return -1;
     } else if (any_of) {
         if (!cJSON_IsArray(any_of) || cJSON_GetArraySize(any_of) == 0 || cJSON_GetArraySize(any_of) > 16)
-            return err_at(err, errlen, path, "'anyOf' / 'oneOf' must be an array of 1 to 16 schemas");
+            return jsm_fail(err, errlen, path, "'anyOf' / 'oneOf' must be an array of 1 to 16 schemas");
         if (any_of_nodes(g, s, any_of, path, depth, ids, &n, err, errlen)) return -1;
     } else if (type) {
         if (cJSON_IsString(type)) {
@@ -705,12 +700,12 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
         } else if (cJSON_IsArray(type) && cJSON_GetArraySize(type) > 0 && cJSON_GetArraySize(type) <= 7) {
             const cJSON *t;
             cJSON_ArrayForEach(t, type) {
-                if (!cJSON_IsString(t)) return err_at(err, errlen, path, "'type' must be a string or an array of strings");
+                if (!cJSON_IsString(t)) return jsm_fail(err, errlen, path, "'type' must be a string or an array of strings");
                 ids[n] = type_node(g, s, t->valuestring, path, depth, err, errlen);
                 if (ids[n++] < 0) return -1;
             }
         } else {
-            return err_at(err, errlen, path, "'type' must be a string or an array of 1 to 7 strings");
+            return jsm_fail(err, errlen, path, "'type' must be a string or an array of 1 to 7 strings");
         }
     } else if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "required") ||
                cJSON_GetObjectItemCaseSensitive(s, "minProperties") || cJSON_GetObjectItemCaseSensitive(s, "maxProperties")) {
@@ -747,7 +742,7 @@ static void free_nodes(jg_grammar *g) {
 int jg_compile(const cJSON *schema, jg_grammar **out, char *err, size_t errlen) {
     *out = NULL;
     jg_grammar *g = calloc(1, sizeof *g);
-    if (!g) return err_at(err, errlen, "#", "out of memory");
+    if (!g) return jsm_fail(err, errlen, "#", "out of memory");
     snprintf(err, errlen, "#: out of memory");
     g->doc = schema;
     int ok = (g->any = new_node(g, K_ANY)) >= 0 && (g->any_object = new_node(g, K_OBJECT)) >= 0 &&

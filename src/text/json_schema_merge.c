@@ -11,7 +11,7 @@
 
 #define MERGE_MAX_DEPTH 32 /* nested allOf / $ref hops one merge follows ($ref cycles end here) */
 
-static int fail(char *err, size_t errlen, const char *path, const char *msg) {
+int jsm_fail(char *err, size_t errlen, const char *path, const char *msg) {
     snprintf(err, errlen, "%s: %s", path[0] ? path : "#", msg);
     return -1;
 }
@@ -135,7 +135,7 @@ static int merge_kw(struct merge *mg, cJSON *m, const cJSON *v, const char *path
     if (!strcmp(k, "anyOf") || !strcmp(k, "oneOf")) {
         const bool other = cJSON_GetObjectItemCaseSensitive(m, "anyOf") || cJSON_GetObjectItemCaseSensitive(m, "oneOf");
         if (other && !(have && cJSON_Compare(have, v, 1)))
-            return fail(mg->err, mg->errlen, path, "'allOf' of schemas with more than one 'anyOf' / 'oneOf' is not supported");
+            return jsm_fail(mg->err, mg->errlen, path, "'allOf' of schemas with more than one 'anyOf' / 'oneOf' is not supported");
         return have ? 0 : add_copy(m, k, v);
     }
     if (!have) return add_copy(m, k, v);
@@ -146,7 +146,7 @@ static int merge_kw(struct merge *mg, cJSON *m, const cJSON *v, const char *path
         if (!both) return -1;
         if (is_type && cJSON_GetArraySize(both) == 0) {
             cJSON_Delete(both);
-            return fail(mg->err, mg->errlen, path, "the schemas of 'allOf' have no 'type' in common");
+            return jsm_fail(mg->err, mg->errlen, path, "the schemas of 'allOf' have no 'type' in common");
         }
         cJSON_ReplaceItemInObjectCaseSensitive(m, k, both);
         return 0;
@@ -182,15 +182,15 @@ static int merge_kw(struct merge *mg, cJSON *m, const cJSON *v, const char *path
     }
     char msg[200];
     snprintf(msg, sizeof msg, "'%.40s' %s with other values is not supported", k, mg->where);
-    return fail(mg->err, mg->errlen, path, msg);
+    return jsm_fail(mg->err, mg->errlen, path, msg);
 }
 
 /* Schema s merged into m: its $ref's target, its allOf's schemas, then its own keywords. */
 static int merge_schema(struct merge *mg, cJSON *m, const cJSON *s, const char *path, int depth) {
-    if (depth > MERGE_MAX_DEPTH) return fail(mg->err, mg->errlen, path, "'allOf' / '$ref' nest too deeply (or refer to themselves)");
+    if (depth > MERGE_MAX_DEPTH) return jsm_fail(mg->err, mg->errlen, path, "'allOf' / '$ref' nest too deeply (or refer to themselves)");
     if (cJSON_IsTrue(s)) return 0;
-    if (cJSON_IsFalse(s)) return fail(mg->err, mg->errlen, path, "a schema of 'allOf' is 'false': it allows nothing");
-    if (!cJSON_IsObject(s)) return fail(mg->err, mg->errlen, path, "a schema must be an object or a boolean");
+    if (cJSON_IsFalse(s)) return jsm_fail(mg->err, mg->errlen, path, "a schema of 'allOf' is 'false': it allows nothing");
+    if (!cJSON_IsObject(s)) return jsm_fail(mg->err, mg->errlen, path, "a schema must be an object or a boolean");
     char sub[256];
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     if (ref) {
@@ -198,14 +198,14 @@ static int merge_schema(struct merge *mg, cJSON *m, const cJSON *s, const char *
         if (!target) {
             snprintf(sub, sizeof sub, "'$ref' \"%.120s\" does not resolve (\"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\" "
                                       "in this schema are supported)", cJSON_IsString(ref) ? ref->valuestring : "");
-            return fail(mg->err, mg->errlen, path, sub);
+            return jsm_fail(mg->err, mg->errlen, path, sub);
         }
         if (merge_schema(mg, m, target, ref->valuestring, depth + 1)) return -1;
     }
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
     if (all) {
         if (!cJSON_IsArray(all) || cJSON_GetArraySize(all) == 0)
-            return fail(mg->err, mg->errlen, path, "'allOf' must be a non-empty array of schemas");
+            return jsm_fail(mg->err, mg->errlen, path, "'allOf' must be a non-empty array of schemas");
         const cJSON *e;
         int i = 0;
         cJSON_ArrayForEach(e, all) {
@@ -220,7 +220,7 @@ static int merge_schema(struct merge *mg, cJSON *m, const cJSON *s, const char *
     const cJSON *ap = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
     if (ap && !cJSON_IsTrue(ap)) {
         if (mg->n_closed == MERGE_MAX_DEPTH)
-            return fail(mg->err, mg->errlen, path, "too many schemas of 'allOf' set 'additionalProperties'");
+            return jsm_fail(mg->err, mg->errlen, path, "too many schemas of 'allOf' set 'additionalProperties'");
         mg->closed[mg->n_closed++] = s;
     }
     const cJSON *k;
@@ -251,7 +251,7 @@ static int settle(struct merge *mg, cJSON *m, const char *path) {
             char msg[240];
             snprintf(msg, sizeof msg, "a schema sets 'additionalProperties' and does not declare \"%.60s\", which another "
                                       "(%s) declares: not supported", p->string, mg->where);
-            return fail(mg->err, mg->errlen, path, msg);
+            return jsm_fail(mg->err, mg->errlen, path, msg);
         }
     }
     return 0;

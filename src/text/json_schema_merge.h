@@ -12,6 +12,9 @@
 
 #include <cjson/cJSON.h>
 
+/* The compiler's one error form: "PATH: MSG" into err ('#' for the root); returns -1. */
+int jsm_fail(char *err, size_t errlen, const char *path, const char *msg);
+
 /* Whether v (a 'type' or 'required' value: a string or an array of strings) names name. */
 bool jsm_names_have(const cJSON *v, const char *name);
 
