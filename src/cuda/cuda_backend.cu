@@ -564,53 +564,6 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     return 0;
 }
 
-/* 2..MID_T tokens: what a layer's first launches read, asked of L2 just before them
- * (cuda_l2_prefetch) while the previous layer's tail leaves DRAM idle: the GDN state of the
- * scan's first sequences, up to ORCHID_STATE_PREFETCH_MB (whole sequences), and with
- * ORCHID_WEIGHT_PREFETCH=1 the first projection's weights (the in-projection's q/k/v and z,
- * or the attention's q, k, v). Prepared in session 34, off until measured. */
-static size_t state_prefetch_bytes(void) {
-    static const size_t b = [] {
-        const char *e = getenv("ORCHID_STATE_PREFETCH_MB");
-        const long v = e ? strtol(e, NULL, 10) : 0;
-        return v > 0 && v < 4096 ? (size_t)v << 20 : (size_t)0;
-    }();
-    return b;
-}
-static void pf_add_qmat(cuda_pf *pf, const cuda_qmat *q) {
-    const size_t rows = (size_t)q->rows * q->n_mats, groups = rows * (q->cols / 64);
-    const void *p[3] = {q->codes, q->scales, q->biases};
-    const size_t n[3] = {rows * q->cols * q->bits / 8, groups * 2, groups * 2};
-    for (int i = 0; i < 3 && pf->n < CUDA_PF_RANGES; i++) {
-        pf->ptr[pf->n] = p[i];
-        pf->bytes[pf->n++] = n[i];
-    }
-}
-static int layer_prefetch(const struct cuda_backend *cb, const dlayer *d, const dmeta &m, const cuda_ctx *c) {
-    static const bool weights = env_flag("ORCHID_WEIGHT_PREFETCH");
-    cuda_pf pf = {};
-    if (weights) {
-        if (d->kind == LAYER_LINEAR) {
-            pf_add_qmat(&pf, &d->qkv);
-            pf_add_qmat(&pf, &d->z);
-        } else {
-            pf_add_qmat(&pf, &d->q);
-            pf_add_qmat(&pf, &d->k);
-            pf_add_qmat(&pf, &d->v);
-        }
-    }
-    const size_t sb = (size_t)cb->Hv * cb->Dv * cb->Dk * sizeof(float);
-    if (d->kind == LAYER_LINEAR && sb) {
-        const size_t n = state_prefetch_bytes() / sb;
-        pf.n_state_seqs = (int)(n < (size_t)m.n_seqs ? n : (size_t)m.n_seqs);
-        pf.seqs = m.seqs;
-        pf.state_off = (size_t)d->ord * cb->Hv * cb->Dv * cb->Dk;
-        pf.state_bytes = sb;
-    }
-    if (pf.n == 0 && pf.n_state_seqs == 0) return 0;
-    return cuda_l2_prefetch(c, &pf);
-}
-
 /* 2..MID_T tokens (batched decode of many sequences): every weight is read once for all
  * tokens by the tensor-core kernels of cuda_skinny.cu; the MoE goes through the sorted
  * route (each touched expert read once for all its tokens) and the fp32 router. The
@@ -622,7 +575,6 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     const int T = m.T, H = cb->H, E = cb->E, K = cb->K;
     int rc;
     if (!mid_norm_fused(cb, l)) P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
-    P("l2_prefetch", layer_prefetch(cb, d, m, c));
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
         cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},

@@ -454,20 +454,6 @@ int cuda_saver_drain(struct cuda_saver *s, char *err, size_t errlen);
 void cuda_backend_force_async_save(int on);
 
 /* ---- decode-loop helpers ---- */
-/* Data asked of L2 ahead of the launch that will read it (sm_90+; elsewhere nothing is
- * launched): n ranges (weights), and the GDN state of the batch's first n_state_seqs
- * sequences at float offset state_off, state_bytes each (a multiple of 512 KB, else left
- * out). Writes nothing: no result depends on it. */
-#define CUDA_PF_RANGES 12
-struct cuda_pf {
-    const void *ptr[CUDA_PF_RANGES];
-    size_t bytes[CUDA_PF_RANGES];
-    int n;
-    int n_state_seqs;
-    const struct cuda_seq *seqs;
-    size_t state_off, state_bytes;
-};
-int cuda_l2_prefetch(const struct cuda_ctx *c, const struct cuda_pf *pf);
 /* pos[0]++, step[0]++, out_ids[step] = tok[0] (run at the end of a captured decode step) */
 int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32_t *step, const int32_t *tok, int32_t *out_ids);
 /* Holds the stream for `us` microseconds (per-op profiling: lets the host queue ahead). */

@@ -133,68 +133,6 @@ extern "C" int cuda_decode_advance(const struct cuda_ctx *c, int32_t *pos, int32
                     "decode_advance");
 }
 
-/* ---- data pulled into L2 ahead of the launch that reads it (cuda_l2_prefetch) ----
- * A block takes one piece of at most PF_PIECE bytes: its first PF_PIECE / PF_STEP threads
- * each issue one bulk prefetch of up to PF_STEP bytes (sm_90: the copy engine asks L2 for
- * the lines, nothing comes back to the SM, no registers or shared memory are held). Pieces
- * spread the requests over many SMs: one SM's engine issuing tens of MB would outlast the
- * window the prefetch is for. The ranges are cut at 16-byte boundaries outward (the bulk
- * form's unit; allocations are 256-byte aligned, so the bytes stay inside them). PDL: it
- * triggers at once and waits for its predecessor at its end (rule (b): the stream's chain
- * stays transitive), reading only immutable data before that (the batch's sequences,
- * uploaded before the forward; prefetching writes nothing). */
-#define PF_PIECE (512u << 10)
-#define PF_STEP (16u << 10)
-static_assert(PF_PIECE / PF_STEP <= 32, "a piece's prefetches are one warp's");
-
-__device__ static void pf_issue(const unsigned char *p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const size_t off = (size_t)threadIdx.x * PF_STEP;
-    if (off >= bytes) return;
-    const size_t n = bytes - off < PF_STEP ? bytes - off : PF_STEP;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"((unsigned)n) : "memory");
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
-static __global__ void l2_prefetch_kernel(cuda_pf pf, int state_block0) {
-    TRACE_KERNEL();
-    pdl_trigger();
-    const int b = (int)blockIdx.x;
-    if (b < state_block0) { /* a weight range's piece: the range by the running piece counts */
-        int r = 0, first = 0;
-        while (r + 1 < pf.n && b >= first + (int)((pf.bytes[r] + PF_PIECE - 1) / PF_PIECE)) first += (int)((pf.bytes[r++] + PF_PIECE - 1) / PF_PIECE);
-        const size_t at = (size_t)(b - first) * PF_PIECE, left = pf.bytes[r] - at;
-        pf_issue(static_cast<const unsigned char *>(pf.ptr[r]) + at, left < PF_PIECE ? left : PF_PIECE);
-    } else { /* a sequence's state: whole pieces (cuda_l2_prefetch checks) */
-        const size_t per = pf.state_bytes / PF_PIECE, i = (size_t)(b - state_block0);
-        const unsigned char *base = reinterpret_cast<const unsigned char *>(pf.seqs[i / per].state + pf.state_off);
-        pf_issue(base + (i % per) * PF_PIECE, PF_PIECE);
-    }
-    pdl_wait();
-}
-
-extern "C" int cuda_l2_prefetch(const struct cuda_ctx *c, const struct cuda_pf *pf_in) {
-    cuda_caps caps;
-    if (device_caps(&caps) != cudaSuccess || caps.major < 9) return 0; /* the bulk prefetch is sm_90's */
-    cuda_pf pf = *pf_in;
-    size_t blocks = 0;
-    for (int r = 0; r < pf.n; r++) { /* outward to 16-byte boundaries */
-        const uintptr_t a = (uintptr_t)pf.ptr[r] & ~(uintptr_t)15, e = ((uintptr_t)pf.ptr[r] + pf.bytes[r] + 15) & ~(uintptr_t)15;
-        pf.ptr[r] = (const void *)a;
-        pf.bytes[r] = e - a;
-        blocks += (pf.bytes[r] + PF_PIECE - 1) / PF_PIECE;
-    }
-    const size_t state_block0 = blocks;
-    if (pf.seqs && pf.n_state_seqs > 0 && pf.state_bytes && pf.state_bytes % PF_PIECE == 0)
-        blocks += (size_t)pf.n_state_seqs * (pf.state_bytes / PF_PIECE);
-    if (blocks == 0) return 0;
-    LAUNCH_CHECK_RC(c, launch_k(l2_prefetch_kernel, dim3((unsigned)blocks), dim3(32), 0, cstream(c), pf, (int)state_block0),
-                    "l2_prefetch");
-}
-
 /* Holds the stream for `ns` nanoseconds of GPU time (%globaltimer). The per-op profile puts
  * it first so the host queues the whole forward (kernels and events) while the GPU waits:
  * the event deltas are then GPU time per op with the stream's own launch gaps, not the

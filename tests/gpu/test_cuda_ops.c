@@ -1414,44 +1414,6 @@ static void test_saver_ring(void) {
     cuda_saver_destroy(sv);
 }
 
-/* cuda_l2_prefetch: weight ranges at odd addresses and lengths (cut outward to 16 bytes),
- * ranges of more and fewer than one piece, and two sequences' states at a layer's offset —
- * the launch must succeed and leave every byte as it was (it writes nothing). */
-static void test_l2_prefetch(void) {
-    const size_t wlen = (3u << 20) + 100, slen = 2u << 20; /* a state: 2 layers × 1 MB */
-    unsigned char *w = NULL, *st0 = NULL, *st1 = NULL;
-    struct cuda_seq *dseqs = NULL;
-    DEV(w, wlen);
-    DEV(st0, slen);
-    DEV(st1, slen);
-    DEV(dseqs, 2 * sizeof(struct cuda_seq));
-    unsigned char *want = malloc(wlen), *got = malloc(wlen);
-    for (size_t i = 0; i < wlen; i++) want[i] = (unsigned char)(i * 131 + (i >> 9));
-    H2D(w, want, wlen);
-    H2D(st0, want, slen);
-    H2D(st1, want + 7, slen);
-    struct cuda_seq hs[2] = {{.state = (float *)st0}, {.state = (float *)st1}};
-    H2D(dseqs, hs, sizeof hs);
-    struct cuda_pf pf = {.n = 3, .n_state_seqs = 2, .seqs = dseqs, .state_off = (1u << 20) / 4, .state_bytes = 1u << 20};
-    pf.ptr[0] = w + 4;     pf.bytes[0] = (2u << 20) + 37; /* five pieces, the last partial */
-    pf.ptr[1] = w + 9;     pf.bytes[1] = 5;               /* one 16-byte step */
-    pf.ptr[2] = w + wlen - 1000; pf.bytes[2] = 1000;
-    OK(cuda_l2_prefetch(&ctx, &pf));
-    D2H(got, w, wlen);
-    int same = !memcmp(got, want, wlen);
-    D2H(got, st0, slen);
-    same = same && !memcmp(got, want, slen);
-    D2H(got, st1, slen);
-    same = same && !memcmp(got, want + 7, slen);
-    CHECK(same, "l2_prefetch: the prefetched memory changed");
-    cuda_free(w);
-    cuda_free(st0);
-    cuda_free(st1);
-    cuda_free(dseqs);
-    free(want);
-    free(got);
-}
-
 int main(void) {
     if (gpu_test_start(&ctx, errbuf, sizeof errbuf)) {
         CHECK(0, "no CUDA device");
@@ -1651,7 +1613,6 @@ int main(void) {
     test_moe(64, 4, 1024, 512, 3, 3);
     test_moe(8, 4, 1024, 512, 12, 3); /* ~6 tokens an expert: token 0 anywhere in its tile */
     test_moe(8, 4, 1024, 512, 40, 3); /* ~20 tokens an expert: several passes over a staged tile */
-    test_l2_prefetch();
     printf("ops: %d passed, %d failed so far\n", check_passed_, check_failed_);
 
     return check_summary();
