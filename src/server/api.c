@@ -154,8 +154,11 @@ static int parse_sampling(const cJSON *root, int vocab, struct api_request *r, s
         r->sp.has_seed = true;
         r->sp.seed = (uint64_t)ll;
     }
+    r->n_choices = 1;
     if ((rc = get_int(root, "n", 1, 1e9, &ll, e)) < 0) return -1;
-    if (rc && ll != 1) return BAD("n", "'n' must be 1 (only one choice per request is supported)"), -1;
+    if (rc && ll > API_MAX_CHOICES)
+        return BAD("n", "'n' must be at most %d (each choice is a request of its own in the batch)", API_MAX_CHOICES), -1;
+    if (rc) r->n_choices = (int)ll;
     if ((rc = get_int(root, "best_of", 1, 1e9, &ll, e)) < 0) return -1;
     if (rc && ll != 1) return BAD("best_of", "'best_of' must be 1"), -1;
 

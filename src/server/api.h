@@ -37,6 +37,7 @@
 #include "server/textout.h"
 
 #define API_MAX_STOPS 8
+#define API_MAX_CHOICES 16 /* 'n' at most */
 #define API_MAX_STOP_LEN 512
 
 /* API_MESSAGES / API_MESSAGES_COUNT: Anthropic bodies (anthropic.h);
@@ -75,6 +76,7 @@ struct api_request {
     bool stream, include_usage;
     bool ignore_eos;     /* vLLM extension: end-of-sequence ids do not stop generation */
     int max_tokens;      /* -1: not given */
+    int n_choices;       /* 'n' (chat, completions; 1..API_MAX_CHOICES): choices generated, one job each */
     struct sampler_params sp;
     const char *stops[API_MAX_STOPS]; /* into root */
     size_t stop_lens[API_MAX_STOPS];

@@ -67,18 +67,41 @@ struct gen {
     struct am_stream am;   /* API_MESSAGES: the open content block */
     struct rs_stream rs;   /* API_RESPONSES: the open output item, the finished ones */
     const char *stop_seq;  /* the stop string that ended the text (into the job), or NULL */
+
+    /* 'n' > 1 (chat, completions): this gen is choice 0 and owns choices 1..n-1, each a gen
+     * of its own (its own parse, job, parser and output) that shares choice 0's id. The
+     * functions of gen.h act on all of them through choice 0: its pump pumps them all, its
+     * stream takes their chunks one choice's whole buffer at a time (no chunk is split
+     * between two choices), then the closing usage chunk and [DONE] from tail. */
+    int index;             /* the choice's index */
+    bool multi;            /* one choice of several: its stream leaves usage and [DONE] to tail */
+    struct gen **more;     /* choice 0: choices 1..n_more */
+    int n_more;
+    int take_at;           /* choice 0: the choice whose buffer the stream drains (0..n_more) */
+    buf tail;              /* choice 0: the closing chunks, once every choice has finished */
+    size_t tail_off;
+    bool tail_built;
 };
 
 static int on_event(void *user, const output_event *ev);
 static void chunk_begin(struct gen *g);
 static void chunk_end(struct gen *g, const char *finish);
+static void stream_close(const struct gen *g, buf *o, int completion);
 
 bool gen_streaming(const struct gen *g) { return g->ar.stream; }
 static bool is_chat(const struct gen *g) { return api_is_chat(g->ar.kind); }
 static bool is_messages(const struct gen *g) { return g->ar.kind == API_MESSAGES; }
 static bool is_responses(const struct gen *g) { return g->ar.kind == API_RESPONSES; }
 
-bool gen_finished(const struct gen *g) { return g && g->finished; }
+bool gen_finished(const struct gen *g) {
+    if (!g || !g->finished) return false;
+    for (int i = 0; i < g->n_more; i++)
+        if (!g->more[i]->finished) return false;
+    return true;
+}
+
+/* Choice i of g (0: g itself). */
+static struct gen *choice(struct gen *g, int i) { return i == 0 ? g : g->more[i - 1]; }
 
 static struct rs_meta rs_meta_of(const struct gen *g) {
     return (struct rs_meta){.id = g->id, .model = g->model, .created = g->created, .echo = g->ar.echo};
@@ -103,21 +126,24 @@ static const struct model_port *ready_port(const struct gen_config *cfg, struct 
     return port;
 }
 
-int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind, const char *body, size_t len,
-              struct api_error *e) {
-    *out = NULL;
-    memset(e, 0, sizeof *e);
-    const struct model_port *port = ready_port(cfg, e);
-    if (!port) return e->status;
+/* One choice up to its queueing (gen_begin queues them all): parse, prompt, job. head:
+ * choice 0 (NULL for choice 0 itself), whose id and time the choice shares; a seeded
+ * request's choice i draws from seed + i. */
+static int begin_one(struct gen **out, const struct gen_config *cfg, const struct model_port *port, enum api_kind kind,
+                     const char *body, size_t len, int index, const struct gen *head, struct api_error *e) {
     struct gen *g = calloc(1, sizeof *g);
     if (!g) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
     *out = g;
     g->cfg = *cfg;
     g->port = port;
     g->created = (long)time(NULL);
+    g->index = index;
     snprintf(g->model, sizeof g->model, "%s", port->model_id);
     int rc = api_parse(kind, body, len, port->model_id, port->vocab, cfg->default_thinking, &g->ar, e);
     if (rc) return rc;
+    if (!api_is_chat(kind) && kind != API_COMPLETION) g->ar.n_choices = 1; /* the dialects have no 'n' */
+    g->multi = g->ar.n_choices > 1;
+    if (g->ar.sp.has_seed) g->ar.sp.seed += (uint64_t)index;
     int32_t *ids = NULL;
     int n_ids = 0;
     char *forced = NULL;
@@ -165,9 +191,14 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
                                  "cannot be combined with 'tools' here");
         return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
     }
-    make_id(g->id, sizeof g->id,
-            kind == API_MESSAGES ? "msg_" : kind == API_RESPONSES ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-",
-            j->id);
+    if (head) {
+        snprintf(g->id, sizeof g->id, "%s", head->id);
+        g->created = head->created;
+    } else {
+        make_id(g->id, sizeof g->id,
+                kind == API_MESSAGES ? "msg_" : kind == API_RESPONSES ? "resp_" : kind == API_CHAT ? "chatcmpl-" : "cmpl-",
+                j->id);
+    }
     j->sp = g->ar.sp;
     j->max_tokens = g->ar.max_tokens;
     j->ignore_eos = g->ar.ignore_eos;
@@ -184,37 +215,74 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
         if (g->op) output_parser_feed(g->op, forced, strlen(forced), on_event, g);
         free(forced);
     }
-    rc = sched_submit(cfg->sched, j);
-    if (rc == ST_RANGE)
-        return api_error_set(e, 429, "rate_limit_error", NULL, "queue_full",
-                             "the server's request queue is full; retry later");
-    if (rc) return api_error_set(e, 503, "server_error", NULL, "unavailable", "the server is shutting down");
+    return 0;
+}
+
+/* After the choices' jobs are queued: their streams' opening events. */
+static void submitted(struct gen *g) {
     g->submitted = true;
-    if (g->ar.stream && kind == API_MESSAGES) {
+    if (g->ar.stream && g->ar.kind == API_MESSAGES) {
         am_stream_start(&g->am, &g->out, g->id, g->model, g->n_prompt);
-    } else if (g->ar.stream && kind == API_RESPONSES) {
+    } else if (g->ar.stream && g->ar.kind == API_RESPONSES) {
         struct rs_meta m = rs_meta_of(g);
         rs_stream_start(&g->rs, &g->out, &m);
-    } else if (g->ar.stream && kind == API_CHAT) {
+    } else if (g->ar.stream && g->ar.kind == API_CHAT) {
         chunk_begin(g);
         buf_puts(&g->out, "{\"role\":\"assistant\",\"content\":\"\"}");
         chunk_end(g, NULL);
     }
+}
+
+int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind, const char *body, size_t len,
+              struct api_error *e) {
+    *out = NULL;
+    memset(e, 0, sizeof *e);
+    const struct model_port *port = ready_port(cfg, e);
+    if (!port) return e->status;
+    int rc = begin_one(out, cfg, port, kind, body, len, 0, NULL, e);
+    struct gen *g = *out;
+    if (!rc && g->ar.n_choices > 1) {
+        /* the other choices, queued right behind choice 0 and all at once (or none): their
+         * prompts are its prompt, so where that shares a long enough prefix the scheduler
+         * holds them for choice 0's checkpoint of it (sched.c, wait_for_shared_prefix) */
+        g->more = calloc((size_t)g->ar.n_choices - 1, sizeof *g->more);
+        if (!g->more) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
+        for (int i = 1; i < g->ar.n_choices && !rc; i++) {
+            rc = begin_one(&g->more[g->n_more], cfg, port, kind, body, len, i, g, e);
+            if (g->more[g->n_more]) g->n_more++;
+        }
+    }
+    if (rc) return rc;
+    struct job *jobs[API_MAX_CHOICES];
+    for (int i = 0; i <= g->n_more; i++) jobs[i] = choice(g, i)->job;
+    rc = sched_submit_many(cfg->sched, jobs, g->n_more + 1);
+    if (rc == ST_INVALID)
+        return api_error_set(e, 400, "invalid_request_error", "n", NULL,
+                             "'n' is %d: more choices than this server's queue holds (--max-queue)", g->n_more + 1);
+    if (rc == ST_RANGE && g->n_more)
+        return api_error_set(e, 429, "rate_limit_error", NULL, "queue_full",
+                             "the server's request queue cannot take this request's %d choices now; retry later",
+                             g->n_more + 1);
+    if (rc == ST_RANGE)
+        return api_error_set(e, 429, "rate_limit_error", NULL, "queue_full",
+                             "the server's request queue is full; retry later");
+    if (rc) return api_error_set(e, 503, "server_error", NULL, "unavailable", "the server is shutting down");
+    for (int i = 0; i <= g->n_more; i++) submitted(choice(g, i));
     return 0;
 }
 
 /* ---- output events ---- */
 
 /* The fields every SSE chunk opens with, up to and including "choices": */
-static void chunk_head(struct gen *g) {
-    buf_printf(&g->out, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"%s\","
+static void chunk_head(const struct gen *g, buf *o) {
+    buf_printf(o, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":\"%s\","
                         "\"system_fingerprint\":\"orchid\",\"choices\":",
                g->id, g->ar.kind == API_CHAT ? "chat.completion.chunk" : "text_completion", g->created, g->model);
 }
 
 static void chunk_begin(struct gen *g) {
-    chunk_head(g);
-    buf_puts(&g->out, g->ar.kind == API_CHAT ? "[{\"index\":0,\"delta\":" : "[{\"index\":0,");
+    chunk_head(g, &g->out);
+    buf_printf(&g->out, g->ar.kind == API_CHAT ? "[{\"index\":%d,\"delta\":" : "[{\"index\":%d,", g->index);
 }
 
 static void chunk_end(struct gen *g, const char *finish) {
@@ -475,25 +543,31 @@ static void stream_finish(struct gen *g) {
         char *body = api_error_json(&e);
         buf_printf(&g->out, "data: %s\n\n", body ? body : "{}");
         free(body);
-        buf_puts(&g->out, "data: [DONE]\n\n");
+        if (!g->multi) buf_puts(&g->out, "data: [DONE]\n\n");
         return;
     }
     chunk_begin(g);
     if (g->ar.kind == API_CHAT) buf_puts(&g->out, "{}");
     else buf_puts(&g->out, "\"text\":\"\"");
     chunk_end(g, finish_name(g));
-    if (g->ar.include_usage) {
-        chunk_head(g);
-        buf_puts(&g->out, "[],");
-        buf_printf(&g->out,
-                 "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
-                 "\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
-                 g->n_prompt, g->n_gen, g->n_prompt + g->n_gen, g->cached);
-    }
-    buf_puts(&g->out, "data: [DONE]\n\n");
+    if (!g->multi) stream_close(g, &g->out, g->n_gen);
 }
 
-bool gen_pump(struct gen *g, int timeout_ms) {
+/* The stream's last chunks into o: the usage (when asked; completion: every choice's
+ * tokens) and [DONE]. */
+static void stream_close(const struct gen *g, buf *o, int completion) {
+    if (g->ar.include_usage) {
+        chunk_head(g, o);
+        buf_printf(o,
+                   "[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+                   "\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
+                   g->n_prompt, completion, g->n_prompt + completion, g->cached);
+    }
+    buf_puts(o, "data: [DONE]\n\n");
+}
+
+/* One choice's new output (waiting up to timeout_ms for some); true once it has finished. */
+static bool pump_one(struct gen *g, int timeout_ms) {
     if (g->finished) return true;
     struct job *j = g->job;
     struct timespec dl;
@@ -548,7 +622,31 @@ bool gen_pump(struct gen *g, int timeout_ms) {
     return g->finished;
 }
 
-char *gen_final_json(struct gen *g, int *status) {
+bool gen_pump(struct gen *g, int timeout_ms) {
+    if (!g->n_more) return pump_one(g, timeout_ms);
+    /* the choices run in the same batches: wait on the first unfinished one, then take
+     * whatever the others have */
+    bool waited = false, all = true;
+    for (int i = 0; i <= g->n_more; i++) {
+        struct gen *c = choice(g, i);
+        if (!c->finished) {
+            pump_one(c, waited ? 0 : timeout_ms);
+            waited = true;
+        }
+        all = all && c->finished;
+    }
+    if (all && g->ar.stream && !g->tail_built) {
+        int completion = 0;
+        for (int i = 0; i <= g->n_more; i++) completion += choice(g, i)->n_gen;
+        stream_close(g, &g->tail, completion);
+        g->tail_built = true;
+    }
+    return all;
+}
+
+/* One choice's whole response (choice 0 of a multi-choice request: its own, before the
+ * others are added). */
+static char *final_one(struct gen *g, int *status) {
     *status = 200;
     if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
         struct api_error e;
@@ -577,7 +675,7 @@ char *gen_final_json(struct gen *g, int *status) {
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", g->index);
     const char *lp_key = "logprobs";
     if (g->ar.kind == API_CHAT) {
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
@@ -629,6 +727,42 @@ char *gen_final_json(struct gen *g, int *status) {
     return s ? s : internal_error(g, status);
 }
 
+char *gen_final_json(struct gen *g, int *status) {
+    for (int i = 1; i <= g->n_more; i++) /* a failed choice fails the request */
+        if (g->more[i - 1]->fin == FIN_ERROR || g->more[i - 1]->fin == FIN_CANCELLED) return final_one(g->more[i - 1], status);
+    char *s = final_one(g, status);
+    if (!g->n_more || *status != 200) return s;
+    /* choice 0's body, then every other choice's entry of "choices" in order, and the usage
+     * of all (the prompt counted once: the choices share it) */
+    cJSON *root = cJSON_Parse(s);
+    free(s);
+    cJSON *choices = root ? cJSON_GetObjectItemCaseSensitive(root, "choices") : NULL;
+    int completion = g->n_gen;
+    for (int i = 1; choices && i <= g->n_more; i++) {
+        char *cs = final_one(g->more[i - 1], status);
+        cJSON *cr = cs ? cJSON_Parse(cs) : NULL;
+        free(cs);
+        cJSON *cc = cr ? cJSON_GetObjectItemCaseSensitive(cr, "choices") : NULL;
+        cJSON *entry = cc ? cJSON_DetachItemFromArray(cc, 0) : NULL;
+        cJSON_Delete(cr);
+        if (!entry || *status != 200) {
+            cJSON_Delete(entry);
+            choices = NULL;
+            break;
+        }
+        cJSON_AddItemToArray(choices, entry);
+        completion += g->more[i - 1]->n_gen;
+    }
+    cJSON *u = choices ? cJSON_GetObjectItemCaseSensitive(root, "usage") : NULL;
+    if (u) {
+        cJSON_ReplaceItemInObjectCaseSensitive(u, "completion_tokens", cJSON_CreateNumber(completion));
+        cJSON_ReplaceItemInObjectCaseSensitive(u, "total_tokens", cJSON_CreateNumber(g->n_prompt + completion));
+    }
+    s = u ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return s ? s : internal_error(g, status);
+}
+
 int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len, char **json, struct api_error *e) {
     *json = NULL;
     memset(e, 0, sizeof *e);
@@ -652,11 +786,12 @@ int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len,
     return 0;
 }
 
-long gen_stream_take(struct gen *g, char *buf, size_t max) {
+/* Up to max bytes of one choice's pending output; 0 when it has none. */
+static long take_one(struct gen *g, char *buf, size_t max) {
     size_t avail = g->out.len - g->out_off;
     if (avail == 0) {
         g->out.len = g->out_off = 0;
-        return g->finished ? -1 : 0;
+        return 0;
     }
     size_t n = avail < max ? avail : max;
     memcpy(buf, g->out.data + g->out_off, n);
@@ -665,14 +800,43 @@ long gen_stream_take(struct gen *g, char *buf, size_t max) {
     return (long)n;
 }
 
+long gen_stream_take(struct gen *g, char *buf, size_t max) {
+    if (!g->n_more) {
+        const long n = take_one(g, buf, max);
+        return n == 0 && g->finished ? -1 : n;
+    }
+    /* a choice's buffer is drained before the next one's is touched (take_at stays on a
+     * choice while its buffer holds a partly taken chunk) */
+    for (int k = 0; k <= g->n_more; k++) {
+        const int i = (g->take_at + k) % (g->n_more + 1);
+        const long n = take_one(choice(g, i), buf, max);
+        if (n > 0) {
+            g->take_at = choice(g, i)->out.len ? i : (i + 1) % (g->n_more + 1);
+            return n;
+        }
+    }
+    if (!g->tail_built) return 0;
+    size_t avail = g->tail.len - g->tail_off;
+    if (avail == 0) return -1;
+    size_t n = avail < max ? avail : max;
+    memcpy(buf, g->tail.data + g->tail_off, n);
+    g->tail_off += n;
+    return (long)n;
+}
+
 void gen_cancel(struct gen *g) {
-    if (g && g->job && g->submitted) atomic_store(&g->job->cancel, 1);
+    if (!g) return;
+    for (int i = 0; i <= g->n_more; i++) {
+        struct gen *c = choice(g, i);
+        if (c->job && c->submitted) atomic_store(&c->job->cancel, 1);
+    }
 }
 
 void gen_stats(const struct gen *g, int *prompt, int *cached, int *completion, char *err, size_t errlen) {
     *prompt = g ? g->n_prompt : 0;
     *cached = g ? g->cached : 0;
     *completion = g ? g->n_gen : 0;
+    for (int i = 0; g && i < g->n_more; i++) *completion += g->more[i]->n_gen;
     if (err && errlen) {
         err[0] = 0;
         if (g && g->job && g->fin == FIN_ERROR) {
@@ -682,11 +846,16 @@ void gen_stats(const struct gen *g, int *prompt, int *cached, int *completion, c
         } else if (g && g->fin == FIN_CANCELLED) {
             snprintf(err, errlen, "cancelled");
         }
+        for (int i = 0; g && !err[0] && i < g->n_more; i++) /* else the first failed choice's */
+            gen_stats(g->more[i], &(int){0}, &(int){0}, &(int){0}, err, errlen);
     }
 }
 
 void gen_free(struct gen *g) {
     if (!g) return;
+    for (int i = 0; i < g->n_more; i++) gen_free(g->more[i]);
+    free(g->more);
+    free(g->tail.data);
     if (g->job) {
         if (g->submitted) {
             pthread_mutex_lock(&g->job->mu);

@@ -785,25 +785,29 @@ int sched_max_seq(struct sched *S) {
     return m;
 }
 
-int sched_submit(struct sched *S, struct job *j) {
+int sched_submit_many(struct sched *S, struct job *const *js, int n) {
     pthread_mutex_lock(&S->mu);
     if (S->state != SCHED_READY || S->stopping) {
         pthread_mutex_unlock(&S->mu);
         return ST_UNSUPPORTED;
     }
-    if (S->q_len >= S->opt.max_queue) {
+    if (n > S->opt.max_queue || S->q_len + n > S->opt.max_queue) {
         pthread_mutex_unlock(&S->mu);
-        return ST_RANGE;
+        return n > S->opt.max_queue ? ST_INVALID : ST_RANGE;
     }
-    atomic_fetch_add(&j->refs, 1);
-    S->q[(S->q_head + S->q_len) % S->opt.max_queue] = j;
-    S->q_len++;
+    for (int i = 0; i < n; i++) { /* in order, under one lock: admitted in this order */
+        atomic_fetch_add(&js[i]->refs, 1);
+        S->q[(S->q_head + S->q_len) % S->opt.max_queue] = js[i];
+        S->q_len++;
+    }
     atomic_store(&S->n_queued, S->q_len);
     metrics_queue(S->q_len, atomic_load(&S->n_running));
     pthread_cond_signal(&S->cv);
     pthread_mutex_unlock(&S->mu);
     return ST_OK;
 }
+
+int sched_submit(struct sched *S, struct job *j) { return sched_submit_many(S, &j, 1); }
 
 void sched_shutdown(struct sched *S) {
     if (!S) return;

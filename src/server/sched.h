@@ -145,6 +145,9 @@ const struct out_vocab *sched_out_vocab(struct sched *s);
 int sched_max_seq(struct sched *s);
 /* Queues a job (takes a reference). ST_RANGE: queue full; ST_UNSUPPORTED: not ready / stopping. */
 int sched_submit(struct sched *s, struct job *j);
+/* Queues n jobs together, in order, or none of them: ST_RANGE when they do not all fit now,
+ * ST_INVALID when n is more than the queue ever holds. */
+int sched_submit_many(struct sched *s, struct job *const *js, int n);
 /* Stops the thread: cancels queued and running jobs (their connections see
  * FIN_CANCELLED), then refuses new work. The model stays open, so connection
  * threads may still call the port's text functions until sched_free. */

@@ -402,6 +402,52 @@ def test_prefix_cache_multi_turn(client):
     assert cached >= r1.usage.prompt_tokens, (cached, r1.usage.prompt_tokens)
 
 
+# ---- several choices ('n') ----
+
+def test_n_choices_nonstream(client):
+    r = chat(client, "SCRIPT:same words", n=3, **NOTHINK)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content == "same words" and c.finish_reason == "stop" for c in r.choices)
+    one = len("same words") + 1
+    assert r.usage.completion_tokens == 3 * one
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 3 * one
+    # sampled: each choice draws from seed + index, so choice i equals a lone request seeded so
+    kw = dict(temperature=1.0, max_tokens=24, **NOTHINK)
+    r = chat(client, "noise please", n=4, seed=40, **kw)
+    texts = [c.message.content for c in r.choices]
+    assert len(set(texts)) == 4, texts
+    for i in (0, 3):
+        assert chat(client, "noise please", seed=40 + i, **kw).choices[0].message.content == texts[i]
+    assert r.usage.completion_tokens == 4 * 24
+    # logprobs per choice
+    r = chat(client, "SCRIPT:ab", n=2, logprobs=True, top_logprobs=1, **NOTHINK)
+    assert all([t.token for t in c.logprobs.content][:2] == ["a", "b"] for c in r.choices)
+
+
+def test_n_choices_stream(client):
+    chunks = stream_chat(client, "noise please", n=3, temperature=1.0, seed=9, max_tokens=20,
+                         stream_options={"include_usage": True}, **NOTHINK)
+    by = {}
+    for c in chunks[:-1]:
+        assert len(c.choices) == 1 and c.id == chunks[0].id
+        by.setdefault(c.choices[0].index, []).append(c)
+    assert sorted(by) == [0, 1, 2]
+    for i, cs in by.items():
+        assert cs[0].choices[0].delta.role == "assistant"
+        fin = [c for c in cs if c.choices[0].finish_reason]
+        assert len(fin) == 1 and fin[0] is cs[-1] and fin[0].choices[0].finish_reason == "length"
+        alone = chat(client, "noise please", temperature=1.0, seed=9 + i, max_tokens=20, **NOTHINK)
+        assert joined(cs) == alone.choices[0].message.content
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 60
+    # completions: the same shape
+    cs = list(client.completions.create(model=MODEL, prompt="SCRIPT:raw<|im_end|>", max_tokens=10, n=2, stream=True))
+    assert sorted({c.choices[0].index for c in cs}) == [0, 1]
+    assert all("".join(c.choices[0].text for c in cs if c.choices[0].index == i) == "raw" for i in (0, 1))
+    r = client.completions.create(model=MODEL, prompt="SCRIPT:raw<|im_end|>", max_tokens=10, n=2)
+    assert [c.text for c in r.choices] == ["raw", "raw"] and [c.index for c in r.choices] == [0, 1]
+
+
 # ---- completions ----
 
 def test_completions(client):

@@ -304,3 +304,49 @@ def test_port_in_use_fails_cleanly():
         p = subprocess.run([orchid_bin(), "serve", "--port", "0", "--model", "/nonexistent/model"],
                            capture_output=True, timeout=20)
         assert p.returncode == 1 and b"/nonexistent/model" in p.stderr
+
+
+def test_n_choices_asan_disconnect_and_queue_full():
+    """'n' choices are jobs of their own, queued together or not at all: under ASan, several
+    of them stream side by side, a disconnect cancels every one, a request whose choices do
+    not fit the queue now is a 429 that queues none of them, and more choices than the queue
+    ever holds is a 400."""
+    with Server(mock=True, asan=True, args=["--parallel", "4", "--max-queue", "4", "--quiet"],
+                env={"ORCHID_MOCK_STEP_MS": "1"}) as srv:
+        client = srv.client(timeout=60)
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "SCRIPT:é世 ok"}],
+                                           n=4, max_tokens=50, **NOTHINK)
+        assert [c.message.content for c in r.choices] == ["é世 ok"] * 4
+        before = srv.metric("orchid_requests_cancelled_total")
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "noise"}],
+                                                n=3, max_tokens=4000, stream=True, **NOTHINK)
+        seen = set()
+        for i, c in enumerate(stream):
+            seen.add(c.choices[0].index)
+            if i == 30:
+                break
+        stream.close()
+        assert seen == {0, 1, 2}
+        assert wait_for(lambda: srv.metric("orchid_requests_cancelled_total") == before + 3, 3.0)
+        assert wait_for(lambda: srv.metric("orchid_running_requests") == 0)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "noise"}], "max_tokens": 4000,
+                "chat_template_kwargs": {"enable_thinking": False}}
+        st, _, resp = srv.request("POST", "/v1/chat/completions", body=dict(body, n=5))
+        assert st == 400 and json.loads(resp)["error"]["param"] == "n"
+        a = client.chat.completions.create(model=MODEL, messages=body["messages"], n=4, max_tokens=4000,
+                                           stream=True, **NOTHINK)
+        next(iter(a))
+        assert wait_for(lambda: srv.metric("orchid_running_requests") == 4)
+        b = client.chat.completions.create(model=MODEL, messages=body["messages"], n=3, max_tokens=4000,
+                                           stream=True, **NOTHINK)
+        assert wait_for(lambda: srv.metric("orchid_queue_depth") == 3)
+        st, _, resp = srv.request("POST", "/v1/chat/completions", body=dict(body, n=2))
+        assert st == 429 and json.loads(resp)["error"]["code"] == "queue_full"
+        assert srv.metric("orchid_queue_depth") == 3
+        a.close()
+        b.close()
+        assert wait_for(lambda: srv.metric("orchid_running_requests") == 0, 5.0)
+        assert wait_for(lambda: srv.metric("orchid_queue_depth") == 0)
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "SCRIPT:next"}],
+                                           n=2, max_tokens=20, **NOTHINK)
+        assert [c.message.content for c in r.choices] == ["next", "next"]

@@ -128,3 +128,23 @@ def test_concurrent_requests_batch(client):
     for t in ts:
         t.join(120)
     assert out == solo
+
+
+def test_n_choices_are_lone_requests(client, srv):
+    # 'n' on a real model: greedy choices are the lone request's tokens (run side by side in
+    # the batch: batch invariance), seeded ones each a lone request at seed + index, and the
+    # choices after the first take the prompt from the first one's checkpoint
+    alone = ask(client, "Count with me", temperature=0, **NOTHINK).choices[0].message.content
+    hits = srv.metric("orchid_prefix_cache_hit_generations_total")
+    system = "You are a patient counting tutor. " * 40  # > 128 tokens: worth waiting for (sched.c)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": system},
+                                                              {"role": "user", "content": "Count with me"}],
+                                       temperature=0, n=3, max_tokens=6, **NOTHINK)
+    assert r.choices[0].message.content == r.choices[1].message.content == r.choices[2].message.content
+    assert srv.metric("orchid_prefix_cache_hit_generations_total") >= hits + 2
+    r = ask(client, "Count with me", temperature=0, n=2, **NOTHINK)
+    assert [c.message.content for c in r.choices] == [alone, alone]
+    r = ask(client, "Count with me", temperature=1.0, seed=5, n=2, **NOTHINK)
+    for i in (0, 1):
+        lone = ask(client, "Count with me", temperature=1.0, seed=5 + i, **NOTHINK)
+        assert r.choices[i].message.content == lone.choices[0].message.content

@@ -184,7 +184,8 @@ int main(void) {
                "messages[0].content");
     expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}",
                400, "temperature");
-    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":3}", 400, "n");
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":17}", 400, "n");
+    expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":0}", 400, "n");
     expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400,
                "max_tokens");
     expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
