@@ -113,8 +113,7 @@ static void make_id(char *out, size_t n, const char *prefix, uint64_t a) {
     snprintf(out, n, "%s%016llx%08x", prefix, (unsigned long long)x, (unsigned)(a & 0xffffffffu));
 }
 
-/* The model port when the scheduler takes requests; else NULL with e the 503. */
-static const struct model_port *ready_port(const struct gen_config *cfg, struct api_error *e) {
+const struct model_port *gen_ready_port(const struct gen_config *cfg, struct api_error *e) {
     enum sched_state st = sched_state(cfg->sched, NULL, 0);
     if (st != SCHED_READY) {
         api_error_set(e, 503, "server_error", NULL, st == SCHED_LOADING ? "model_loading" : "unavailable",
@@ -237,7 +236,7 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
               struct api_error *e) {
     *out = NULL;
     memset(e, 0, sizeof *e);
-    const struct model_port *port = ready_port(cfg, e);
+    const struct model_port *port = gen_ready_port(cfg, e);
     if (!port) return e->status;
     int rc = begin_one(out, cfg, port, kind, body, len, 0, NULL, e);
     struct gen *g = *out;
@@ -766,7 +765,7 @@ char *gen_final_json(struct gen *g, int *status) {
 int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len, char **json, struct api_error *e) {
     *json = NULL;
     memset(e, 0, sizeof *e);
-    const struct model_port *port = ready_port(cfg, e);
+    const struct model_port *port = gen_ready_port(cfg, e);
     if (!port) return e->status;
     struct api_request ar;
     int32_t *ids = NULL;

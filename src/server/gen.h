@@ -21,6 +21,9 @@ struct gen_config {
     int default_thinking; /* -1 template default, 0 off, 1 on */
 };
 
+/* The model port when the scheduler takes requests; else NULL with e the 503 (loading or
+ * stopping). */
+const struct model_port *gen_ready_port(const struct gen_config *cfg, struct api_error *e);
 /* Parses the body and submits the job. Returns 0, or an HTTP status with e
  * filled (4xx for the client, 429 queue full, 503 loading / stopping). *out
  * is set even on failure when the request got far enough to have stats. */

@@ -30,6 +30,7 @@
 #include "runtime/timing.h"
 #include "server/anthropic.h"
 #include "server/gen.h"
+#include "server/tokenize.h"
 #include "server/metrics.h"
 
 struct http_server {
@@ -61,7 +62,8 @@ struct req {
 /* ---- responses ---- */
 
 static bool takes_post(enum metrics_endpoint ep) {
-    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_MESSAGES || ep == EP_COUNT_TOKENS || ep == EP_RESPONSES;
+    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_MESSAGES || ep == EP_COUNT_TOKENS || ep == EP_RESPONSES ||
+           ep == EP_TOKENIZE || ep == EP_DETOKENIZE;
 }
 
 /* The Anthropic endpoints answer errors in Anthropic's shape. */
@@ -195,13 +197,16 @@ static enum MHD_Result do_generate(struct req *r, enum api_kind kind) {
     return send_json(r, status, body);
 }
 
-static enum MHD_Result do_count_tokens(struct req *r) {
+/* A POST answered on the connection thread with one JSON body (count_tokens, tokenize,
+ * detokenize): fn's answer, or its error. */
+static enum MHD_Result do_json_call(struct req *r, int (*fn)(const struct gen_config *, const char *, size_t, char **,
+                                                              struct api_error *)) {
     struct api_error e;
     struct gen_config cfg = {r->srv->sched, r->srv->opt.default_thinking};
     enum MHD_Result ret;
     if (refuse_bad_utf8(r, &ret)) return ret;
     char *json = NULL;
-    if (gen_count_tokens(&cfg, r->body ? r->body : "", r->len, &json, &e)) return send_error(r, &e);
+    if (fn(&cfg, r->body ? r->body : "", r->len, &json, &e)) return send_error(r, &e);
     return send_json(r, 200, json);
 }
 
@@ -236,6 +241,8 @@ static enum metrics_endpoint route_of(const char *path) {
     if (!strcmp(path, "/v1/messages")) return EP_MESSAGES;
     if (!strcmp(path, "/v1/responses") || !strcmp(path, "/responses")) return EP_RESPONSES;
     if (!strcmp(path, "/v1/messages/count_tokens")) return EP_COUNT_TOKENS;
+    if (!strcmp(path, "/tokenize") || !strcmp(path, "/v1/tokenize")) return EP_TOKENIZE;
+    if (!strcmp(path, "/detokenize") || !strcmp(path, "/v1/detokenize")) return EP_DETOKENIZE;
     if (!strcmp(path, "/health")) return EP_HEALTH;
     if (!strcmp(path, "/metrics")) return EP_METRICS;
     return EP_OTHER;
@@ -299,13 +306,17 @@ static enum MHD_Result dispatch(struct req *r) {
     case EP_MESSAGES:
     case EP_COUNT_TOKENS:
     case EP_RESPONSES:
+    case EP_TOKENIZE:
+    case EP_DETOKENIZE:
         if (!post) return fail(r, 405, "invalid_request_error", NULL, "method_not_allowed", "method not allowed");
         if (r->too_large) {
             char msg[96];
             snprintf(msg, sizeof msg, "request body exceeds %zu bytes", r->srv->opt.max_body);
             return fail(r, 413, "invalid_request_error", NULL, "request_too_large", msg);
         }
-        if (r->ep == EP_COUNT_TOKENS) return do_count_tokens(r);
+        if (r->ep == EP_COUNT_TOKENS) return do_json_call(r, gen_count_tokens);
+        if (r->ep == EP_TOKENIZE) return do_json_call(r, tokenize_json);
+        if (r->ep == EP_DETOKENIZE) return do_json_call(r, detokenize_json);
         return do_generate(r, r->ep == EP_CHAT       ? API_CHAT
                               : r->ep == EP_MESSAGES ? API_MESSAGES
                               : r->ep == EP_RESPONSES ? API_RESPONSES

@@ -19,7 +19,8 @@
 
 static const char *const k_ep_names[EP_COUNT] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
                                                   "/health", "/metrics", "/v1/messages",
-                                                  "/v1/messages/count_tokens", "/v1/responses", "other"};
+                                                  "/v1/messages/count_tokens", "/v1/responses", "/tokenize",
+                                                  "/detokenize", "other"};
 
 struct hist {
     const double *bounds;

@@ -16,6 +16,8 @@ enum metrics_endpoint {
     EP_MESSAGES,       /* Anthropic /v1/messages */
     EP_COUNT_TOKENS,   /* Anthropic /v1/messages/count_tokens */
     EP_RESPONSES,      /* OpenAI /v1/responses */
+    EP_TOKENIZE,       /* /tokenize (vLLM, llama.cpp) */
+    EP_DETOKENIZE,     /* /detokenize */
     EP_OTHER,
     EP_COUNT
 };

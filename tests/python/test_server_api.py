@@ -448,6 +448,55 @@ def test_n_choices_stream(client):
     assert [c.text for c in r.choices] == ["raw", "raw"] and [c.index for c in r.choices] == [0, 1]
 
 
+# ---- /tokenize, /detokenize ----
+
+def test_tokenize_detokenize(srv, client):
+    def post(path, body):
+        st, _, data = srv.request("POST", path, body=body)
+        return st, json.loads(data)
+    # a prompt: the mock's ids are its bytes, its tags one id each
+    st, r = post("/tokenize", {"model": MODEL, "prompt": "ab<|im_end|>"})
+    assert st == 200 and r["tokens"] == [97, 98, 256] and r["count"] == 3 and r["token_strs"] is None
+    assert r["max_model_len"] == client.models.retrieve(MODEL).model_extra["max_model_len"]
+    st, r2 = post("/tokenize", {"content": "ab<|im_end|>", "return_token_strs": True})  # llama.cpp's name
+    assert st == 200 and r2["tokens"] == r["tokens"] and r2["token_strs"] == ["a", "b", "<|im_end|>"]
+    # a chat: the ids /v1/chat/completions feeds the model (its usage counts them)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "SCRIPT:ok"}]
+    st, r = post("/tokenize", {"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}})
+    usage = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, **NOTHINK).usage
+    assert st == 200 and r["count"] == usage.prompt_tokens == len(r["tokens"])
+    st, d = post("/detokenize", {"tokens": r["tokens"]})
+    assert st == 200 and d["prompt"] == d["content"] and d["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert "SCRIPT:ok" in d["prompt"]
+    # UTF-8: a character cut between ids comes back as U+FFFD, whole it round-trips
+    st, r = post("/tokenize", {"prompt": "é世"})
+    assert st == 200 and len(r["tokens"]) == 5
+    assert post("/detokenize", {"tokens": r["tokens"]})[1]["prompt"] == "é世"
+    assert post("/detokenize", {"tokens": r["tokens"][:1]})[1]["prompt"] == "\ufffd"
+    assert post("/detokenize", {"tokens": []})[1]["prompt"] == ""
+    # bad input: a 400 naming the field, a wrong model a 404, GET a 405
+    for path, body, param in [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": msgs}, "messages"),
+        ("/tokenize", {"messages": msgs, "add_generation_prompt": False}, "add_generation_prompt"),
+        ("/tokenize", {"messages": [{"role": "user", "content": 1}]}, "messages[0].content"),
+        ("/tokenize", {"prompt": "a", "return_token_strs": "yes"}, "return_token_strs"),
+        ("/detokenize", {}, "tokens"),
+        ("/detokenize", {"tokens": [1, -1]}, "tokens[1]"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens[0]"),
+        ("/detokenize", {"tokens": [1.5]}, "tokens[0]"),
+        ("/detokenize", {"tokens": ["a"]}, "tokens[0]"),
+    ]:
+        st, e = post(path, body)
+        assert st == 400 and e["error"]["param"] == param, (path, body, st, e)
+    st, e = post("/tokenize", {"model": "other", "prompt": "a"})
+    assert st == 404 and e["error"]["code"] == "model_not_found"
+    assert srv.request("GET", "/tokenize")[0] == 405
+    st, _, _ = srv.request("POST", "/detokenize", body="[1, 2")
+    assert st == 400
+
+
 # ---- completions ----
 
 def test_completions(client):

@@ -148,3 +148,22 @@ def test_n_choices_are_lone_requests(client, srv):
     for i in (0, 1):
         lone = ask(client, "Count with me", temperature=1.0, seed=5 + i, **NOTHINK)
         assert r.choices[i].message.content == lone.choices[0].message.content
+
+
+def test_tokenize_matches_hf_and_chat_usage(client, srv):
+    # the real tokenizer: /tokenize equals HF tokenizers' encode, /detokenize its decode,
+    # and a chat's count is what /v1/chat/completions reports as prompt tokens
+    import json as _json
+    from tokenizers import Tokenizer
+    hf = Tokenizer.from_file(str(model_dir("tiny") / "tokenizer.json"))
+    text = "Hello, wörld! 你好 — <|im_start|>user\n  x = y->z[0]++ 🙂"
+    st, _, body = srv.request("POST", "/tokenize", body={"prompt": text, "return_token_strs": True})
+    r = _json.loads(body)
+    assert st == 200 and r["tokens"] == hf.encode(text, add_special_tokens=False).ids
+    assert "".join(r["token_strs"]).replace("\ufffd", "") != ""
+    st, _, body = srv.request("POST", "/detokenize", body={"tokens": r["tokens"]})
+    assert st == 200 and _json.loads(body)["prompt"] == hf.decode(r["tokens"], skip_special_tokens=False) == text
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    st, _, body = srv.request("POST", "/tokenize", body={"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}})
+    usage = ask(client, "What is 2 + 2?", **NOTHINK).usage
+    assert st == 200 and _json.loads(body)["count"] == usage.prompt_tokens
