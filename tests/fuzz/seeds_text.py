@@ -220,6 +220,13 @@ def seed_http(out: Path):
     put(d, "messages-key", http_request("POST", "/v1/messages", dict(am, tool_choice={"type": "any"}), key=False,
                                         extra=("x-api-key: fuzz-key",)))
     put(d, "count-tokens", http_request("POST", "/v1/messages/count_tokens", {"model": "m", "messages": am["messages"]}))
+    # /tokenize (a prompt, a chat with tools, token strings) and /detokenize; several choices
+    put(d, "tokenize", http_request("POST", "/tokenize", {"prompt": "a<|im_end|>é", "return_token_strs": True}))
+    put(d, "tokenize-chat", http_request("POST", "/tokenize", dict(reqs[0], tools=[{"type": "function", "function": {
+        "name": "get_weather", "parameters": tool["input_schema"]}}])))
+    put(d, "detokenize", http_request("POST", "/detokenize", {"tokens": [72, 195, 256, 257]}))
+    put(d, "chat-n", http_request("POST", "/v1/chat/completions", dict(reqs[0], n=3, max_tokens=8, stream=True,
+                                                                       stream_options={"include_usage": True})))
     # OpenAI Responses: every input item kind, streaming and not
     rs = {"model": MODEL, "instructions": "i", "max_output_tokens": 16, "reasoning": {"effort": "low"},
           "tools": [{"type": "function", "name": "get_weather", "parameters": tool["input_schema"]}],
