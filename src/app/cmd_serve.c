@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "                    [--api-key KEY] [--max-queue N] [--parallel N] [--backend auto|cpu|cuda]\n"
             "                    [--threads N] [--max-body BYTES] [--prefix-cache-mb N | --cache-mem GiB] [--cache-interval N]\n"
             "                    [--thinking on|off] [--batch-invariant on|off] [--max-prefill-tokens N]\n"
-            "                    [--prefill-chunk N]\n"
+            "                    [--prefill-chunk N] [--generation-config auto|none]\n"
             "                    [--quiet] [--mock]\n"
             "  --model DIR     checkpoint directory (default: models/tiny, made by `make run`)\n"
             "  --max-seq N     context per sequence, prompt + completion (default 8192)\n"
@@ -50,6 +50,10 @@ static void usage(FILE *f) {
             "                  on, on CUDA, the size of its chunks whatever runs beside it: default\n"
             "                  4096, one forward's worth; otherwise 512; $ORCHID_PREFILL_CHUNK when\n"
             "                  not given)\n"
+            "  --generation-config X  auto (default): sampling fields a request leaves out take the\n"
+            "                  checkpoint's generation_config.json (temperature, top_p, top_k, min_p,\n"
+            "                  repetition_penalty; Qwen3.6: 1.0 / 0.95 / 20), greedy without one;\n"
+            "                  none: greedy\n"
             "  --quiet         no per-request log lines\n"
             "  --mock          serve the scripted test model instead of a checkpoint (tests only)\n");
 }
@@ -80,7 +84,7 @@ int cmd_serve(int argc, char **argv) {
     long cache_mb = 2048, cache_interval = 4096, max_prefill = -1, prefill_chunk = -1; /* -1: the default */
     double cache_gib = -1; /* --cache-mem, when given (the last of the two flags wins) */
     int thinking = -1;
-    bool invariant = true;
+    bool invariant = true, gen_config = true;
     bool mock = false, quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -130,6 +134,14 @@ int cmd_serve(int argc, char **argv) {
                 return 2;
             }
         }
+        else if (!strcmp(a, "--generation-config")) {
+            if (!strcmp(v, "auto")) gen_config = true;
+            else if (!strcmp(v, "none")) gen_config = false;
+            else {
+                fprintf(stderr, "orchid serve: --generation-config must be auto or none; got '%s'\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--thinking")) {
             if (!strcmp(v, "on")) thinking = 1;
             else if (!strcmp(v, "off")) thinking = 0;
@@ -173,6 +185,7 @@ int cmd_serve(int argc, char **argv) {
     so.port.model_dir = model;
     so.port.backend = backend;
     so.port.threads = (int)threads;
+    so.port.no_generation_config = !gen_config;
     so.port.cache_bytes = cache_gib >= 0 ? (size_t)(cache_gib * (double)(1u << 30)) : (size_t)cache_mb << 20;
     struct sched *sched;
     if (sched_start(&sched, &so, err, sizeof err)) {

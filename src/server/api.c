@@ -645,11 +645,11 @@ static int parse_prompt(const cJSON *root, int vocab, struct api_request *r, str
 }
 
 int api_parse(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
-              int default_thinking, struct api_request *r, struct api_error *e) {
+              int default_thinking, const struct sampler_params *sp_base, struct api_request *r, struct api_error *e) {
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
     r->kind = kind;
-    r->sp = sampler_params_default();
+    r->sp = sp_base ? *sp_base : sampler_params_default();
     r->max_tokens = -1;
     r->enable_thinking = default_thinking;
     const char *end = NULL;

@@ -97,9 +97,11 @@ int api_error_set(struct api_error *e, int status, const char *type, const char 
 char *api_error_json(const struct api_error *e);
 
 /* Parses and validates a body. model_id: the only model served; vocab: for
- * token-id prompts and logit_bias keys. Returns 0 or an HTTP status (e filled). */
+ * token-id prompts and logit_bias keys; sp_base: what the sampling fields the body leaves
+ * out are (the port's defaults; NULL: greedy, sampler_params_default). Returns 0 or an
+ * HTTP status (e filled). */
 int api_parse(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
-              int default_thinking, struct api_request *r, struct api_error *e);
+              int default_thinking, const struct sampler_params *sp_base, struct api_request *r, struct api_error *e);
 void api_request_free(struct api_request *r);
 /* A function (tool) name: 1-64 characters of a-z, A-Z, 0-9, _ . - */
 bool api_valid_function_name(const char *s);

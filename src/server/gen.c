@@ -138,7 +138,7 @@ static int begin_one(struct gen **out, const struct gen_config *cfg, const struc
     g->created = (long)time(NULL);
     g->index = index;
     snprintf(g->model, sizeof g->model, "%s", port->model_id);
-    int rc = api_parse(kind, body, len, port->model_id, port->vocab, cfg->default_thinking, &g->ar, e);
+    int rc = api_parse(kind, body, len, port->model_id, port->vocab, cfg->default_thinking, &port->sampling, &g->ar, e);
     if (rc) return rc;
     if (!api_is_chat(kind) && kind != API_COMPLETION) g->ar.n_choices = 1; /* the dialects have no 'n' */
     g->multi = g->ar.n_choices > 1;
@@ -773,7 +773,8 @@ int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len,
     char *forced = NULL;
     bool in_reasoning = false;
     /* no context limit here: the count is wanted most when it is over */
-    int rc = api_parse(API_MESSAGES_COUNT, body, len, port->model_id, port->vocab, cfg->default_thinking, &ar, e);
+    int rc = api_parse(API_MESSAGES_COUNT, body, len, port->model_id, port->vocab, cfg->default_thinking, &port->sampling,
+                       &ar, e);
     if (!rc) rc = api_prepare_prompt(&ar, port, INT_MAX, &ids, &n_ids, &forced, &in_reasoning, e);
     api_request_free(&ar);
     free(ids);

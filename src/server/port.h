@@ -21,6 +21,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/engine.h"
+#include "model/sampler.h"
 
 #define PORT_MAX_STOP_IDS 16
 
@@ -39,6 +40,8 @@ struct model_port {
                               prompt chunks of more than N tokens packed whole */
     int max_batch_tokens;  /* engine_max_batch_tokens: tokens one backend call takes (0: no bound) */
     int device_sampling;   /* engine_device_sampling: forward honours batch_seq.sampling */
+    struct sampler_params sampling; /* what a request's omitted sampling fields default to: the
+                                       checkpoint's generation_config.json (port_engine.c), else greedy */
 
     /* ---- text side: any thread ---- */
     /* Renders a conversation (OpenAI messages / tools as cJSON) to prompt text.
@@ -83,6 +86,7 @@ struct port_options {
     int threads;
     const char *model_id; /* NULL: "Qwen3.6-35B-A3B" */
     size_t cache_bytes;   /* prefix checkpoint memory (0: none) */
+    bool no_generation_config; /* --generation-config none: requests default to greedy */
 };
 
 /* Loads the checkpoint + tokenizer (slow: call it off the HTTP threads). */

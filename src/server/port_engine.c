@@ -12,6 +12,7 @@
 
 #include "model/engine.h"
 #include "model/prefix_cache.h"
+#include "runtime/fileio.h"
 #include "runtime/status.h"
 #include "runtime/timing.h"
 #include "server/metrics.h"
@@ -124,6 +125,57 @@ static void add_stop(struct model_port *mp, int32_t id) {
     if (mp->n_stop < PORT_MAX_STOP_IDS) mp->stop_ids[mp->n_stop++] = id;
 }
 
+/* The sampling defaults of a checkpoint's generation_config.json, as vLLM's
+ * --generation-config auto takes them: temperature, top_p, top_k, min_p and
+ * repetition_penalty where present and valid ("do_sample": false keeps greedy); a missing
+ * file leaves greedy, a field out of range is a warning and left out. Qwen3.6's file asks
+ * for temperature 1.0, top_k 20, top_p 0.95 (MODEL.md) — Qwen advises against greedy
+ * decoding with thinking on (repetition). Returns a one-line summary into note. */
+static void load_generation_config(const char *dir, struct sampler_params *sp, char *note, size_t n) {
+    char path[4096], ferr[256];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    snprintf(note, n, "greedy (no generation_config.json)");
+    char *text = NULL;
+    size_t len = 0;
+    if (file_read_all(path, 1 << 20, &text, &len, ferr, sizeof ferr)) return;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        fprintf(stderr, "warning: %s is not a JSON object; requests default to greedy\n", path);
+        snprintf(note, n, "greedy (generation_config.json unreadable)");
+        cJSON_Delete(root);
+        return;
+    }
+    struct sampler_params t = *sp;
+    const struct { const char *name; double lo, hi; bool lo_open; } f[] = {
+        {"temperature", 0, 100, false}, {"top_p", 0, 1, true}, {"top_k", 0, 1e9, false},
+        {"min_p", 0, 1, false}, {"repetition_penalty", 0, 10, true}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, f[i].name);
+        if (!v || cJSON_IsNull(v)) continue;
+        const double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+        if (!cJSON_IsNumber(v) || !(d >= f[i].lo) || d > f[i].hi || (f[i].lo_open && d == f[i].lo) ||
+            (i == 2 && d != (double)(long long)d)) {
+            fprintf(stderr, "warning: %s: '%s' is out of range; left out\n", path, f[i].name);
+            continue;
+        }
+        if (i == 0) t.temperature = (float)d;
+        else if (i == 1) t.top_p = (float)d;
+        else if (i == 2) t.top_k = (int)d;
+        else if (i == 3) t.min_p = (float)d;
+        else t.repetition_penalty = (float)d;
+    }
+    const cJSON *ds = cJSON_GetObjectItemCaseSensitive(root, "do_sample");
+    if (cJSON_IsFalse(ds)) t.temperature = 0.0f;
+    cJSON_Delete(root);
+    *sp = t;
+    if (t.temperature > 0.0f)
+        snprintf(note, n, "temperature %g, top_p %g, top_k %d, min_p %g, repetition_penalty %g (generation_config.json)",
+                 (double)t.temperature, (double)t.top_p, t.top_k, (double)t.min_p, (double)t.repetition_penalty);
+    else
+        snprintf(note, n, "greedy (generation_config.json)");
+}
+
 int port_open_engine(struct model_port *mp, const struct port_options *opt, char *err, size_t errlen) {
     memset(mp, 0, sizeof *mp);
     struct engine_port *p = calloc(1, sizeof *p);
@@ -183,6 +235,10 @@ int port_open_engine(struct model_port *mp, const struct port_options *opt, char
     mp->invariant_tokens = engine_invariant_tokens(p->e);
     mp->max_batch_tokens = engine_max_batch_tokens(p->e);
     mp->device_sampling = engine_device_sampling(p->e);
+    mp->sampling = sampler_params_default();
+    char note[256] = "greedy (--generation-config none)";
+    if (!opt->no_generation_config) load_generation_config(opt->model_dir, &mp->sampling, note, sizeof note);
+    fprintf(stderr, "request sampling defaults: %s\n", note);
     add_stop(mp, tokenizer_eos_id(p->tok));
     for (int i = 0; i < c->n_eos; i++) add_stop(mp, c->eos_ids[i]);
     mp->render_chat = ep_render;

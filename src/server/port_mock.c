@@ -398,6 +398,7 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     p->max_batch_tokens = m->max_batch_tokens;
     p->n_stop = 2;
     p->render_chat = mock_render;
+    p->sampling = sampler_params_default(); /* greedy: the scripts are followed */
     p->encode = mock_encode;
     p->token_bytes = mock_token_bytes;
     p->is_special = mock_is_special;

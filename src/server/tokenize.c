@@ -58,7 +58,8 @@ static int chat_ids(const struct gen_config *cfg, const struct model_port *port,
     cJSON_Delete(req);
     if (!text) return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
     struct api_request ar;
-    int rc = api_parse(API_CHAT, text, strlen(text), port->model_id, port->vocab, cfg->default_thinking, &ar, e);
+    int rc = api_parse(API_CHAT, text, strlen(text), port->model_id, port->vocab, cfg->default_thinking, &port->sampling,
+                       &ar, e);
     free(text);
     char *forced = NULL;
     bool in_reasoning = false;

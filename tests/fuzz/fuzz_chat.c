@@ -62,7 +62,7 @@ static void through_api(enum api_kind kind, const char *body, size_t len, int th
     static struct model_port port = {.model_id = MODEL_ID, .vocab = VOCAB, .render_chat = render, .encode = encode};
     struct api_request r;
     struct api_error e;
-    int rc = api_parse(kind, body, len, MODEL_ID, VOCAB, thinking, &r, &e);
+    int rc = api_parse(kind, body, len, MODEL_ID, VOCAB, thinking, NULL, &r, &e);
     if (rc) {
         if (rc != e.status) abort();
         check_error(&e);

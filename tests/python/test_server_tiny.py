@@ -167,3 +167,57 @@ def test_tokenize_matches_hf_and_chat_usage(client, srv):
     st, _, body = srv.request("POST", "/tokenize", body={"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}})
     usage = ask(client, "What is 2 + 2?", **NOTHINK).usage
     assert st == 200 and _json.loads(body)["count"] == usage.prompt_tokens
+
+
+def _tiny_with(tmp_path, gen_config):
+    """The tiny model's files (linked) with a generation_config.json of gen_config's text."""
+    d = tmp_path / "tiny-gc"
+    d.mkdir()
+    for p in model_dir("tiny").iterdir():
+        (d / p.name).symlink_to(p)
+    (d / "generation_config.json").write_text(gen_config)
+    return d
+
+
+def test_generation_config_sampling_defaults(tmp_path):
+    # Qwen3.6's generation_config.json (MODEL.md): requests that leave sampling out take it
+    import json as _json
+    d = _tiny_with(tmp_path, _json.dumps({"do_sample": True, "temperature": 1.0, "top_k": 20, "top_p": 0.95,
+                                          "bos_token_id": 248044}))
+    with Server(mock=False, model=d, args=["--max-seq", "512", "--parallel", "2"]) as s:
+        c = s.client(timeout=120)
+        assert "request sampling defaults: temperature 1, top_p 0.95, top_k 20" in s.log()
+        # sampled, not greedy: seeded requests that leave sampling out are the requests that
+        # give Qwen's parameters themselves, and they are not all the greedy text
+        greedy = ask(c, "Hi", max_tokens=16, temperature=0, **NOTHINK).choices[0].message.content
+        outs = []
+        for seed in range(6):
+            a = ask(c, "Hi", max_tokens=16, seed=seed, **NOTHINK).choices[0].message.content
+            b = ask(c, "Hi", max_tokens=16, seed=seed, temperature=1.0, top_p=0.95,
+                    extra_body={"top_k": 20, "chat_template_kwargs": {"enable_thinking": False}})
+            assert a == b.choices[0].message.content
+            outs.append(a)
+        assert len(set(outs)) > 1 and any(o != greedy for o in outs), outs
+    with Server(mock=False, model=d, args=["--max-seq", "512", "--generation-config", "none"]) as s:
+        c = s.client(timeout=120)
+        assert "request sampling defaults: greedy (--generation-config none)" in s.log()
+        outs = {ask(c, "Hi", max_tokens=8, **NOTHINK).choices[0].message.content for _ in range(2)}
+        assert outs == {ask(c, "Hi", max_tokens=8, temperature=0, **NOTHINK).choices[0].message.content}
+
+
+def test_generation_config_bad_fields_are_warnings(tmp_path):
+    d = _tiny_with(tmp_path, '{"do_sample": false, "temperature": "hot", "top_p": 0, "top_k": 2.5}')
+    with Server(mock=False, model=d, args=["--max-seq", "512"]) as s:
+        log = s.log()
+        assert "'temperature' is out of range" in log and "'top_p' is out of range" in log
+        assert "'top_k' is out of range" in log and "request sampling defaults: greedy (generation_config.json)" in log
+        c = s.client(timeout=120)
+        assert len({ask(c, "Hi", max_tokens=6, **NOTHINK).choices[0].message.content for _ in range(2)}) == 1
+    d2 = tmp_path / "x"
+    d2.mkdir()
+    for p in model_dir("tiny").iterdir():
+        (d2 / p.name).symlink_to(p)
+    (d2 / "generation_config.json").write_text("[1, 2")
+    with Server(mock=False, model=d2, args=["--max-seq", "512"]) as s:
+        assert "requests default to greedy" in s.log()
+        assert s.client(timeout=60).models.list().data

@@ -17,7 +17,7 @@
 #define MODEL "Qwen3.6-35B-A3B"
 
 static int parse(enum api_kind k, const char *body, struct api_request *r, struct api_error *e) {
-    return api_parse(k, body, strlen(body), MODEL, 264, -1, r, e);
+    return api_parse(k, body, strlen(body), MODEL, 264, -1, NULL, r, e);
 }
 
 static void expect_bad(const char *body, int status, const char *param) {
