@@ -58,6 +58,16 @@ static void usage(FILE *f) {
             "  --mock          serve the scripted test model instead of a checkpoint (tests only)\n");
 }
 
+/* A flag of two values: *out = (v is yes); anything else is an error line and -1. */
+static int parse_switch(const char *flag, const char *v, const char *yes, const char *no, bool *out) {
+    if (!strcmp(v, yes) || !strcmp(v, no)) {
+        *out = !strcmp(v, yes);
+        return 0;
+    }
+    fprintf(stderr, "orchid serve: %s must be %s or %s; got '%s'\n", flag, yes, no, v);
+    return -1;
+}
+
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
     char *end;
     errno = 0;
@@ -126,29 +136,12 @@ int cmd_serve(int argc, char **argv) {
             }
             cache_gib = gib; /* bytes, not whole MiB: 0.0006 is 629 KiB, not 0 (off) */
         }
-        else if (!strcmp(a, "--batch-invariant")) {
-            if (!strcmp(v, "on")) invariant = true;
-            else if (!strcmp(v, "off")) invariant = false;
-            else {
-                fprintf(stderr, "orchid serve: --batch-invariant must be on or off; got '%s'\n", v);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--generation-config")) {
-            if (!strcmp(v, "auto")) gen_config = true;
-            else if (!strcmp(v, "none")) gen_config = false;
-            else {
-                fprintf(stderr, "orchid serve: --generation-config must be auto or none; got '%s'\n", v);
-                return 2;
-            }
-        }
+        else if (!strcmp(a, "--batch-invariant")) bad = parse_switch(a, v, "on", "off", &invariant);
+        else if (!strcmp(a, "--generation-config")) bad = parse_switch(a, v, "auto", "none", &gen_config);
         else if (!strcmp(a, "--thinking")) {
-            if (!strcmp(v, "on")) thinking = 1;
-            else if (!strcmp(v, "off")) thinking = 0;
-            else {
-                fprintf(stderr, "orchid serve: --thinking must be on or off; got '%s'\n", v);
-                return 2;
-            }
+            bool on = false;
+            bad = parse_switch(a, v, "on", "off", &on);
+            thinking = on ? 1 : 0;
         } else {
             fprintf(stderr, "orchid serve: unknown flag '%s' (see --help)\n", a);
             return 2;
