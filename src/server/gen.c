@@ -643,37 +643,9 @@ bool gen_pump(struct gen *g, int timeout_ms) {
     return all;
 }
 
-/* One choice's whole response (choice 0 of a multi-choice request: its own, before the
- * others are added). */
-static char *final_one(struct gen *g, int *status) {
-    *status = 200;
-    if (g->fin == FIN_ERROR || g->fin == FIN_CANCELLED) {
-        struct api_error e;
-        fin_error(g, &e);
-        return error_body(g, &e, status);
-    }
-    if (is_responses(g)) {
-        struct rs_meta m = rs_meta_of(g);
-        struct rs_usage u = rs_usage_of(g);
-        char *s = rs_response_json(&m, g->reasoning.data, g->content.data, g->tool_calls,
-                                   g->fin == FIN_LENGTH ? "max_output_tokens" : NULL, &u);
-        return s ? s : internal_error(g, status);
-    }
-    if (is_messages(g)) {
-        struct am_usage u = am_usage_of(g);
-        char *s = am_message_json(g->id, g->model, g->reasoning.data, g->content.data, g->tool_calls, finish_name(g),
-                                  g->stop_seq, &u);
-        return s ? s : internal_error(g, status);
-    }
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "id", g->id);
-    cJSON_AddStringToObject(root, "object", g->ar.kind == API_CHAT ? "chat.completion" : "text_completion");
-    cJSON_AddNumberToObject(root, "created", (double)g->created);
-    cJSON_AddStringToObject(root, "model", g->model);
-    cJSON_AddStringToObject(root, "system_fingerprint", "orchid");
-    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+/* A chat / completions choice's entry of "choices" (takes its tool calls). */
+static cJSON *choice_entry(struct gen *g) {
     cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, ch);
     cJSON_AddNumberToObject(ch, "index", g->index);
     const char *lp_key = "logprobs";
     if (g->ar.kind == API_CHAT) {
@@ -715,49 +687,51 @@ static char *final_one(struct gen *g, int *status) {
         }
     }
     cJSON_AddStringToObject(ch, "finish_reason", finish_name(g));
-    cJSON *u = cJSON_AddObjectToObject(root, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", g->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", g->n_gen);
-    cJSON_AddNumberToObject(u, "total_tokens", g->n_prompt + g->n_gen);
-    cJSON *pd = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(pd, "cached_tokens", g->cached);
-    char *s = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    return s ? s : internal_error(g, status);
+    return ch;
 }
 
 char *gen_final_json(struct gen *g, int *status) {
-    for (int i = 1; i <= g->n_more; i++) /* a failed choice fails the request */
-        if (g->more[i - 1]->fin == FIN_ERROR || g->more[i - 1]->fin == FIN_CANCELLED) return final_one(g->more[i - 1], status);
-    char *s = final_one(g, status);
-    if (!g->n_more || *status != 200) return s;
-    /* choice 0's body, then every other choice's entry of "choices" in order, and the usage
-     * of all (the prompt counted once: the choices share it) */
-    cJSON *root = cJSON_Parse(s);
-    free(s);
-    cJSON *choices = root ? cJSON_GetObjectItemCaseSensitive(root, "choices") : NULL;
-    int completion = g->n_gen;
-    for (int i = 1; choices && i <= g->n_more; i++) {
-        char *cs = final_one(g->more[i - 1], status);
-        cJSON *cr = cs ? cJSON_Parse(cs) : NULL;
-        free(cs);
-        cJSON *cc = cr ? cJSON_GetObjectItemCaseSensitive(cr, "choices") : NULL;
-        cJSON *entry = cc ? cJSON_DetachItemFromArray(cc, 0) : NULL;
-        cJSON_Delete(cr);
-        if (!entry || *status != 200) {
-            cJSON_Delete(entry);
-            choices = NULL;
-            break;
+    *status = 200;
+    for (int i = 0; i <= g->n_more; i++) { /* a failed choice (choice 0 first) fails the request */
+        struct gen *c = choice(g, i);
+        if (c->fin == FIN_ERROR || c->fin == FIN_CANCELLED) {
+            struct api_error e;
+            fin_error(c, &e);
+            return error_body(c, &e, status);
         }
-        cJSON_AddItemToArray(choices, entry);
-        completion += g->more[i - 1]->n_gen;
     }
-    cJSON *u = choices ? cJSON_GetObjectItemCaseSensitive(root, "usage") : NULL;
-    if (u) {
-        cJSON_ReplaceItemInObjectCaseSensitive(u, "completion_tokens", cJSON_CreateNumber(completion));
-        cJSON_ReplaceItemInObjectCaseSensitive(u, "total_tokens", cJSON_CreateNumber(g->n_prompt + completion));
+    if (is_responses(g)) {
+        struct rs_meta m = rs_meta_of(g);
+        struct rs_usage u = rs_usage_of(g);
+        char *s = rs_response_json(&m, g->reasoning.data, g->content.data, g->tool_calls,
+                                   g->fin == FIN_LENGTH ? "max_output_tokens" : NULL, &u);
+        return s ? s : internal_error(g, status);
     }
-    s = u ? cJSON_PrintUnformatted(root) : NULL;
+    if (is_messages(g)) {
+        struct am_usage u = am_usage_of(g);
+        char *s = am_message_json(g->id, g->model, g->reasoning.data, g->content.data, g->tool_calls, finish_name(g),
+                                  g->stop_seq, &u);
+        return s ? s : internal_error(g, status);
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", g->id);
+    cJSON_AddStringToObject(root, "object", g->ar.kind == API_CHAT ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(root, "created", (double)g->created);
+    cJSON_AddStringToObject(root, "model", g->model);
+    cJSON_AddStringToObject(root, "system_fingerprint", "orchid");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    int completion = 0; /* every choice's tokens; the prompt once: the choices share it */
+    for (int i = 0; i <= g->n_more; i++) {
+        cJSON_AddItemToArray(choices, choice_entry(choice(g, i)));
+        completion += choice(g, i)->n_gen;
+    }
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", g->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", g->n_prompt + completion);
+    cJSON *pd = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(pd, "cached_tokens", g->cached);
+    char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s ? s : internal_error(g, status);
 }
@@ -786,42 +760,40 @@ int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len,
     return 0;
 }
 
-/* Up to max bytes of one choice's pending output; 0 when it has none. */
-static long take_one(struct gen *g, char *buf, size_t max) {
-    size_t avail = g->out.len - g->out_off;
+/* Up to max bytes of b's pending output from *off (b emptied once all is taken, so a
+ * choice's buffer is reused); 0 when there is none. */
+static long take_from(buf *b, size_t *off, char *dst, size_t max) {
+    size_t avail = b->len - *off;
     if (avail == 0) {
-        g->out.len = g->out_off = 0;
+        b->len = *off = 0;
         return 0;
     }
     size_t n = avail < max ? avail : max;
-    memcpy(buf, g->out.data + g->out_off, n);
-    g->out_off += n;
-    if (g->out_off == g->out.len) g->out.len = g->out_off = 0;
+    memcpy(dst, b->data + *off, n);
+    *off += n;
+    if (*off == b->len) b->len = *off = 0;
     return (long)n;
 }
 
 long gen_stream_take(struct gen *g, char *buf, size_t max) {
     if (!g->n_more) {
-        const long n = take_one(g, buf, max);
+        const long n = take_from(&g->out, &g->out_off, buf, max);
         return n == 0 && g->finished ? -1 : n;
     }
     /* a choice's buffer is drained before the next one's is touched (take_at stays on a
      * choice while its buffer holds a partly taken chunk) */
     for (int k = 0; k <= g->n_more; k++) {
         const int i = (g->take_at + k) % (g->n_more + 1);
-        const long n = take_one(choice(g, i), buf, max);
+        struct gen *c = choice(g, i);
+        const long n = take_from(&c->out, &c->out_off, buf, max);
         if (n > 0) {
-            g->take_at = choice(g, i)->out.len ? i : (i + 1) % (g->n_more + 1);
+            g->take_at = c->out.len ? i : (i + 1) % (g->n_more + 1);
             return n;
         }
     }
     if (!g->tail_built) return 0;
-    size_t avail = g->tail.len - g->tail_off;
-    if (avail == 0) return -1;
-    size_t n = avail < max ? avail : max;
-    memcpy(buf, g->tail.data + g->tail_off, n);
-    g->tail_off += n;
-    return (long)n;
+    const long n = take_from(&g->tail, &g->tail_off, buf, max);
+    return n == 0 ? -1 : n;
 }
 
 void gen_cancel(struct gen *g) {
