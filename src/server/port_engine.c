@@ -147,23 +147,22 @@ static void load_generation_config(const char *dir, struct sampler_params *sp, c
         return;
     }
     struct sampler_params t = *sp;
-    const struct { const char *name; double lo, hi; bool lo_open; } f[] = {
-        {"temperature", 0, 100, false}, {"top_p", 0, 1, true}, {"top_k", 0, 1e9, false},
-        {"min_p", 0, 1, false}, {"repetition_penalty", 0, 10, true}};
+    /* each field's range and where it goes (top_k: a whole number, into an int) */
+    const struct { const char *name; double lo, hi; bool lo_open; float *f; int *k; } f[] = {
+        {"temperature", 0, 100, false, &t.temperature, NULL}, {"top_p", 0, 1, true, &t.top_p, NULL},
+        {"top_k", 0, 1e9, false, NULL, &t.top_k}, {"min_p", 0, 1, false, &t.min_p, NULL},
+        {"repetition_penalty", 0, 10, true, &t.repetition_penalty, NULL}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, f[i].name);
         if (!v || cJSON_IsNull(v)) continue;
         const double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
         if (!cJSON_IsNumber(v) || !(d >= f[i].lo) || d > f[i].hi || (f[i].lo_open && d == f[i].lo) ||
-            (i == 2 && d != (double)(long long)d)) {
+            (f[i].k && d != (double)(long long)d)) {
             fprintf(stderr, "warning: %s: '%s' is out of range; left out\n", path, f[i].name);
             continue;
         }
-        if (i == 0) t.temperature = (float)d;
-        else if (i == 1) t.top_p = (float)d;
-        else if (i == 2) t.top_k = (int)d;
-        else if (i == 3) t.min_p = (float)d;
-        else t.repetition_penalty = (float)d;
+        if (f[i].k) *f[i].k = (int)d;
+        else *f[i].f = (float)d;
     }
     const cJSON *ds = cJSON_GetObjectItemCaseSensitive(root, "do_sample");
     if (cJSON_IsFalse(ds)) t.temperature = 0.0f;
