@@ -82,7 +82,12 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, long 
     return 1;
 }
 
-static int get_bool(const cJSON *o, const char *name, bool *out, struct api_error *e) {
+int api_model_not_found(struct api_error *e, const char *name, const char *model_id) {
+    return api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
+                         "The model '%.100s' does not exist; this server serves '%s'", name, model_id);
+}
+
+int api_get_bool(const cJSON *o, const char *name, bool *out, struct api_error *e) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (!present(v)) return 0;
     if (!cJSON_IsBool(v)) {
@@ -200,14 +205,14 @@ static int parse_sampling(const cJSON *root, int vocab, struct api_request *r, s
     }
 
     bool b;
-    if ((rc = get_bool(root, "ignore_eos", &b, e)) < 0) return -1;
+    if ((rc = api_get_bool(root, "ignore_eos", &b, e)) < 0) return -1;
     if (rc) r->ignore_eos = b;
-    if ((rc = get_bool(root, "stream", &b, e)) < 0) return -1;
+    if ((rc = api_get_bool(root, "stream", &b, e)) < 0) return -1;
     if (rc) r->stream = b;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (present(so)) {
         if (!cJSON_IsObject(so)) return BAD("stream_options", "'stream_options' must be an object"), -1;
-        if ((rc = get_bool(so, "include_usage", &b, e)) < 0)
+        if ((rc = api_get_bool(so, "include_usage", &b, e)) < 0)
             return BAD("stream_options.include_usage", "'stream_options.include_usage' must be a boolean"), -1;
         if (rc) r->include_usage = b;
     }
@@ -525,7 +530,7 @@ static int parse_thinking(const cJSON *root, int default_thinking, struct api_re
     if (present(kw)) {
         if (!cJSON_IsObject(kw)) return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object"), -1;
         bool b;
-        int rc = get_bool(kw, "enable_thinking", &b, e);
+        int rc = api_get_bool(kw, "enable_thinking", &b, e);
         if (rc < 0)
             return BAD("chat_template_kwargs.enable_thinking",
                        "'chat_template_kwargs.enable_thinking' must be a boolean"),
@@ -677,12 +682,11 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
     if (!present(model)) return BAD("model", "'model' is required");
     if (!cJSON_IsString(model)) return BAD("model", "'model' must be a string");
     if ((kind == API_CHAT || kind == API_RESPONSES) && strcmp(model->valuestring, model_id) != 0)
-        return api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
-                             "The model '%.100s' does not exist; this server serves '%s'", model->valuestring, model_id);
+        return api_model_not_found(e, model->valuestring, model_id);
     if (parse_sampling(r->root, vocab, r, e)) return e->status;
     if (api_is_chat(kind)) {
         bool b = false;
-        int rc = get_bool(r->root, "logprobs", &b, e);
+        int rc = api_get_bool(r->root, "logprobs", &b, e);
         if (rc < 0) return e->status;
         r->logprobs = b;
         long long ll = 0;
@@ -697,7 +701,7 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
         if (parse_response_format(r->root, r, e)) return e->status;
         if (r->grammar) nudge_json(r);
         b = true;
-        if ((rc = get_bool(r->root, "parallel_tool_calls", &b, e)) < 0) return e->status;
+        if ((rc = api_get_bool(r->root, "parallel_tool_calls", &b, e)) < 0) return e->status;
         r->one_tool_call = rc && !b;
     } else {
         long long ll = 0;
@@ -708,7 +712,7 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
             r->top_logprobs = (int)ll;
         }
         bool b = false;
-        if ((rc = get_bool(r->root, "echo", &b, e)) < 0) return e->status;
+        if ((rc = api_get_bool(r->root, "echo", &b, e)) < 0) return e->status;
         if (b) return BAD("echo", "'echo' is not supported");
         const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(r->root, "suffix");
         if (present(suffix)) return BAD("suffix", "'suffix' is not supported");

@@ -90,6 +90,11 @@ struct api_request {
     int n_prompt_ids;
 };
 
+/* An optional boolean field: 0 absent (*out kept), 1 read, -1 not a boolean (e: a 400
+ * naming it). */
+int api_get_bool(const cJSON *o, const char *name, bool *out, struct api_error *e);
+/* The 404 for a request that names another model than model_id; returns e->status. */
+int api_model_not_found(struct api_error *e, const char *name, const char *model_id);
 /* Fills e and returns e->status. */
 int api_error_set(struct api_error *e, int status, const char *type, const char *param, const char *code,
                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));

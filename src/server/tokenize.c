@@ -31,19 +31,8 @@ static int open_body(const struct gen_config *cfg, const char *body, size_t len,
     if (model && !cJSON_IsNull(model)) {
         if (!cJSON_IsString(model)) return BAD("model", "'model' must be a string");
         if (strcmp(model->valuestring, (*port)->model_id) != 0)
-            return api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
-                                 "The model '%.100s' does not exist; this server serves '%s'", model->valuestring,
-                                 (*port)->model_id);
+            return api_model_not_found(e, model->valuestring, (*port)->model_id);
     }
-    return 0;
-}
-
-/* An optional boolean field: *v keeps its default when absent. */
-static int opt_bool(const cJSON *root, const char *name, bool *v, struct api_error *e) {
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, name);
-    if (!b || cJSON_IsNull(b)) return 0;
-    if (!cJSON_IsBool(b)) return BAD(name, "'%s' must be a boolean", name);
-    *v = cJSON_IsTrue(b);
     return 0;
 }
 
@@ -80,10 +69,11 @@ int tokenize_json(const struct gen_config *cfg, const char *body, size_t len, ch
     const cJSON *msgs = root ? cJSON_GetObjectItemCaseSensitive(root, "messages") : NULL;
     const cJSON *prompt = root ? cJSON_GetObjectItemCaseSensitive(root, "prompt") : NULL;
     if (!prompt && root) prompt = cJSON_GetObjectItemCaseSensitive(root, "content"); /* llama.cpp's name */
-    if (!rc) rc = opt_bool(root, "return_token_strs", &strs, e);
-    if (!rc) rc = opt_bool(root, "add_generation_prompt", &gen_prompt, e);
-    if (!rc) rc = opt_bool(root, "add_special_tokens", &special, e);
-    if (!rc) rc = opt_bool(root, "add_special", &special, e);
+    if (!rc && (api_get_bool(root, "return_token_strs", &strs, e) < 0 ||
+                api_get_bool(root, "add_generation_prompt", &gen_prompt, e) < 0 ||
+                api_get_bool(root, "add_special_tokens", &special, e) < 0 ||
+                api_get_bool(root, "add_special", &special, e) < 0))
+        rc = e->status;
     if (!rc && !gen_prompt)
         rc = BAD("add_generation_prompt", "'add_generation_prompt': false is not supported (the chat is rendered as "
                                           "/v1/chat/completions renders it)");
