@@ -99,6 +99,7 @@ struct cuda_backend {
     float *x, *xn32, *proj, *zb, *kb, *vb, *gab, *conv_out, *y, *rlog, *seg, *mw, *ed, *sd, *part, *logits;
     float *gdn_qk, *gdn_gates; /* prefill-form GDN preparation (NULL: shape not supported, one-launch scan) */
     uint16_t *xn, *xlo, *ybf, *act, *sact, *xo;
+    struct cuda_xstage xn_stage; /* xn's rows staged by the 2..MID_T combine + norm (mid_xstage) */
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
     struct cuda_saver *saver; /* checkpoint saves beside the decode stream (async_save_on; NULL: none yet) */
@@ -439,6 +440,15 @@ static bool mid_norm_fused(const struct cuda_backend *cb, int l) {
            cuda_moe_combine_norm_ok(cb->H);
 }
 
+/* 2..64 tokens: layer l - 1's combine + norm also stages xn's rows for layer l's input
+ * projections (struct cuda_xstage: the looped wide form's blocks copy them instead of each
+ * summing and reordering the same tokens; the same sums). NULL where the norm is not fused
+ * (layer 0) or the shape does not take it. ORCHID_NO_XSTAGE=1: never (A/B). */
+static const cuda_xstage *mid_xstage(const struct cuda_backend *cb, int l) {
+    static const bool off = env_flag("ORCHID_NO_XSTAGE");
+    return !off && cb->xn_stage.perm && mid_norm_fused(cb, l) ? &cb->xn_stage : NULL;
+}
+
 static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c) {
     const struct model_config *cf = cb->cfg;
     const dlayer *d = &cb->L[l];
@@ -579,7 +589,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         const int Hv = cb->Hv;
         cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
                               {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
-        P("gdn_in_skinny", cuda_skinny_multi(c, s, 4, cb->xn, T, H));
+        P("gdn_in_skinny", cuda_skinny_multi(c, s, 4, cb->xn, T, H, mid_xstage(cb, l)));
         P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
         P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
                                     cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, 0, cb->y));
@@ -588,7 +598,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     } else {
         const int qw = 2 * cb->qd;
         cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
-        P("attn_qkv_skinny", cuda_skinny_multi(c, s, 3, cb->xn, T, H));
+        P("attn_qkv_skinny", cuda_skinny_multi(c, s, 3, cb->xn, T, H, mid_xstage(cb, l)));
         if ((rc = attention(cb, d, m, c))) return rc;
         P("attn_o_skinny", cuda_skinny_dense(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
@@ -616,7 +626,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     }
     if (mid_norm_fused(cb, l + 1))
         P("moe_combine+norm", cuda_moe_combine_norm(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x,
-                                                     cb->L[l + 1].in_norm, cf->rms_eps, cb->xn));
+                                                     cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, mid_xstage(cb, l + 1)));
     else
         P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
     return 0;
@@ -1130,7 +1140,7 @@ static void cuda_destroy(struct backend *base) {
     void *bufs[] = {cb->warena, cb->d_meta, cb->x, cb->xn32, cb->xlo, cb->proj, cb->zb, cb->kb, cb->vb, cb->gab, cb->conv_out, cb->y,
                     cb->rlog, cb->seg, cb->mw, cb->ed, cb->sd, cb->part, cb->logits, cb->xn, cb->ybf, cb->act, cb->sact,
                     cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters,
-                    cb->gdn_qk, cb->gdn_gates};
+                    cb->gdn_qk, cb->gdn_gates, cb->xn_stage.perm, cb->xn_stage.gsum};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     if (cb->fg) cudaGraphExecDestroy(cb->fg);
     cuda_saver_destroy(cb->saver); /* its ring and copy stream (it drains what is left) */
@@ -1316,6 +1326,10 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     FAIL(cuda_malloc((void **)&cb->x, T * H * 4, "x", err, errlen));
     FAIL(cuda_malloc((void **)&cb->xn, T * H * 2, "xn", err, errlen));
     FAIL(cuda_malloc((void **)&cb->xn32, T * H * 4, "xn32", err, errlen));
+    if (H % (4 * QGROUP) == 0) {
+        FAIL(cuda_malloc((void **)&cb->xn_stage.perm, (size_t)MID_T * H * 2, "xn staged", err, errlen));
+        FAIL(cuda_malloc((void **)&cb->xn_stage.gsum, (size_t)MID_T * (H / QGROUP) * 4, "xn group sums", err, errlen));
+    }
     FAIL(cuda_malloc((void **)&cb->xlo, T * H * 2, "xlo", err, errlen));
     FAIL(cuda_malloc((void **)&cb->proj, T * P * 4, "projections", err, errlen));
     FAIL(cuda_malloc((void **)&cb->zb, T * cb->vd * 4, "z", err, errlen));

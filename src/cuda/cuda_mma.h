@@ -584,6 +584,29 @@ __device__ __forceinline__ void wg_tokens_issue(unsigned char *xb, const uint16_
 }
 /* The second half, once the copies of wg_tokens_issue have landed and a block barrier has
  * made every thread's visible: the sums and the rows in the steps' order, as above. */
+/* One (token, group): its 8 chunks v (the 64 values in k order) rewritten in place into the
+ * steps' order — out chunk 2·st + hf, word c = sk_bfrag's b0 (hf 0) or b1 (hf 1) of step st
+ * from chunks 2c, 2c + 1 — returning the group's Σx (sk_group_sum's order: chunk sums added
+ * in chunk order onto 0). wg_tokens_finish applies it in shared memory; a producer that
+ * stages its rows once for every consumer (struct cuda_xstage: cuda_moe.cu's combine + norm)
+ * applies it to its own output, so the staged bytes and sums are the same. */
+__device__ __forceinline__ float wg_stage_group(uint4 (&v)[8]) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < 8; ch++) sum += sk_chunk_sum(v[ch]);
+    uint32_t o[8][4];
+#pragma unroll
+    for (int cc = 0; cc < 4; cc++) {
+        const uint32_t e[8] = {v[2 * cc].x, v[2 * cc].y, v[2 * cc].z, v[2 * cc].w,
+                               v[2 * cc + 1].x, v[2 * cc + 1].y, v[2 * cc + 1].z, v[2 * cc + 1].w};
+#pragma unroll
+        for (int st = 0; st < 4; st++) sk_bfrag(e, st, o[2 * st][cc], o[2 * st + 1][cc]);
+    }
+#pragma unroll
+    for (int ch = 0; ch < 8; ch++) v[ch] = make_uint4(o[ch][0], o[ch][1], o[ch][2], o[ch][3]);
+    return sum;
+}
+
 template <int N>
 __device__ __forceinline__ void wg_tokens_finish(unsigned char *xb, float *xsum, int xs_ld, int nT, int ng) {
     for (int i = threadIdx.x; i < nT * ng; i += blockDim.x) {
@@ -592,20 +615,9 @@ __device__ __forceinline__ void wg_tokens_finish(unsigned char *xb, float *xsum,
         uint4 v[8];
 #pragma unroll
         for (int ch = 0; ch < 8; ch++) v[ch] = row[ch ^ (t & 7)];
-        float sum = 0.0f;
+        xsum[t * xs_ld + g] = wg_stage_group(v);
 #pragma unroll
-        for (int ch = 0; ch < 8; ch++) sum += sk_chunk_sum(v[ch]);
-        xsum[t * xs_ld + g] = sum;
-        uint32_t o[8][4];
-#pragma unroll
-        for (int cc = 0; cc < 4; cc++) {
-            const uint32_t e[8] = {v[2 * cc].x, v[2 * cc].y, v[2 * cc].z, v[2 * cc].w,
-                                   v[2 * cc + 1].x, v[2 * cc + 1].y, v[2 * cc + 1].z, v[2 * cc + 1].w};
-#pragma unroll
-            for (int st = 0; st < 4; st++) sk_bfrag(e, st, o[2 * st][cc], o[2 * st + 1][cc]);
-        }
-#pragma unroll
-        for (int ch = 0; ch < 8; ch++) row[ch ^ (t & 7)] = make_uint4(o[ch][0], o[ch][1], o[ch][2], o[ch][3]);
+        for (int ch = 0; ch < 8; ch++) row[ch ^ (t & 7)] = v[ch];
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the rows, to wgmma's reads */

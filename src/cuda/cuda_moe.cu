@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/cuda_mma.h" /* wg_stage_group: the staged rows of combine + norm */
 #include "cuda/cuda_topk.h"
 
 /* the cooperative route (route_coop_kernel, below; its scratch is made by cuda_moe_init) */
@@ -1008,13 +1009,17 @@ static __global__ void combine4_kernel(const float *__restrict__ ed, const int32
  * the row it just finished (bf16 into xn), in rmsnorm_kernel's order (norm_src_row: 256 lanes,
  * lane l over x[l], x[l + 256], ...): the same bits as the separate norm launch it replaces
  * on the 2..64-token path (40 launches a step). The gains are the model's: read before the
- * wait. The row's values are this block's own global writes, read back after the barrier. */
+ * wait. The row's values are this block's own global writes, read back after the barrier.
+ * With xs.perm (H a multiple of 64), the bf16 row is then staged for the wgmma products
+ * (wg_stage_group, a thread a group: struct cuda_xstage), read back after a second barrier:
+ * the GDN in-projection's and attention q/k/v's blocks (cuda_skinny_wide.cu's looped form)
+ * copy it instead of each summing and reordering the same tokens. */
 static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *__restrict__ ed,
                                                                    const int32_t *__restrict__ slot_of_pair,
                                                                    const float *__restrict__ w, const float *__restrict__ sd,
                                                                    const float *__restrict__ seg, int ld_seg, int K, int H,
                                                                    float *__restrict__ x, const float *__restrict__ gain,
-                                                                   float eps, uint16_t *__restrict__ xn) {
+                                                                   float eps, uint16_t *__restrict__ xn, cuda_xstage xs) {
     TRACE_KERNEL();
     pdl_trigger();
     float g[NS_REG];
@@ -1026,6 +1031,18 @@ static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *_
     __syncthreads();
     const cuda_norm_src row = {x + (size_t)t * H, gain, eps, NULL}; /* (the consumers' norm, here of this block's row) */
     norm_src_row(row, H, g, [&](int i, float o) { xn[(size_t)t * H + i] = f2bf(o); });
+    if (!xs.perm) return;
+    __syncthreads(); /* the row's bf16 values, this block's global writes, visible to every thread */
+    for (int gi = threadIdx.x; gi < H / QGROUP; gi += blockDim.x) {
+        const uint4 *src = reinterpret_cast<const uint4 *>(xn + (size_t)t * H + (size_t)gi * QGROUP);
+        uint4 v[8];
+#pragma unroll
+        for (int ch = 0; ch < 8; ch++) v[ch] = src[ch];
+        xs.gsum[(size_t)t * (H / QGROUP) + gi] = wg_stage_group(v);
+        uint4 *dst = reinterpret_cast<uint4 *>(xs.perm + (size_t)t * H + (size_t)gi * QGROUP);
+#pragma unroll
+        for (int ch = 0; ch < 8; ch++) dst[ch] = v[ch];
+    }
 }
 
 extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
@@ -1044,12 +1061,15 @@ extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const
 
 extern "C" int cuda_moe_combine_norm(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
                                      const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x,
-                                     const float *gain, float eps, uint16_t *xn) {
+                                     const float *gain, float eps, uint16_t *xn, const struct cuda_xstage *xs) {
     if (T <= 0) return 0;
     if (!cuda_moe_combine_norm_ok(H) || K > COMBINE_KMAX || (((uintptr_t)ed | (uintptr_t)sd | (uintptr_t)x) & 15))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_combine_norm: %d experts a token, %d columns", K, H);
+    const cuda_xstage st = xs ? *xs : cuda_xstage{};
+    if (st.perm && (H % QGROUP || !st.gsum || (((uintptr_t)xn | (uintptr_t)st.perm | (uintptr_t)st.gsum) & 15)))
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_combine_norm: rows of %d columns cannot be staged", H);
     LAUNCH_CHECK_RC(c, launch_k(combine_norm_kernel, dim3(T), dim3(256), 0, cstream(c), ed, slot_of_pair, w, sd, seg, ld_seg, K,
-                                H, x, gain, eps, xn),
+                                H, x, gain, eps, xn, st),
                     "moe_combine_norm");
 }
 

@@ -115,6 +115,15 @@ struct cuda_gemv_seg {
 };
 int cuda_gemv_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
                     int ldx);
+/* bf16 rows x[T][K] (K a multiple of 64) as the wgmma products of 9..64 tokens stage them in
+ * shared memory (cuda_mma.h's wg_tokens_finish), written once by the rows' producer so that
+ * no consuming block redoes it: perm[t][K] holds each quantization group's 64 values in the
+ * order of its four k16 steps' B fragments, gsum[t][K / 64] each group's Σx (its 8 chunks'
+ * left-to-right sums added in chunk order onto 0). Same row stride as x; 16-byte aligned. */
+struct cuda_xstage {
+    uint16_t *perm;
+    float *gsum;
+};
 /* One accumulating matrix (y += W x) whose last block then normalises y's T rows (tail). */
 int cuda_gemv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, const uint16_t *x, int T, int ldx, float *y,
                        int ldy, const struct cuda_tail_norm *tail);
@@ -299,10 +308,11 @@ int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *s
                      const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x);
 /* The same for T tokens, then each token's RMSNorm of x with gain into xn (bf16) — the next
  * layer's input norm, the bits of cuda_rmsnorm (the 2..64-token path: one launch less a
- * layer). cuda_moe_combine_norm_ok: the shapes it takes (H % 4 == 0). */
+ * layer) — and, xs not NULL (H a multiple of 64), xn's rows staged (struct cuda_xstage).
+ * cuda_moe_combine_norm_ok: the shapes it takes (H % 4 == 0). */
 int cuda_moe_combine_norm(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
                           const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x, const float *gain,
-                          float eps, uint16_t *xn);
+                          float eps, uint16_t *xn, const struct cuda_xstage *xs);
 int cuda_moe_combine_norm_ok(int H);
 int cuda_swiglu_bf16(const struct cuda_ctx *c, const float *g, const float *u, size_t n, uint16_t *out);
 
@@ -314,9 +324,11 @@ int cuda_skinny_supported(const struct cuda_qmat *m); /* 4-bit, columns a multip
 /* y[t, r] (+)= Σ_c x[t, c] W_mat[r, c] for t < T (1..64) */
 int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
                       float *y, int ldy, int accumulate);
-/* Up to 4 matrices sharing x (same columns and accumulate flag), one launch. */
+/* Up to 4 matrices sharing x (same columns and accumulate flag), one launch. xs: x's rows
+ * staged by their producer (struct cuda_xstage, stride ldx), or NULL; the launch forms that
+ * read it skip their own staging pass, the others ignore it (the same sums either way). */
 int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
-                      int ldx);
+                      int ldx, const struct cuda_xstage *xs);
 /* act[t, f] = bf16(silu(gate[f]·x_t) · (up[f]·x_t)) for t < T (1..64) */
 int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                        const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act);
@@ -356,7 +368,7 @@ int cuda_skinny_wide_takes_swiglu(const struct cuda_qmat *gate, int T);
 int cuda_skinny_wide_force_loop(int mode);
 int cuda_skinny_wide_loop_launches(void);
 int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
-                           int ldx);
+                           int ldx, const struct cuda_xstage *xs);
 int cuda_skinny_wide_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act);
 /* cuda_skinny_tall.cu: a tall matrix (the lm_head) for 2..64 tokens by persistent blocks, the

@@ -536,7 +536,7 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
     a.w0 = qmat_rows(*m, (size_t)mat * m->rows, m->rows); /* matrix `mat` of a stack */
     const cuda_gemv_seg sg = {a.w0, y, ldy, accumulate};
     if (cuda_skinny_tall_takes(&a.w0, T, ldx)) return cuda_skinny_tall(c, &a.w0, x, T, ldx, y, ldy, accumulate);
-    if (cuda_skinny_wide_takes_dense(&sg, 1, T)) return cuda_skinny_wide_dense(c, &sg, 1, x, T, ldx);
+    if (cuda_skinny_wide_takes_dense(&sg, 1, T)) return cuda_skinny_wide_dense(c, &sg, 1, x, T, ldx, NULL);
     /* a tall matrix (the lm_head of 2..64 rows): persistent blocks streaming its tiles
      * (cuda_skinny_tall.cu); where that form does not take it, the wide form in chunks of the rows
      * one launch of it takes: one pass builds each A fragment once for all tokens, where
@@ -547,7 +547,7 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
         for (int r0 = 0; r0 < m->rows; r0 += chunk) {
             part.m = qmat_rows(a.w0, r0, m->rows - r0 < chunk ? m->rows - r0 : chunk);
             part.y = y + r0;
-            if ((rc = cuda_skinny_wide_dense(c, &part, 1, x, T, ldx))) return rc;
+            if ((rc = cuda_skinny_wide_dense(c, &part, 1, x, T, ldx, NULL))) return rc;
         }
         return 0;
     }
@@ -555,7 +555,7 @@ extern "C" int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qma
 }
 
 extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
-                                 int T, int ldx) {
+                                 int T, int ldx, const struct cuda_xstage *xs) {
     int rc;
     if (n_segs < 1 || n_segs > SK_MAX_SEG) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_multi: %d matrices", n_segs);
     if (T < 1 || T > SK_MAX_T) return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_multi: %d tokens (1..%d)", T, SK_MAX_T);
@@ -576,7 +576,7 @@ extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gem
         blocks += (segs[i].m.rows + rb - 1) / rb;
     }
     a.blk0[n_segs] = blocks;
-    if (cuda_skinny_wide_takes_dense(segs, n_segs, T)) return cuda_skinny_wide_dense(c, segs, n_segs, x, T, ldx);
+    if (cuda_skinny_wide_takes_dense(segs, n_segs, T)) return cuda_skinny_wide_dense(c, segs, n_segs, x, T, ldx, xs);
     return sk_dispatch<false, false>(c, a, (T + 7) / 8, blocks * rb, 1, "skinny_multi");
 }
 

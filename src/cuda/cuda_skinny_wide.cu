@@ -40,6 +40,7 @@ struct sw_args {
     int ld_act;
     const uint16_t *x;
     int ldx, T;
+    cuda_xstage xs; /* x's rows staged by their producer (perm NULL: none; sw_wgl_kernel<, true> reads them) */
     float *part; /* [tile][KS][T][SW_ROWS] */
     int *cnt;    /* [tile], zero between launches */
 };
@@ -333,7 +334,10 @@ static __global__ void __launch_bounds__(256, GPW == 16 ? 1 : 2) sw_wg_kernel(sw
  * of the tensor rate at two warpgroups an SM — and ~1.5 of waiting for its copies, four
  * slices in a row), but the forward is 13.95 -> 13.86 ms: the 34 SMs it leaves free take the
  * next launches' blocks early (the GDN scan's state loads before its wait: 97.4 -> 95.1 µs a
- * layer from the conv's end). ORCHID_SW_NOLOOP=1: the split form. */
+ * layer from the conv's end). ORCHID_SW_NOLOOP=1: the split form.
+ * PRE: the tokens come staged by their producer (a.xs: struct cuda_xstage, the previous
+ * layer's combine + norm) — each slice's rows and Σx copied as they are, no block sums and
+ * reorders them (~1 µs a slice of the chain above); the same bytes reach the same wgmma. */
 #define SWL_GPW 8
 template <int N>
 static constexpr __host__ __device__ size_t swl_stride() { /* one buffer: tokens, Σx, the 8 warps' weight tiles; 1,024-aligned */
@@ -342,7 +346,7 @@ static constexpr __host__ __device__ size_t swl_stride() { /* one buffer: tokens
 template <int N>
 static constexpr size_t swl_smem() { return 1024 + 2 * swl_stride<N>(); }
 
-template <int N>
+template <int N, bool PRE>
 static __global__ void __launch_bounds__(256, 1) sw_wgl_kernel(sw_args a, int KS) {
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -361,7 +365,13 @@ static __global__ void __launch_bounds__(256, 1) sw_wgl_kernel(sw_args a, int KS
     auto xsum = [&](int b) { return reinterpret_cast<float *>(xb(b) + (size_t)GPW * N * 128); };
     auto wsm = [&](int b) { return xb(b) + (size_t)GPW * N * 128 + (size_t)N * XL * 4 + (size_t)warp * TCV_WSM(GPW); };
     auto copy_w = [&](int ks, int b) { tcv_tile_async<GPW>(m, wrow, m.rows - (int)wrow, ks * GPW, wsm(b)); };
-    auto copy_x = [&](int ks, int b) { wg_tokens_issue<N>(xb(b), a.x, a.ldx, 0, nT, GPW, ks * GPW * QGROUP); };
+    auto copy_x = [&](int ks, int b) {
+        wg_tokens_issue<N>(xb(b), PRE ? a.xs.perm : a.x, a.ldx, 0, nT, GPW, ks * GPW * QGROUP);
+        if (PRE) /* the slice's Σx of each token: two 16-byte pieces (8 groups) into its row of XL */
+            for (int i = tid; i < 2 * nT; i += blockDim.x)
+                cpa16(xsum(b) + (i >> 1) * XL + 4 * (i & 1),
+                      a.xs.gsum + (size_t)(i >> 1) * (a.ldx / QGROUP) + ks * GPW + 4 * (i & 1));
+    };
     /* commit groups in order: W0, W1, X0, X1, then one a slice (slice ks + 2, maybe empty):
      * at slice ks, all but the newest group have landed <=> its weights and tokens have */
     pdl_trigger();
@@ -384,7 +394,12 @@ static __global__ void __launch_bounds__(256, 1) sw_wgl_kernel(sw_args a, int KS
         cpa_wait<1>();
         __syncthreads();
         trace_mark(TRACE_MARK4); /* (thread 0's) slice landed */
-        wg_tokens_finish<N>(xb(b), xsum(b), XL, nT, GPW);
+        if (PRE) { /* the copied rows (and the zeroed ones past nT), to wgmma's reads */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+        } else {
+            wg_tokens_finish<N>(xb(b), xsum(b), XL, nT, GPW);
+        }
         trace_mark(TRACE_MARK5); /* tokens summed and reordered */
         float acc[N / 8][4];
 #pragma unroll
@@ -502,9 +517,10 @@ extern "C" int cuda_skinny_wide_init(char *err, size_t errlen) {
                                         cudaGetErrorString(e));
     sw_wg = true;
     if (swl_smem<64>() <= (size_t)caps.optin) {
-        e = cudaFuncSetAttribute(sw_wgl_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)swl_smem<32>());
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(sw_wgl_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)swl_smem<64>());
+#define SWL_ATTR(N, P) \
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(sw_wgl_kernel<N, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)swl_smem<N>());
+        SWL_ATTR(32, false) SWL_ATTR(64, false) SWL_ATTR(32, true) SWL_ATTR(64, true)
+#undef SWL_ATTR
         if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_wide: cudaFuncSetAttribute (looped form) failed: %s",
                                             cudaGetErrorString(e));
         sw_wgl = true;
@@ -602,7 +618,9 @@ static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
     const char *what = SWIGLU ? "skinny_wide_swiglu" : "skinny_wide";
     if (!SWIGLU && sw_wgl_takes(tiles, gpw)) { /* every slice of a tile in one block */
         sw_wgl_count++;
-        void (*k)(sw_args, int) = a.T > 32 ? sw_wgl_kernel<64> : sw_wgl_kernel<32>;
+        const bool pre = a.xs.perm != NULL;
+        void (*k)(sw_args, int) = a.T > 32 ? (pre ? sw_wgl_kernel<64, true> : sw_wgl_kernel<64, false>)
+                                           : (pre ? sw_wgl_kernel<32, true> : sw_wgl_kernel<32, false>);
         const size_t smem = a.T > 32 ? swl_smem<64>() : swl_smem<32>();
         LAUNCH_CHECK_RC(c, launch_k_pdl(sk_pdl(), k, dim3(tiles), dim3(256), smem, cstream(c), a, ks), "skinny_wide_loop");
     }
@@ -628,8 +646,13 @@ static int sw_go(const struct cuda_ctx *c, const sw_args &a, int tiles, int K) {
 }
 
 extern "C" int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs,
-                                      const uint16_t *x, int T, int ldx) {
+                                      const uint16_t *x, int T, int ldx, const struct cuda_xstage *xs) {
     sw_args a = sw_args_for(x, ldx, T);
+    if (xs && xs->perm) {
+        if (!xs->gsum || ldx % (4 * QGROUP) || (((uintptr_t)xs->perm | (uintptr_t)xs->gsum) & 15))
+            return errorf(c->err, c->errlen, ST_INTERNAL, "skinny_wide: staged rows of stride %d not aligned", ldx);
+        a.xs = *xs;
+    }
     a.nseg = n_segs;
     a.accumulate = segs[0].accumulate;
     int tiles = 0;

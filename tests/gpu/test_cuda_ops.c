@@ -124,8 +124,40 @@ static void test_skinny(int rows, int cols, int n_mats, int mat, int T, int accu
     test_qmm(cuda_skinny_dense, "skinny_dense", 4, rows, cols, n_mats, mat, T, accumulate);
 }
 
-/* several matrices sharing x in one launch (the batched GDN / attention input projections) */
-static void test_skinny_multi(int cols, int T) {
+static int bits_differ(const void *a, const void *b, size_t n4);
+
+/* x's bf16 rows [T][K] staged as struct cuda_xstage says, on the host: each group's Σx (its
+ * 8 chunks' left-to-right sums added in chunk order onto 0) and its 32 words rearranged
+ * into the k16 steps' B-fragment order (out chunk 2·st + hf, word c: the low (hf 0) or high
+ * (hf 1) halves of words a, a + 2 of chunks 2c, 2c + 1, a = (st / 2)·4 + st % 2). */
+static void host_xstage(const uint16_t *x, int T, int K, uint16_t *perm, float *gsum) {
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < K / 64; g++) {
+            const uint16_t *v = x + (size_t)t * K + (size_t)g * 64;
+            float sum = 0.0f;
+            for (int ch = 0; ch < 8; ch++) {
+                float cs = bf16_to_f32(v[8 * ch]);
+                for (int i = 1; i < 8; i++) cs += bf16_to_f32(v[8 * ch + i]);
+                sum += cs;
+            }
+            gsum[(size_t)t * (K / 64) + g] = sum;
+            uint32_t w[32], o[32];
+            for (int k = 0; k < 32; k++) w[k] = (uint32_t)v[2 * k] | (uint32_t)v[2 * k + 1] << 16;
+            for (int cc = 0; cc < 4; cc++)
+                for (int st = 0; st < 4; st++) {
+                    const int a = (st >> 1) * 4 + (st & 1);
+                    const uint32_t lo = w[8 * cc + a], hi = w[8 * cc + a + 2];
+                    o[(2 * st) * 4 + cc] = (lo & 0xFFFFu) | hi << 16;
+                    o[(2 * st + 1) * 4 + cc] = lo >> 16 | (hi & 0xFFFF0000u);
+                }
+            uint16_t *d = perm + (size_t)t * K + (size_t)g * 64;
+            for (int k = 0; k < 32; k++) { d[2 * k] = (uint16_t)o[k]; d[2 * k + 1] = (uint16_t)(o[k] >> 16); }
+        }
+}
+
+/* several matrices sharing x in one launch (the batched GDN / attention input projections);
+ * staged: also with x's rows staged by the host (struct cuda_xstage) — the same bits */
+static void test_skinny_multi(int cols, int T, int staged) {
     const int rows[4] = {300, 100, 32, 17};
     struct rq m[4];
     struct cuda_gemv_seg seg[4];
@@ -143,7 +175,33 @@ static void test_skinny_multi(int cols, int T) {
         seg[i].ldy = rows[i];
         seg[i].accumulate = 0;
     }
-    OK(cuda_skinny_multi(&ctx, seg, 4, dx, T, cols));
+    OK(cuda_skinny_multi(&ctx, seg, 4, dx, T, cols, NULL));
+    if (staged) {
+        uint16_t *perm = malloc((size_t)T * cols * 2);
+        float *gsum = malloc((size_t)T * (cols / 64) * 4), *y2 = malloc((size_t)T * 300 * 4);
+        host_xstage(xb, T, cols, perm, gsum);
+        struct cuda_xstage xs;
+        DEV(xs.perm, (size_t)T * cols * 2);
+        DEV(xs.gsum, (size_t)T * (cols / 64) * 4);
+        H2D(xs.perm, perm, (size_t)T * cols * 2);
+        H2D(xs.gsum, gsum, (size_t)T * (cols / 64) * 4);
+        struct cuda_gemv_seg st[4];
+        for (int i = 0; i < 4; i++) {
+            st[i] = seg[i];
+            DEV(st[i].y, (size_t)T * rows[i] * 4);
+        }
+        OK(cuda_skinny_multi(&ctx, st, 4, dx, T, cols, &xs));
+        for (int i = 0; i < 4; i++) {
+            D2H(got, seg[i].y, (size_t)T * rows[i] * 4);
+            D2H(y2, st[i].y, (size_t)T * rows[i] * 4);
+            const int d = bits_differ(got, y2, (size_t)T * rows[i]);
+            CHECK(d == 0, "skinny_multi staged matrix %d (%dx%d) T=%d: %d outputs differ from the unstaged launch", i, rows[i],
+                  cols, T, d);
+            cuda_free(st[i].y);
+        }
+        cuda_free(xs.perm); cuda_free(xs.gsum);
+        free(perm); free(gsum); free(y2);
+    }
     /* token 0 alone through cuda_tcv.cu: the same bits as inside the batch */
     const bool tcv = cuda_tcv_supported(&m[0].d);
     struct cuda_gemv_seg one[4];
@@ -313,11 +371,34 @@ static void test_combine_norm(int T, int K, int H) {
     OK(cuda_rmsnorm(&ctx, dx, dg, T, H, 1e-6f, NULL, dn));
     D2H(xa, dx, nx * 4); D2H(na, dn, nx * 2);
     H2D(dx, x, nx * 4);
-    OK(cuda_moe_combine_norm(&ctx, ded, dslot, dw, dsd, dseg, 1, T, K, H, dx, dg, 1e-6f, dn));
+    /* rows of a multiple of 256 columns: also staged (struct cuda_xstage), against the host's staging of its norm */
+    const int staged = H % 256 == 0;
+    struct cuda_xstage xs = {NULL, NULL};
+    if (staged) { DEV(xs.perm, nx * 2); DEV(xs.gsum, (size_t)T * (H / 64) * 4); }
+    OK(cuda_moe_combine_norm(&ctx, ded, dslot, dw, dsd, dseg, 1, T, K, H, dx, dg, 1e-6f, dn, staged ? &xs : NULL));
     D2H(xb, dx, nx * 4); D2H(nb, dn, nx * 2);
     const int dxs = bits_differ(xa, xb, nx), dns = bf16_differ(na, nb, nx);
     CHECK(dxs == 0 && dns == 0, "moe_combine_norm T=%d K=%d H=%d: %d of x and %d of the norm differ from combine + rmsnorm", T, K,
           H, dxs, dns);
+    if (staged) {
+        uint16_t *hp = malloc(nx * 2), *dp = malloc(nx * 2);
+        float *hs = malloc((size_t)T * (H / 64) * 4), *ds = malloc((size_t)T * (H / 64) * 4);
+        host_xstage(nb, T, H, hp, hs);
+        D2H(dp, xs.perm, nx * 2); D2H(ds, xs.gsum, (size_t)T * (H / 64) * 4);
+        const int dp_ = bf16_differ(hp, dp, nx), ds_ = bits_differ(hs, ds, (size_t)T * (H / 64));
+        CHECK(dp_ == 0 && ds_ == 0, "moe_combine_norm T=%d H=%d staged: %d values and %d group sums differ from the host's", T, H,
+              dp_, ds_);
+        free(hp); free(dp); free(hs); free(ds);
+        cuda_free(xs.perm); cuda_free(xs.gsum);
+    }
+    /* a stage the shape cannot take is refused by name */
+    if (!staged && H % 64) {
+        struct cuda_xstage bad;
+        DEV(bad.perm, nx * 2); DEV(bad.gsum, (size_t)T * H * 4);
+        CHECK(cuda_moe_combine_norm(&ctx, ded, dslot, dw, dsd, dseg, 1, T, K, H, dx, dg, 1e-6f, dn, &bad) != 0,
+              "moe_combine_norm H=%d: a stage of rows not in groups of 64 was taken", H);
+        cuda_free(bad.perm); cuda_free(bad.gsum);
+    }
     free(ed); free(sd); free(x); free(w); free(seg); free(gain); free(xa); free(xb); free(slot); free(na); free(nb);
     cuda_free(ded); cuda_free(dsd); cuda_free(dx); cuda_free(dw); cuda_free(dseg); cuda_free(dg); cuda_free(dslot); cuda_free(dn);
 }
@@ -1464,8 +1545,8 @@ int main(void) {
             if (form) CHECK(cuda_skinny_tall_wg_launches() > n0, "skinny tall: the wgmma form took no launch");
         }
         cuda_skinny_tall_wg_enable(tw);
-        test_skinny_multi(512, 3);
-        test_skinny_multi(2048, 40);
+        test_skinny_multi(512, 3, 0);
+        test_skinny_multi(2048, 40, 1); /* the stage ignored by forms that do not read it */
         /* the looped wide form (every k-slice of a tile in one block, cuda_skinny_wide.cu's
          * sw_wgl_kernel): forced wherever it can run, then a launch that takes it by its shape
          * (96 tiles: the GDN in-projection's kind) — every token against itself alone, bitwise */
@@ -1474,8 +1555,10 @@ int main(void) {
             const int Tl[] = {9, 16, 32, 33, 40, 64};
             for (size_t i = 0; i < sizeof Tl / sizeof Tl[0]; i++) test_skinny(1000, 2048, 1, 0, Tl[i], (int)(i & 1));
             test_skinny(45000, 2048, 1, 0, 64, 1); /* in chunks of rows */
-            test_skinny_multi(2048, 40);
-            test_skinny_multi(2048, 64);
+            test_skinny_multi(2048, 40, 1);
+            test_skinny_multi(2048, 64, 1);
+            test_skinny_multi(2048, 20, 1); /* N = 32 */
+            test_skinny_multi(1024, 9, 1);
             cuda_skinny_wide_force_loop(-1);
             const int n1 = cuda_skinny_wide_loop_launches();
             CHECK(n1 > n0, "skinny_wide: the looped form took no launch when forced");
