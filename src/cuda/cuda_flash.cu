@@ -246,7 +246,8 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
      * 1.6 for their products (H200 timeline; cause not found) */
     if (TAIL) {
         pdl_trigger();
-        blocks_barrier(tail + 2 * blockIdx.x, tail + 2 * blockIdx.x + 1, gridDim.y);
+        if (gridDim.y == 1) __syncthreads(); /* every split is this block's (the block combine): its own writes */
+        else blocks_barrier(tail + 2 * blockIdx.x, tail + 2 * blockIdx.x + 1, gridDim.y);
         trace_mark(TRACE_MARK4); /* past the barrier */
         const int per_row = D / 64, units = nrows * per_row, warps = (int)gridDim.y * 4;
         for (int u = warp * (int)gridDim.y + (int)blockIdx.y; u < units; u += warps) {
@@ -264,6 +265,22 @@ typedef void (*flash_fn_t)(const float *, const int32_t *, const cuda_seq *, con
 static flash_fn_t flash_fn(int D, bool tail) {
     if (tail) return D == 256 ? flash_kernel<256, true> : D == 128 ? flash_kernel<128, true> : flash_kernel<64, true>;
     return D == 256 ? flash_kernel<256, false> : D == 128 ? flash_kernel<128, false> : flash_kernel<64, false>;
+}
+
+/* The block combine: a decode batch's (tile, KV head) takes every key split in one block,
+ * which then combines them itself — the TAIL instance's code behind a block barrier, not a
+ * cooperative launch's grid barrier: no combine launch (launched without PDL) and no
+ * partials read back by another launch. Each split's partial is computed as its own block
+ * would, and the combine is attn_combine_warp's: the same bits as the split launch plus the
+ * combine launch. -1: ORCHID_ATTN_BLOCK_COMBINE decides (A/B), 0 / 1 forced by the tests. */
+static int fl_bc_forced = -1;
+static long fl_bc_launches = 0;
+extern "C" void cuda_flash_force_block_combine(int mode) { fl_bc_forced = mode; }
+extern "C" long cuda_flash_block_combine_launches(void) { return fl_bc_launches; }
+static bool fl_block_combine(int n_split, int T) {
+    static const bool env = env_flag("ORCHID_ATTN_BLOCK_COMBINE");
+    const bool on = fl_bc_forced >= 0 ? fl_bc_forced == 1 : env;
+    return on && T > 1 && n_split > 1 && n_split <= CUDA_ATTN_TAIL_SPLITS;
 }
 
 /* Multiprocessors (cuda_flash_init), and splits a block forced by the tests (0: chosen). */
@@ -302,6 +319,7 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     fl_sms = caps_ok && caps.sms > 0 ? caps.sms : 132;
     fl_coop = caps_ok && caps.coop; /* the in-launch combine is a cooperative launch */
     (void)fl_spb(1, 1); /* reads the environment here, outside any graph capture */
+    (void)fl_block_combine(1, 1);
     if (D != 256 && D != 128 && D != 64) return 0; /* other head dims use the scalar kernel */
     for (int tail = 0; tail < 2; tail++) {
         const cudaError_t e = cudaFuncSetAttribute((const void *)flash_fn(D, tail), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -315,11 +333,19 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
 /* Returns 1 when the tensor-core kernel handles this shape (then it was launched), 0 to fall back. */
 extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos,
                                     const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
-                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part, int *tail,
-                                    uint16_t *out, int *launched, int *combined) {
+                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, int T, float *part,
+                                    int *tail, uint16_t *out, int *launched, int *combined) {
     *launched = *combined = 0;
     const int group = n_heads / kv_heads;
     if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
+    if (!tail && fl_block_combine(n_split, T)) { /* every split in its block, combined there */
+        *launched = *combined = 1;
+        fl_bc_launches++;
+        launch_cfg lc(dim3(n_tiles * kv_heads, 1), dim3(128), flash_smem(D), cstream(c), false, 0, false);
+        LAUNCH_CHECK_RC(c, lc.launch(flash_fn(D, true), qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, n_split,
+                                     part, (int *)NULL, out),
+                        "flash_attention (block combine)");
+    }
     const int spb = fl_spb(n_tiles * kv_heads, n_split);
     const dim3 grid(n_tiles * kv_heads, (n_split + spb - 1) / spb);
     const size_t smem = flash_smem(D);
