@@ -246,8 +246,7 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
      * 1.6 for their products (H200 timeline; cause not found) */
     if (TAIL) {
         pdl_trigger();
-        if (gridDim.y == 1) __syncthreads(); /* every split is this block's (the block combine): its own writes */
-        else blocks_barrier(tail + 2 * blockIdx.x, tail + 2 * blockIdx.x + 1, gridDim.y);
+        blocks_barrier(tail + 2 * blockIdx.x, tail + 2 * blockIdx.x + 1, gridDim.y);
         trace_mark(TRACE_MARK4); /* past the barrier */
         const int per_row = D / 64, units = nrows * per_row, warps = (int)gridDim.y * 4;
         for (int u = warp * (int)gridDim.y + (int)blockIdx.y; u < units; u += warps) {
@@ -267,22 +266,6 @@ static flash_fn_t flash_fn(int D, bool tail) {
     return D == 256 ? flash_kernel<256, false> : D == 128 ? flash_kernel<128, false> : flash_kernel<64, false>;
 }
 
-/* The block combine: a decode batch's (tile, KV head) takes every key split in one block,
- * which then combines them itself — the TAIL instance's code behind a block barrier, not a
- * cooperative launch's grid barrier: no combine launch (launched without PDL) and no
- * partials read back by another launch. Each split's partial is computed as its own block
- * would, and the combine is attn_combine_warp's: the same bits as the split launch plus the
- * combine launch. -1: ORCHID_ATTN_BLOCK_COMBINE decides (A/B), 0 / 1 forced by the tests. */
-static int fl_bc_forced = -1;
-static long fl_bc_launches = 0;
-extern "C" void cuda_flash_force_block_combine(int mode) { fl_bc_forced = mode; }
-extern "C" long cuda_flash_block_combine_launches(void) { return fl_bc_launches; }
-static bool fl_block_combine(int n_split, int T) {
-    static const bool env = env_flag("ORCHID_ATTN_BLOCK_COMBINE");
-    const bool on = fl_bc_forced >= 0 ? fl_bc_forced == 1 : env;
-    return on && T > 1 && n_split > 1 && n_split <= CUDA_ATTN_TAIL_SPLITS;
-}
-
 /* Multiprocessors (cuda_flash_init), and splits a block forced by the tests (0: chosen). */
 static int fl_sms = 132, fl_spb_forced = 0;
 extern "C" void cuda_flash_force_spb(int spb) { fl_spb_forced = spb > 0 ? spb : 0; }
@@ -299,7 +282,10 @@ extern "C" void cuda_flash_force_no_tail(int on) { fl_tail_off = on; }
  * context 512; prefill: one split). ORCHID_ATTN_SPB overrides (A/B).
  * (Measured in session 34, H100: the fewest splits that fit one wave — 64 sequences at 512,
  * 8 a block and 256 blocks against 7 and 384 — gave the same forwards, 13.74 / 13.79 ms at
- * 64: the launch's waves are not the attention's cost.) */
+ * 64: the launch's waves are not the attention's cost. Session 35, H100, the attention op alone
+ * at 64 sequences: 2 splits a block 67.1 µs, 4 66.7, 7 (this formula) 59.9, and all 16 in
+ * one block that then combined them itself, no combine launch, 66.2 — forwards 13.56 (7)
+ * against 13.71–13.72: not the splits' chain in a block either.) */
 static int fl_spb(int n_units, int n_split) {
     static int env = -1;
     if (env < 0) {
@@ -319,7 +305,6 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     fl_sms = caps_ok && caps.sms > 0 ? caps.sms : 132;
     fl_coop = caps_ok && caps.coop; /* the in-launch combine is a cooperative launch */
     (void)fl_spb(1, 1); /* reads the environment here, outside any graph capture */
-    (void)fl_block_combine(1, 1);
     if (D != 256 && D != 128 && D != 64) return 0; /* other head dims use the scalar kernel */
     for (int tail = 0; tail < 2; tail++) {
         const cudaError_t e = cudaFuncSetAttribute((const void *)flash_fn(D, tail), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -333,19 +318,11 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
 /* Returns 1 when the tensor-core kernel handles this shape (then it was launched), 0 to fall back. */
 extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos,
                                     const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
-                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, int T, float *part,
-                                    int *tail, uint16_t *out, int *launched, int *combined) {
+                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part, int *tail,
+                                    uint16_t *out, int *launched, int *combined) {
     *launched = *combined = 0;
     const int group = n_heads / kv_heads;
     if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
-    if (!tail && fl_block_combine(n_split, T)) { /* every split in its block, combined there */
-        *launched = *combined = 1;
-        fl_bc_launches++;
-        launch_cfg lc(dim3(n_tiles * kv_heads, 1), dim3(128), flash_smem(D), cstream(c), false, 0, false);
-        LAUNCH_CHECK_RC(c, lc.launch(flash_fn(D, true), qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, n_split,
-                                     part, (int *)NULL, out),
-                        "flash_attention (block combine)");
-    }
     const int spb = fl_spb(n_tiles * kv_heads, n_split);
     const dim3 grid(n_tiles * kv_heads, (n_split + spb - 1) / spb);
     const size_t smem = flash_smem(D);

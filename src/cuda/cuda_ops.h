@@ -195,18 +195,11 @@ void cuda_flash_force_spb(int spb);
  * flash launches have combined their splits themselves so far. */
 void cuda_flash_force_no_tail(int on);
 long cuda_flash_tail_launches(void);
-/* The block combine (cuda_flash.cu: a batch's (tile, KV head) takes every key split in one
- * block and combines them there; T > 1, no tail counters): -1 as ORCHID_ATTN_BLOCK_COMBINE
- * says, 0 never, 1 wherever it applies; and how many launches took it. */
-void cuda_flash_force_block_combine(int mode);
-long cuda_flash_block_combine_launches(void);
 int cuda_flash_init(int head_dim, char *err, size_t errlen);
-/* tail, out: cuda_attention's (T: its tokens); *combined = 1 when the launch also combined
- * (into out). */
+/* tail, out: cuda_attention's; *combined = 1 when the launch also combined (into out). */
 int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                          const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
-                         int kv_heads, int D, int T, float *part, int *tail, uint16_t *out, int *launched,
-                         int *combined);
+                         int kv_heads, int D, float *part, int *tail, uint16_t *out, int *launched, int *combined);
 
 /* ---- Gated DeltaNet (cuda_gdn.cu) ---- */
 /* Causal depthwise conv + SiLU over the batch (reads/updates each session's conv state). */

@@ -849,22 +849,6 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
                   kvh, D, n_seqs, n_split, spb, diff, T * nh * D);
         }
         cuda_flash_force_spb(0);
-        /* the block combine (every split of a (tile, KV head) in one block, combined there):
-         * the same bits, for a batch of several tokens */
-        if (T > 1 && n_split <= CUDA_ATTN_TAIL_SPLITS) {
-            const long bc0 = cuda_flash_block_combine_launches();
-            cuda_flash_force_block_combine(1);
-            if (cuda_memset0(dout, (size_t)T * nh * D * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
-            OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
-            cuda_flash_force_block_combine(-1);
-            D2H(ob2, dout, (size_t)T * nh * D * 2);
-            int diff = 0;
-            for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += ob2[i] != ob[i];
-            CHECK(diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d split=%d: the block combine differs in %d of %d values", nh, kvh,
-                  D, n_seqs, n_split, diff, T * nh * D);
-            CHECK(cuda_flash_block_combine_launches() == bc0 + 1, "attention nh=%d kvh=%d D=%d seqs=%d split=%d: the block combine did not run",
-                  nh, kvh, D, n_seqs, n_split);
-        }
         free(ob2);
     }
     if (!strcmp(attn_mode, "tensor-core")) {
