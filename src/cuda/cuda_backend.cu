@@ -440,13 +440,36 @@ static bool mid_norm_fused(const struct cuda_backend *cb, int l) {
            cuda_moe_combine_norm_ok(cb->H);
 }
 
+/* Layer l's input projections as the segments of one launch over xn: a GDN layer's q/k/v,
+ * z, a and b; an attention layer's q (with its gate), k and v. Returns their count. */
+static int in_proj_segs(const struct cuda_backend *cb, int l, cuda_gemv_seg (&s)[4]) {
+    const dlayer *d = &cb->L[l];
+    if (d->kind == LAYER_LINEAR) {
+        const int Hv = cb->Hv;
+        s[0] = {d->qkv, cb->proj, cb->C, 0};
+        s[1] = {d->z, cb->zb, cb->vd, 0};
+        s[2] = {d->a, cb->gab, 2 * Hv, 0};
+        s[3] = {d->b, cb->gab + Hv, 2 * Hv, 0};
+        return 4;
+    }
+    s[0] = {d->q, cb->proj, 2 * cb->qd, 0};
+    s[1] = {d->k, cb->kb, cb->kvd, 0};
+    s[2] = {d->v, cb->vb, cb->kvd, 0};
+    return 3;
+}
+
 /* 2..64 tokens: layer l - 1's combine + norm also stages xn's rows for layer l's input
  * projections (struct cuda_xstage: the looped wide form's blocks copy them instead of each
- * summing and reordering the same tokens; the same sums). NULL where the norm is not fused
- * (layer 0) or the shape does not take it. ORCHID_NO_XSTAGE=1: never (A/B). */
-static const cuda_xstage *mid_xstage(const struct cuda_backend *cb, int l) {
+ * summing and reordering the same tokens; the same sums), where that launch will read them
+ * (cuda_skinny_multi_reads_stage). NULL where the norm is not fused (layer 0), the launch
+ * takes another form (T ≤ 8, few tiles) or the shape does not stage. The producer and the
+ * consumer ask the same question. ORCHID_NO_XSTAGE=1: never (A/B). */
+static const cuda_xstage *mid_xstage(const struct cuda_backend *cb, int l, int T) {
     static const bool off = env_flag("ORCHID_NO_XSTAGE");
-    return !off && cb->xn_stage.perm && mid_norm_fused(cb, l) ? &cb->xn_stage : NULL;
+    if (off || !cb->xn_stage.perm || !mid_norm_fused(cb, l)) return NULL;
+    cuda_gemv_seg s[4];
+    const int n = in_proj_segs(cb, l, s);
+    return cuda_skinny_multi_reads_stage(s, n, T) ? &cb->xn_stage : NULL;
 }
 
 static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_ctx *c) {
@@ -470,8 +493,8 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
         if (small) {
-            cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
-                                  {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
+            cuda_gemv_seg s[4];
+            in_proj_segs(cb, l, s);
             if (tcv_conv) { /* one token: the conv step runs in the projection's epilogue */
                 const cuda_tcv_conv cv = {d->conv, m.seqs, d->ord, cf->conv_kernel, cb->C, cb->conv_out, scan_pdl()};
                 P("gdn_in+conv", in_src ? cuda_tcv_multi_norm(c, s, 4, &in_ns, &cv) : cuda_tcv_multi_conv(c, s, 4, cb->xn, &cv));
@@ -504,7 +527,8 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     } else {
         const int qw = 2 * cb->qd;
         if (small) {
-            cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
+            cuda_gemv_seg s[4];
+            in_proj_segs(cb, l, s);
             P("attn_qkv_gemv", in_src ? cuda_tcv_multi_norm(c, s, 3, &in_ns, NULL)
                                : tcv  ? cuda_tcv_multi(c, s, 3, cb->xn)
                                       : cuda_gemv_multi(c, s, 3, cb->xn, T, H));
@@ -587,18 +611,18 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     if (!mid_norm_fused(cb, l)) P("in_rmsnorm", cuda_rmsnorm(c, cb->x, d->in_norm, T, H, cf->rms_eps, NULL, cb->xn));
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
-        cuda_gemv_seg s[4] = {{d->qkv, cb->proj, cb->C, 0}, {d->z, cb->zb, cb->vd, 0},
-                              {d->a, cb->gab, 2 * Hv, 0}, {d->b, cb->gab + Hv, 2 * Hv, 0}};
-        P("gdn_in_skinny", cuda_skinny_multi(c, s, 4, cb->xn, T, H, mid_xstage(cb, l)));
+        cuda_gemv_seg s[4];
+        in_proj_segs(cb, l, s);
+        P("gdn_in_skinny", cuda_skinny_multi(c, s, 4, cb->xn, T, H, mid_xstage(cb, l, T)));
         P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
         P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
                                     cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, 0, cb->y));
         P("gated_norm", cuda_gated_norm(c, cb->y, cb->zb, cb->vd, d->norm, T, Hv, cb->Dv, cf->rms_eps, cb->ybf));
         P("gdn_out_skinny", cuda_skinny_dense(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
     } else {
-        const int qw = 2 * cb->qd;
-        cuda_gemv_seg s[3] = {{d->q, cb->proj, qw, 0}, {d->k, cb->kb, cb->kvd, 0}, {d->v, cb->vb, cb->kvd, 0}};
-        P("attn_qkv_skinny", cuda_skinny_multi(c, s, 3, cb->xn, T, H, mid_xstage(cb, l)));
+        cuda_gemv_seg s[4];
+        in_proj_segs(cb, l, s);
+        P("attn_qkv_skinny", cuda_skinny_multi(c, s, 3, cb->xn, T, H, mid_xstage(cb, l, T)));
         if ((rc = attention(cb, d, m, c))) return rc;
         P("attn_o_skinny", cuda_skinny_dense(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
@@ -626,7 +650,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     }
     if (mid_norm_fused(cb, l + 1))
         P("moe_combine+norm", cuda_moe_combine_norm(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x,
-                                                     cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, mid_xstage(cb, l + 1)));
+                                                     cb->L[l + 1].in_norm, cf->rms_eps, cb->xn, mid_xstage(cb, l + 1, T)));
     else
         P("moe_combine", cuda_moe_combine(c, cb->ed, cb->route.slot_of_pair, cb->mw, cb->sd, cb->seg, 1, T, K, H, cb->x));
     return 0;

@@ -329,6 +329,9 @@ int cuda_skinny_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int m
  * read it skip their own staging pass, the others ignore it (the same sums either way). */
 int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
                       int ldx, const struct cuda_xstage *xs);
+/* Whether cuda_skinny_multi of these segments and T tokens reads a stage it is given (the
+ * looped wide form takes the launch): its producer stages the rows only then. */
+int cuda_skinny_multi_reads_stage(const struct cuda_gemv_seg *segs, int n_segs, int T);
 /* act[t, f] = bf16(silu(gate[f]·x_t) · (up[f]·x_t)) for t < T (1..64) */
 int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                        const uint16_t *x, int T, int ldx, uint16_t *act, int ld_act);
@@ -366,6 +369,7 @@ int cuda_skinny_wide_takes_swiglu(const struct cuda_qmat *gate, int T);
  * (-1), never (0) or wherever it can run (1) — returns whether it can run on this device;
  * and how many launches it took */
 int cuda_skinny_wide_force_loop(int mode);
+int cuda_skinny_wide_reads_stage(const struct cuda_gemv_seg *segs, int n_segs, int T); /* the looped form takes it */
 int cuda_skinny_wide_loop_launches(void);
 int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
                            int ldx, const struct cuda_xstage *xs);

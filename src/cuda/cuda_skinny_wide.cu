@@ -604,6 +604,11 @@ static bool sw_wgl_takes(int tiles, int gpw) {
     return sw_wgl_force == 1 || (!off && 2 * tiles >= sw_sms && tiles <= sw_sms);
 }
 
+extern "C" int cuda_skinny_wide_reads_stage(const struct cuda_gemv_seg *segs, int n_segs, int T) {
+    const int tiles = sw_dense_tiles(segs, n_segs);
+    return sw_takes(T, segs[0].m.cols, tiles) && sw_wgl_takes(tiles, sw_gpw(segs[0].m.cols));
+}
+
 extern "C" int cuda_skinny_wide_force_loop(int mode) {
     sw_wgl_force = mode;
     return sw_wgl;

@@ -1559,6 +1559,18 @@ int main(void) {
             test_skinny_multi(2048, 64, 1);
             test_skinny_multi(2048, 20, 1); /* N = 32 */
             test_skinny_multi(1024, 9, 1);
+            { /* the producer stages rows only where the launch reads them (the looped form's launches) */
+                struct rq q;
+                rq_make(&q, 300, 2048, 1, 4, 0.02f);
+                struct cuda_gemv_seg sg = {q.d, NULL, 300, 0};
+                CHECK(cuda_skinny_multi_reads_stage(&sg, 1, 40) && !cuda_skinny_multi_reads_stage(&sg, 1, 8),
+                      "skinny_multi_reads_stage: forced looped form at 40 tokens %d, 8 tokens %d (want 1, 0)",
+                      cuda_skinny_multi_reads_stage(&sg, 1, 40), cuda_skinny_multi_reads_stage(&sg, 1, 8));
+                cuda_skinny_wide_force_loop(0);
+                CHECK(!cuda_skinny_multi_reads_stage(&sg, 1, 40), "skinny_multi_reads_stage: the looped form off, still 1");
+                cuda_skinny_wide_force_loop(1);
+                rq_free(&q);
+            }
             cuda_skinny_wide_force_loop(-1);
             const int n1 = cuda_skinny_wide_loop_launches();
             CHECK(n1 > n0, "skinny_wide: the looped form took no launch when forced");
