@@ -40,7 +40,8 @@ if [ "${TRACE:-0}" = 1 ]; then
     mkdir -p "$stage/tr"
     cp "$BUILD-trace/tests/gpu/bench_batch_decode" "$stage/tr/"
 fi
-git rev-parse --short HEAD >"$stage/commit"
+# the commit, '+' when tracked files differ from it (the build carries uncommitted changes)
+echo "$(git rev-parse --short HEAD)$([ -n "$(git status --short --untracked-files=no)" ] && echo +)" >"$stage/commit"
 git status --short >>"$stage/commit"
 # one stream with a 64 MiB window: the five binaries carry the same kernels (~20 MB each), which
 # this stores once (~5 MB for all, against ~19 MB compressed file by file)

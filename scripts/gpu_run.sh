@@ -74,8 +74,9 @@ packs=() envs=() names=()
 if [ $# -ge 2 ]; then
     packs=("$1" "$2") envs=("" "") names=(A B)
 else
-    IFS=';' read -r -a cfgs <<<"${CONFIGS:-}"
-    [ ${#cfgs[@]} -eq 0 ] && cfgs=("")
+    # every ';'-separated field an arm, empty ones too ('X=1;' is two arms: `read -a` dropped
+    # a trailing empty field, and a session's A/B ran one arm)
+    mapfile -d ';' -t cfgs < <(printf '%s;' "${CONFIGS:-}")
     for i in "${!cfgs[@]}"; do packs+=("$1"); envs+=("${cfgs[$i]}"); names+=("c$i"); done
 fi
 for p in "${packs[@]}"; do unpack "$p" || exit 1; done
