@@ -45,9 +45,9 @@ struct node {
     uint32_t min_items, max_items;
     bool unique; /* uniqueItems: items is a flat ALT of distinct literals (at most 64), each used
                   * once — the array frame's seen holds the ones taken */
-    bool unique_str; /* uniqueItems over free strings: items is the STRING node (no pattern,
-                      * maxLength ≥ 1); the array frame's seen:cand is a 128-bit Bloom filter
-                      * of the items written (uniq_*) */
+    bool unique_str; /* uniqueItems over free strings or integers: items is the STRING node
+                      * (no pattern, maxLength ≥ 1) or an unbounded INTEGER node; the array
+                      * frame's seen:cand is a 128-bit Bloom filter of the items written (uniq_*) */
     /* STRING */
     uint32_t min_len, max_len;
     jr_nfa *re; /* pattern: the NFA the string's code points step (lengths then < JR_LENS) */
@@ -414,14 +414,18 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         const cJSON *uq = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
         if (uq && !cJSON_IsBool(uq)) return jsm_fail(err, errlen, path, "'uniqueItems' must be a boolean");
         const int str = it >= 0 ? single_node(g, it) : -1;
-        if (cJSON_IsTrue(uq) && n_prefix == 0 && str >= 0 && g->nodes[str].kind == K_STRING && !g->nodes[str].re &&
-            g->nodes[str].max_len >= 1) {
-            /* a set of free strings (Pydantic's set[str]): each item's text hashed as it is
-             * written, a close refused while the hash is in the filter (uniq_*). At most
+        const bool free_str = str >= 0 && g->nodes[str].kind == K_STRING && !g->nodes[str].re && g->nodes[str].max_len >= 1;
+        const bool free_int = str >= 0 && g->nodes[str].kind == K_INTEGER && !g->nodes[str].bounded;
+        if (cJSON_IsTrue(uq) && n_prefix == 0 && (free_str || free_int)) {
+            /* a set of free strings (Pydantic's set[str]) or of integers without bounds or
+             * multipleOf (set[int]): each item's text (a string's) or value (an integer's) hashed
+             * as it is written, a close refused while the hash is in the filter (uniq_*). At most
              * UNIQ_STR_MAX items, so the 128-bit filter stays sparse (a false positive, which
-             * makes the model write a longer string, at ~2 % by the 16th item) */
+             * makes the model write a longer string or number, at ~2 % by the 16th item).
+             * Bounds would let a prefix whose every completion is taken be a dead end. */
             if (lo > UNIQ_STR_MAX)
-                return jsm_fail(err, errlen, path, "'uniqueItems' over strings is enforced for at most 16 items ('minItems' is above)");
+                return jsm_fail(err, errlen, path, free_str ? "'uniqueItems' over strings is enforced for at most 16 items ('minItems' is above)"
+                                                             : "'uniqueItems' over integers is enforced for at most 16 items ('minItems' is above)");
             g->nodes[id].items = str;
             g->nodes[id].unique_str = true;
             if (g->nodes[id].max_items > UNIQ_STR_MAX) g->nodes[id].max_items = UNIQ_STR_MAX;
@@ -429,7 +433,8 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
             int lits[64], nl = 0;
             if (n_prefix > 0 || it < 0 || unique_lits(g, it, lits, &nl, 0) < 0)
                 return jsm_fail(err, errlen, path, "'uniqueItems' is enforced only over items of at most 64 enum / const / "
-                                                 "boolean / null values, or strings without a 'pattern' (no tuple)");
+                                                 "boolean / null values, strings without a 'pattern', or integers without "
+                                                 "bounds or 'multipleOf' (no tuple)");
             if (lo > (uint32_t)nl) return jsm_fail(err, errlen, path, "'minItems' is above the number of distinct values the items allow");
             const int flat = new_node(g, K_ALT);
             if (flat < 0 || set_alts(g, flat, lits, nl) < 0) return -1;
@@ -971,6 +976,22 @@ static bool uniq_bits(struct jg_frame *p, uint64_t h, bool add) {
     }
     return all;
 }
+/* A unique-integers item's value as a filter hash: the frame's magnitude, negative unless
+ * zero (-0 and 0 are one value). */
+static uint64_t uniq_int_hash(const struct jg_frame *f) {
+    const uint64_t mag = f->seen & ~NUM_NEG;
+    return (mag << 1 | (uint64_t)(mag && (f->seen & NUM_NEG))) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+}
+/* Whether a unique-integers item may stay at the value its frame now holds: one that can no
+ * longer grow (a 0 or -0, or INT_DIGITS digits) can only close, so it is refused while in the
+ * filter — never a dead end (the items have no bounds: any other prefix can grow). */
+static bool uniq_int_ok(const jg_grammar *g, struct jg_thread *t, const struct jg_frame *f) {
+    struct jg_frame *p = uniq_parent(g, t);
+    if (!p) return true;
+    const bool final = f->phase == P_N_ZERO || (f->phase == P_N_INT && f->pos >= INT_DIGITS);
+    return !final || !uniq_bits(p, uniq_int_hash(f), false);
+}
+
 /* A unique-strings item's code unit (unit) or code point v hashed; done: a character is
  * complete, refused (false) when the string would then sit at maxLength in the filter. */
 static bool uniq_char(const jg_grammar *g, struct jg_thread *t, struct jg_frame *f, const struct node *n, uint32_t v,
@@ -1044,7 +1065,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 else if (c == '0') f->phase = P_N_ZERO;
                 else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1, f->seen = (uint64_t)(c - '0');
                 else return;
-                if (!num_viable(n, f)) return;
+                if (!num_viable(n, f) || !uniq_int_ok(g, t, f)) return;
                 emit(out, t);
                 return;
             case K_LITERAL:
@@ -1282,7 +1303,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             if (c == '0') f->phase = P_N_ZERO;
             else if (is_digit(c)) f->phase = P_N_INT, f->pos = 1, f->seen = NUM_NEG | (uint64_t)(c - '0');
             else return;
-            if (!num_viable(n, f)) return;
+            if (!num_viable(n, f) || !uniq_int_ok(g, t, f)) return;
             emit(out, t);
             return;
         case P_N_ZERO:
@@ -1294,7 +1315,7 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 if (++f->pos > cap) return;
                 if (f->phase == P_N_INT) f->seen = (f->seen & NUM_NEG) | ((f->seen & ~NUM_NEG) * 10 + (uint64_t)(c - '0'));
                 if (f->phase == P_N_FRAC) f->cand = f->cand * 10 + (uint64_t)(c - '0');
-                if (!num_viable(n, f)) return;
+                if (!num_viable(n, f) || !uniq_int_ok(g, t, f)) return;
                 emit(out, t);
                 return;
             }
@@ -1310,7 +1331,13 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 return;
             }
             if (!num_within(n, f)) return; /* (a bounded number has no exponent) */
-            t->depth--; /* the number ended before c: the parent takes c */
+            {
+                struct jg_frame *up = uniq_parent(g, t); /* a unique-integers item: not written before */
+                const uint64_t h = up ? uniq_int_hash(f) : 0;
+                if (up && uniq_bits(up, h, false)) return;
+                t->depth--; /* the number ended before c: the parent takes c */
+                if (up) uniq_bits(up, h, true);
+            }
             continue;
         case P_N_DOT:
             if (!is_digit(c)) return;

@@ -212,6 +212,19 @@ def test_sets_of_strings(client):
                         '{"tags": ["a", "a", "a"], "any": ["x", "x"]}')
 
 
+INT_SET = {
+    "type": "object",
+    "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 5}},
+    "required": ["ids"],
+    "additionalProperties": False,
+}
+
+
+def test_sets_of_integers(client):
+    # uniqueItems over integers without bounds (Pydantic's set[int]): a repeat is never written
+    followed_and_forced(client, INT_SET, {"ids": [3, 30, -3, 0]}, '{"ids": [7, 7, 0, -0]}')
+
+
 ALLOF = {
     "$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}}, "required": ["id"],
                        "title": "Base"}},

@@ -556,6 +556,61 @@ int main(void) {
         no(w, "[[\"a\"],[\"b\",\"b\"]]");
         jg_free(w);
     }
+    {   /* uniqueItems over integers without bounds (Pydantic's set[int]): no value twice —
+         * -0 and 0 alike; a value that can only close (0, or at the digit cap) refused at its
+         * digit while taken, so no prefix is a dead end */
+        jg_grammar *w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"uniqueItems\":true}");
+        yes(w, "[]");
+        yes(w, "[1,2,3]");
+        yes(w, "[1,10,100,-1,-10,0]");
+        yes(w, "[ 7 , 70 ]");
+        no(w, "[1,1]");
+        no(w, "[5,6,5]");
+        no(w, "[0,-0]");
+        no(w, "[-0,0]");
+        no(w, "[-3, -3]");
+        no(w, "[1.0]");
+        yes(w, "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]");
+        no(w, "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]"); /* 16 at most */
+        {
+            jg_state st;
+            jg_start(w, &st);
+            CHECK(jg_feed(w, &st, "[0,4,", 5), "a unique integer item may start");
+            jg_state probe;
+            jg_copy(&probe, &st);
+            CHECK(!jg_feed(w, &probe, "0", 1), "a second 0 is refused at its digit");
+            jg_copy(&probe, &st);
+            CHECK(!jg_feed(w, &probe, "-0", 2), "-0 after 0 is refused at its digit");
+            jg_copy(&probe, &st);
+            CHECK(jg_feed(w, &probe, "4", 1) && !jg_feed(w, &probe, ",", 1), "a second 4 may grow but not close");
+            jg_copy(&probe, &st);
+            CHECK(jg_feed(w, &probe, "40]", 3) && jg_complete(w, &probe), "40 after 4 closes");
+        }
+        {
+            jg_state st; /* the digit cap: 18 digits, then only a close */
+            jg_start(w, &st);
+            CHECK(jg_feed(w, &st, "[123456789012345678,12345678901234567", 37), "a unique integer at the cap");
+            jg_state probe;
+            jg_copy(&probe, &st);
+            CHECK(!jg_feed(w, &probe, "8", 1), "the digit that repeats a capped value is refused");
+            jg_copy(&probe, &st);
+            CHECK(jg_feed(w, &probe, "9]", 2) && jg_complete(w, &probe), "another capped value closes");
+        }
+        jg_free(w);
+        /* nested arrays: each its own filter; integers beside strings in separate arrays */
+        w = grammar("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},"
+                    "\"uniqueItems\":true},\"b\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"uniqueItems\":true}}}");
+        yes(w, "{\"a\":[1,2],\"b\":[1,2]}");
+        no(w, "{\"a\":[1],\"b\":[2,2]}");
+        jg_free(w);
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0},\"uniqueItems\":true}",
+                      "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"multipleOf\":2},\"uniqueItems\":true}",
+                      "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"uniqueItems\":true}", "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"uniqueItems\":true,\"minItems\":17}",
+                      "over integers is enforced for at most 16 items");
+    }
     {   /* uniqueItems over literal values (Pydantic's set[Literal[...]], set[bool]) */
         jg_grammar *w = grammar("{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"uniqueItems\":true}");
         yes(w, "[]");
