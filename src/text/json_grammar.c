@@ -316,6 +316,7 @@ static int unique_lits(const jg_grammar *g, int id, int *lits, int *nl, int dept
 }
 
 #define UNIQ_STR_MAX 16 /* items of a uniqueItems array of free strings */
+#define UNIQ_INT_MAX 10 /* of integers (compile's free_int: why no prefix is a dead end) */
 
 /* Node id through ALTs of one alternative (what a schema's compile wraps its node in). */
 static int single_node(const jg_grammar *g, int id) {
@@ -415,26 +416,35 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
         if (uq && !cJSON_IsBool(uq)) return jsm_fail(err, errlen, path, "'uniqueItems' must be a boolean");
         const int str = it >= 0 ? single_node(g, it) : -1;
         const bool free_str = str >= 0 && g->nodes[str].kind == K_STRING && !g->nodes[str].re && g->nodes[str].max_len >= 1;
-        const bool free_int = str >= 0 && g->nodes[str].kind == K_INTEGER && !g->nodes[str].bounded;
+        /* Integers where no prefix runs out of values before the items do: no maximum, no
+         * multipleOf, a minimum (if any) of 0 .. 10^16 (Pydantic's set[int], set[PositiveInt],
+         * set[NonNegativeInt]). A prefix that can still grow then has at least 11 values to
+         * end as (a 17-digit one: itself and its 10 extensions; the 18-digit cap and 0 end at
+         * once and are refused at their digit while taken), and at most UNIQ_INT_MAX - 1 = 9
+         * are taken when an item is written: never a dead end. A maximum, a negative minimum
+         * or a multipleOf could leave a prefix whose every completion is taken. */
+        const struct node *in = str >= 0 ? &g->nodes[str] : NULL;
+        const bool free_int = in && in->kind == K_INTEGER && !in->mult &&
+                              (!in->bounded || (in->lo >= 0 && in->lo <= pow10n(16) && in->hi == NUM_LIMIT(1)));
         if (cJSON_IsTrue(uq) && n_prefix == 0 && (free_str || free_int)) {
-            /* a set of free strings (Pydantic's set[str]) or of integers without bounds or
-             * multipleOf (set[int]): each item's text (a string's) or value (an integer's) hashed
-             * as it is written, a close refused while the hash is in the filter (uniq_*). At most
-             * UNIQ_STR_MAX items, so the 128-bit filter stays sparse (a false positive, which
-             * makes the model write a longer string or number, at ~2 % by the 16th item).
-             * Bounds would let a prefix whose every completion is taken be a dead end. */
-            if (lo > UNIQ_STR_MAX)
+            /* a set of free strings (Pydantic's set[str]) or integers: each item's text (a
+             * string's) or value (an integer's) hashed as it is written, a close refused while
+             * the hash is in the filter (uniq_*). At most UNIQ_STR_MAX strings, so the 128-bit
+             * filter stays sparse (a false positive, which makes the model write a longer
+             * string or number, at ~2 % by the 16th item), UNIQ_INT_MAX integers (above) */
+            const uint32_t cap = free_str ? UNIQ_STR_MAX : UNIQ_INT_MAX;
+            if (lo > cap)
                 return jsm_fail(err, errlen, path, free_str ? "'uniqueItems' over strings is enforced for at most 16 items ('minItems' is above)"
-                                                             : "'uniqueItems' over integers is enforced for at most 16 items ('minItems' is above)");
+                                                             : "'uniqueItems' over integers is enforced for at most 10 items ('minItems' is above)");
             g->nodes[id].items = str;
             g->nodes[id].unique_str = true;
-            if (g->nodes[id].max_items > UNIQ_STR_MAX) g->nodes[id].max_items = UNIQ_STR_MAX;
+            if (g->nodes[id].max_items > cap) g->nodes[id].max_items = cap;
         } else if (cJSON_IsTrue(uq)) {
             int lits[64], nl = 0;
             if (n_prefix > 0 || it < 0 || unique_lits(g, it, lits, &nl, 0) < 0)
                 return jsm_fail(err, errlen, path, "'uniqueItems' is enforced only over items of at most 64 enum / const / "
                                                  "boolean / null values, strings without a 'pattern', or integers without "
-                                                 "bounds or 'multipleOf' (no tuple)");
+                                                 "a maximum, 'multipleOf' or a minimum outside 0 .. 10^16 (no tuple)");
             if (lo > (uint32_t)nl) return jsm_fail(err, errlen, path, "'minItems' is above the number of distinct values the items allow");
             const int flat = new_node(g, K_ALT);
             if (flat < 0 || set_alts(g, flat, lits, nl) < 0) return -1;
@@ -984,11 +994,15 @@ static uint64_t uniq_int_hash(const struct jg_frame *f) {
 }
 /* Whether a unique-integers item may stay at the value its frame now holds: one that can no
  * longer grow (a 0 or -0, or INT_DIGITS digits) can only close, so it is refused while in the
- * filter — never a dead end (the items have no bounds: any other prefix can grow). */
+ * filter; any other prefix has more values to end as than the array has items (compile's
+ * free_int), so it is never a dead end. */
 static bool uniq_int_ok(const jg_grammar *g, struct jg_thread *t, const struct jg_frame *f) {
     struct jg_frame *p = uniq_parent(g, t);
     if (!p) return true;
-    const bool final = f->phase == P_N_ZERO || (f->phase == P_N_INT && f->pos >= INT_DIGITS);
+    const struct node *n = &g->nodes[f->node];
+    /* (a '-' where the items are at least 0 can only become -0) */
+    const bool final = f->phase == P_N_ZERO || (f->phase == P_N_INT && f->pos >= INT_DIGITS) ||
+                       (f->phase == P_N_SIGN && n->bounded && n->lo >= 0);
     return !final || !uniq_bits(p, uniq_int_hash(f), false);
 }
 
