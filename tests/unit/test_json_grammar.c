@@ -40,6 +40,18 @@ static int accepts(const jg_grammar *g, const char *doc) {
 
 static void yes(const jg_grammar *g, const char *doc) { CHECK(accepts(g, doc), "should accept: %s", doc); }
 static void no(const jg_grammar *g, const char *doc) { CHECK(!accepts(g, doc), "should reject: %s", doc); }
+/* After prefix (which must be taken): bad refused at once, where a whole document's verdict
+ * would only come at its end; good (NULL: none) taken and ending the document. */
+static void refused_after(const jg_grammar *g, const char *prefix, const char *bad, const char *good) {
+    jg_state st, probe;
+    jg_start(g, &st);
+    CHECK(jg_feed(g, &st, prefix, strlen(prefix)), "should take the prefix %s", prefix);
+    jg_copy(&probe, &st);
+    CHECK(!jg_feed(g, &probe, bad, strlen(bad)), "after %s: should refuse %s at once", prefix, bad);
+    if (!good) return;
+    jg_copy(&probe, &st);
+    CHECK(jg_feed(g, &probe, good, strlen(good)) && jg_complete(g, &probe), "after %s: should take %s and end", prefix, good);
+}
 
 /* Every live prefix of up to 4 bytes over `alphabet` (numbers: digits, '-', '.') must reach
  * a complete document with up to 6 more digits, after a '.' or not: no dead ends. */
@@ -539,16 +551,7 @@ int main(void) {
         w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":1,\"minLength\":1},\"uniqueItems\":true}");
         yes(w, "[\"a\",\"b\"]");
         no(w, "[\"a\",\"a\"]");
-        {
-            jg_state st;
-            jg_start(w, &st);
-            CHECK(jg_feed(w, &st, "[\"a\",\"", 6), "a unique string item may start");
-            jg_state probe;
-            jg_copy(&probe, &st);
-            CHECK(!jg_feed(w, &probe, "a", 1), "maxLength 1: a second \"a\" is refused at its character, not at the quote");
-            jg_copy(&probe, &st);
-            CHECK(jg_feed(w, &probe, "b\"]", 3) && jg_complete(w, &probe), "another character closes");
-        }
+        refused_after(w, "[\"a\",\"", "a", "b\"]"); /* a second "a" refused at its character, not at the quote */
         jg_free(w);
         /* nested: each array its own filter */
         w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"uniqueItems\":true}}");
@@ -572,30 +575,11 @@ int main(void) {
         no(w, "[1.0]");
         yes(w, "[1,2,3,4,5,6,7,8,9,10]");
         no(w, "[1,2,3,4,5,6,7,8,9,10,11]"); /* 10 at most */
-        {
-            jg_state st;
-            jg_start(w, &st);
-            CHECK(jg_feed(w, &st, "[0,4,", 5), "a unique integer item may start");
-            jg_state probe;
-            jg_copy(&probe, &st);
-            CHECK(!jg_feed(w, &probe, "0", 1), "a second 0 is refused at its digit");
-            jg_copy(&probe, &st);
-            CHECK(!jg_feed(w, &probe, "-0", 2), "-0 after 0 is refused at its digit");
-            jg_copy(&probe, &st);
-            CHECK(jg_feed(w, &probe, "4", 1) && !jg_feed(w, &probe, ",", 1), "a second 4 may grow but not close");
-            jg_copy(&probe, &st);
-            CHECK(jg_feed(w, &probe, "40]", 3) && jg_complete(w, &probe), "40 after 4 closes");
-        }
-        {
-            jg_state st; /* the digit cap: 18 digits, then only a close */
-            jg_start(w, &st);
-            CHECK(jg_feed(w, &st, "[123456789012345678,12345678901234567", 37), "a unique integer at the cap");
-            jg_state probe;
-            jg_copy(&probe, &st);
-            CHECK(!jg_feed(w, &probe, "8", 1), "the digit that repeats a capped value is refused");
-            jg_copy(&probe, &st);
-            CHECK(jg_feed(w, &probe, "9]", 2) && jg_complete(w, &probe), "another capped value closes");
-        }
+        refused_after(w, "[0,4,", "0", "40]"); /* a second 0 refused at its digit; 40 after 4 closes */
+        refused_after(w, "[0,4,", "-0", NULL);   /* -0 after 0 likewise */
+        refused_after(w, "[0,4,4", ",", NULL);   /* a second 4 may grow but not close */
+        /* the digit cap: 18 digits, then only a close — the digit that repeats a capped value refused */
+        refused_after(w, "[123456789012345678,12345678901234567", "8", "9]");
         jg_free(w);
         /* nested arrays: each its own filter; integers beside strings in separate arrays */
         w = grammar("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"},"
@@ -612,14 +596,7 @@ int main(void) {
         w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0},\"uniqueItems\":true}");
         yes(w, "[-0,1]");
         no(w, "[0,-0]");
-        {
-            jg_state st; /* items at least 0: once 0 is taken a '-' (only ever -0) is refused */
-            jg_start(w, &st);
-            CHECK(jg_feed(w, &st, "[0,", 3), "a unique non-negative item may start");
-            jg_state probe;
-            jg_copy(&probe, &st);
-            CHECK(!jg_feed(w, &probe, "-", 1), "a '-' that can only be -0 is refused once 0 is taken");
-        }
+        refused_after(w, "[0,", "-", "1]"); /* items at least 0: once 0 is taken a '-' (only ever -0) is refused */
         jg_free(w);
         compile_error("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":-5},\"uniqueItems\":true}",
                       "'uniqueItems' is enforced only");
