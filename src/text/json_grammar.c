@@ -45,9 +45,10 @@ struct node {
     uint32_t min_items, max_items;
     bool unique; /* uniqueItems: items is a flat ALT of distinct literals (at most 64), each used
                   * once — the array frame's seen holds the ones taken */
-    bool unique_str; /* uniqueItems over free strings or integers: items is the STRING node
-                      * (no pattern, maxLength ≥ 1) or an unbounded INTEGER node; the array
-                      * frame's seen:cand is a 128-bit Bloom filter of the items written (uniq_*) */
+    bool unique_hashed; /* uniqueItems over free strings or integers: items is the STRING node
+                         * (no pattern, maxLength ≥ 1) or an INTEGER node without a maximum
+                         * (compile's free_int); the array frame's seen:cand is a 128-bit Bloom
+                         * filter of the items written (uniq_*) */
     /* STRING */
     uint32_t min_len, max_len;
     jr_nfa *re; /* pattern: the NFA the string's code points step (lengths then < JR_LENS) */
@@ -433,11 +434,14 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
              * filter stays sparse (a false positive, which makes the model write a longer
              * string or number, at ~2 % by the 16th item), UNIQ_INT_MAX integers (above) */
             const uint32_t cap = free_str ? UNIQ_STR_MAX : UNIQ_INT_MAX;
-            if (lo > cap)
-                return jsm_fail(err, errlen, path, free_str ? "'uniqueItems' over strings is enforced for at most 16 items ('minItems' is above)"
-                                                             : "'uniqueItems' over integers is enforced for at most 10 items ('minItems' is above)");
+            if (lo > cap) {
+                char m[96];
+                snprintf(m, sizeof m, "'uniqueItems' over %s is enforced for at most %u items ('minItems' is above)",
+                         free_str ? "strings" : "integers", (unsigned)cap);
+                return jsm_fail(err, errlen, path, m);
+            }
             g->nodes[id].items = str;
-            g->nodes[id].unique_str = true;
+            g->nodes[id].unique_hashed = true;
             if (g->nodes[id].max_items > cap) g->nodes[id].max_items = cap;
         } else if (cJSON_IsTrue(uq)) {
             int lits[64], nl = 0;
@@ -970,7 +974,7 @@ static struct jg_frame *uniq_parent(const jg_grammar *g, struct jg_thread *t) {
     if (t->depth < 2) return NULL;
     struct jg_frame *p = &t->f[t->depth - 2];
     const struct node *pn = &g->nodes[p->node];
-    return pn->kind == K_ARRAY && pn->unique_str && pn->items == t->f[t->depth - 1].node ? p : NULL;
+    return pn->kind == K_ARRAY && pn->unique_hashed && pn->items == t->f[t->depth - 1].node ? p : NULL;
 }
 /* Whether hash h's 4 bits are all set in the array frame's filter; add: set them. */
 static bool uniq_bits(struct jg_frame *p, uint64_t h, bool add) {
@@ -985,6 +989,15 @@ static bool uniq_bits(struct jg_frame *p, uint64_t h, bool add) {
         if (add) *w |= 1ull << (i & 63);
     }
     return all;
+}
+/* An item of hash h closing: refused (false) while h is in its unique array's filter (a
+ * value written before, or a false positive), else marked there. True outside such arrays. */
+static bool uniq_close(const jg_grammar *g, struct jg_thread *t, uint64_t h) {
+    struct jg_frame *p = uniq_parent(g, t);
+    if (!p) return true;
+    if (uniq_bits(p, h, false)) return false;
+    uniq_bits(p, h, true);
+    return true;
 }
 /* A unique-integers item's value as a filter hash: the frame's magnitude, negative unless
  * zero (-0 and 0 are one value). */
@@ -1232,11 +1245,8 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
             if (c == '"') {
                 if (f->count < n->min_len) return;
                 if (n->re && !jr_accepts(n->re, f->cand)) return;
-                struct jg_frame *up = uniq_parent(g, t);
-                if (up && uniq_bits(up, f->cand, false)) return; /* written before (or a false positive) */
-                const uint64_t h = f->cand;
+                if (!uniq_close(g, t, f->cand)) return;
                 t->depth--;
-                if (up) uniq_bits(up, h, true);
                 emit(out, t);
                 return;
             }
@@ -1345,13 +1355,8 @@ static void step(const jg_grammar *g, jg_state *out, struct jg_thread *t, int c,
                 return;
             }
             if (!num_within(n, f)) return; /* (a bounded number has no exponent) */
-            {
-                struct jg_frame *up = uniq_parent(g, t); /* a unique-integers item: not written before */
-                const uint64_t h = up ? uniq_int_hash(f) : 0;
-                if (up && uniq_bits(up, h, false)) return;
-                t->depth--; /* the number ended before c: the parent takes c */
-                if (up) uniq_bits(up, h, true);
-            }
+            if (!uniq_close(g, t, uniq_int_hash(f))) return; /* a unique-integers item: not written before */
+            t->depth--; /* the number ended before c: the parent takes c */
             continue;
         case P_N_DOT:
             if (!is_digit(c)) return;
