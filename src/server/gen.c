@@ -736,23 +736,30 @@ char *gen_final_json(struct gen *g, int *status) {
     return s ? s : internal_error(g, status);
 }
 
+int gen_prompt_ids(const struct gen_config *cfg, const struct model_port *port, enum api_kind kind, const char *body,
+                   size_t len, int32_t **ids, int *n, struct api_error *e) {
+    struct api_request ar;
+    char *forced = NULL;
+    bool in_reasoning = false;
+    *ids = NULL;
+    *n = 0;
+    /* no context limit here: a count is wanted most when it is over */
+    int rc = api_parse(kind, body, len, port->model_id, port->vocab, cfg->default_thinking, &port->sampling, &ar, e);
+    if (!rc) rc = api_prepare_prompt(&ar, port, INT_MAX, ids, n, &forced, &in_reasoning, e);
+    api_request_free(&ar);
+    free(forced);
+    return rc;
+}
+
 int gen_count_tokens(const struct gen_config *cfg, const char *body, size_t len, char **json, struct api_error *e) {
     *json = NULL;
     memset(e, 0, sizeof *e);
     const struct model_port *port = gen_ready_port(cfg, e);
     if (!port) return e->status;
-    struct api_request ar;
     int32_t *ids = NULL;
     int n_ids = 0;
-    char *forced = NULL;
-    bool in_reasoning = false;
-    /* no context limit here: the count is wanted most when it is over */
-    int rc = api_parse(API_MESSAGES_COUNT, body, len, port->model_id, port->vocab, cfg->default_thinking, &port->sampling,
-                       &ar, e);
-    if (!rc) rc = api_prepare_prompt(&ar, port, INT_MAX, &ids, &n_ids, &forced, &in_reasoning, e);
-    api_request_free(&ar);
+    int rc = gen_prompt_ids(cfg, port, API_MESSAGES_COUNT, body, len, &ids, &n_ids, e);
     free(ids);
-    free(forced);
     if (rc) return rc;
     *json = malloc(48);
     if (!*json) return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");

@@ -24,6 +24,11 @@ struct gen_config {
 /* The model port when the scheduler takes requests; else NULL with e the 503 (loading or
  * stopping). */
 const struct model_port *gen_ready_port(const struct gen_config *cfg, struct api_error *e);
+/* The ids a body of kind would feed the model (the generation endpoints' own parse and
+ * render, no context limit): 0 with *ids malloc'd, or an HTTP status with e filled and *ids
+ * NULL. */
+int gen_prompt_ids(const struct gen_config *cfg, const struct model_port *port, enum api_kind kind, const char *body,
+                   size_t len, int32_t **ids, int *n, struct api_error *e);
 /* Parses the body and submits the job. Returns 0, or an HTTP status with e
  * filled (4xx for the client, 429 queue full, 503 loading / stopping). *out
  * is set even on failure when the request got far enough to have stats. */

@@ -1,13 +1,12 @@
 /* server/tokenize.c — POST /tokenize and /detokenize (see tokenize.h).
  *
  * A chat body goes through the generation endpoints' own parse and render (api_parse as
- * /v1/chat/completions, api_prepare_prompt with no context limit: a count is wanted most
+ * /v1/chat/completions, gen_prompt_ids: no context limit, a count is wanted most
  * when it is over), so the ids are the ones a generation would be fed. Answers are written
  * by hand into a buffer (a prompt may have hundreds of thousands of ids).
  */
 #include "server/tokenize.h"
 
-#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -46,16 +45,20 @@ static int chat_ids(const struct gen_config *cfg, const struct model_port *port,
     char *text = cJSON_PrintUnformatted(req);
     cJSON_Delete(req);
     if (!text) return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    struct api_request ar;
-    int rc = api_parse(API_CHAT, text, strlen(text), port->model_id, port->vocab, cfg->default_thinking, &port->sampling,
-                       &ar, e);
+    const int rc = gen_prompt_ids(cfg, port, API_CHAT, text, strlen(text), ids, n, e);
     free(text);
-    char *forced = NULL;
-    bool in_reasoning = false;
-    if (!rc) rc = api_prepare_prompt(&ar, port, INT_MAX, ids, n, &forced, &in_reasoning, e);
-    api_request_free(&ar);
-    free(forced);
     return rc;
+}
+
+/* The answer built in o, handed over as *json (0), or the 500 for a buffer that ran out of
+ * memory. */
+static int answer(buf *o, char **json, struct api_error *e) {
+    if (o->oom) {
+        buf_free(o);
+        return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    *json = o->data;
+    return 0;
 }
 
 int tokenize_json(const struct gen_config *cfg, const char *body, size_t len, char **json, struct api_error *e) {
@@ -115,12 +118,7 @@ int tokenize_json(const struct gen_config *cfg, const char *body, size_t len, ch
     }
     buf_putc(&o, '}');
     free(ids);
-    if (o.oom) {
-        buf_free(&o);
-        return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    }
-    *json = o.data;
-    return 0;
+    return answer(&o, json, e);
 }
 
 int detokenize_json(const struct gen_config *cfg, const char *body, size_t len, char **json, struct api_error *e) {
@@ -159,10 +157,5 @@ int detokenize_json(const struct gen_config *cfg, const char *body, size_t len, 
     json_put_str(&o, text.data ? text.data : "", text.len);
     buf_putc(&o, '}');
     buf_free(&text);
-    if (o.oom) {
-        buf_free(&o);
-        return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    }
-    *json = o.data;
-    return 0;
+    return answer(&o, json, e);
 }
