@@ -369,7 +369,8 @@ int cuda_skinny_wide_takes_swiglu(const struct cuda_qmat *gate, int T);
  * (-1), never (0) or wherever it can run (1) — returns whether it can run on this device;
  * and how many launches it took */
 int cuda_skinny_wide_force_loop(int mode);
-int cuda_skinny_wide_reads_stage(const struct cuda_gemv_seg *segs, int n_segs, int T); /* the looped form takes it */
+/* whether this path takes the launch in the looped form, which reads a stage it is given */
+int cuda_skinny_wide_reads_stage(const struct cuda_gemv_seg *segs, int n_segs, int T);
 int cuda_skinny_wide_loop_launches(void);
 int cuda_skinny_wide_dense(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
                            int ldx, const struct cuda_xstage *xs);

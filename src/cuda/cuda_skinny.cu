@@ -581,8 +581,7 @@ extern "C" int cuda_skinny_multi(const struct cuda_ctx *c, const struct cuda_gem
 }
 
 extern "C" int cuda_skinny_multi_reads_stage(const struct cuda_gemv_seg *segs, int n_segs, int T) {
-    return n_segs >= 1 && n_segs <= SK_MAX_SEG && T >= 1 && T <= SK_MAX_T && cuda_skinny_wide_takes_dense(segs, n_segs, T) &&
-           cuda_skinny_wide_reads_stage(segs, n_segs, T);
+    return n_segs >= 1 && n_segs <= SK_MAX_SEG && T >= 1 && T <= SK_MAX_T && cuda_skinny_wide_reads_stage(segs, n_segs, T);
 }
 
 extern "C" int cuda_skinny_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
