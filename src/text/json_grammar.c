@@ -234,19 +234,46 @@ static bool has_multiple(num_t x, num_t y, num_t m) {
     return y - r >= x;
 }
 
-/* An integer node's multipleOf: a whole number from 1 to 10^18 (compile checks the type);
- * the node is bounded from here (by what can be written when nothing tighter was given), so
- * the prefix test sees it, and some multiple must lie within the bounds. */
+static num_t num_gcd(num_t a, num_t b) {
+    while (b) {
+        const num_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+/* A numeric node's multipleOf m, in the node's units: a positive decimal of at most
+ * FRAC_DIGITS fraction digits (the shortest decimal that reads back as the schema's double,
+ * as for the bounds: "multipleOf": 0.01 is exactly 0.01), or a whole number up to 10^18. On a
+ * number, v is a multiple when v·10^15 is one of m·10^15 — in decimal, as JSON Schema means
+ * it (a float validator computing 0.07 / 0.01 may disagree); on an integer, when v is one of
+ * m·10^15 / gcd(m·10^15, 10^15) (2.5: the multiples of 5; 0.5: every integer). Compile checks
+ * the type. The node is bounded from here (by what can be written when nothing tighter was
+ * given: a number without an exponent), so the prefix test sees it, and some multiple must
+ * lie within the bounds. */
 static int num_multiple(const cJSON *s, struct node *nd, const char *path, char *err, size_t errlen) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
-    if (!v || nd->kind != K_INTEGER) return 0;
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1) || v->valuedouble > 1e18 || v->valuedouble != floor(v->valuedouble))
-        return jsm_fail(err, errlen, path, "'multipleOf' on an integer must be a whole number from 1 to 10^18");
-    nd->mult = (num_t)v->valuedouble;
+    if (!v) return 0;
+    const bool number = nd->kind == K_NUMBER;
+    const num_t limit = NUM_LIMIT(pow10n(number ? FRAC_DIGITS : 0));
+    if (!number && cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1e18 && v->valuedouble == floor(v->valuedouble)) {
+        nd->mult = (num_t)v->valuedouble;
+    } else {
+        bool exact = false;
+        const num_t fl = NUM_LIMIT(pow10n(FRAC_DIGITS));
+        const num_t m = cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble > 0
+                            ? scaled(v->valuedouble, FRAC_DIGITS, true, fl, &exact)
+                            : 0;
+        if (!exact || m < 1 || m > fl)
+            return jsm_fail(err, errlen, path,
+                            "'multipleOf' must be a positive decimal of at most 15 fraction digits and 18 integer digits");
+        nd->mult = number ? m : m / num_gcd(m, pow10n(FRAC_DIGITS));
+    }
     if (!nd->bounded) {
         nd->bounded = true;
-        nd->lo = -NUM_LIMIT(1);
-        nd->hi = NUM_LIMIT(1);
+        nd->lo = -limit;
+        nd->hi = limit;
     }
     if (!has_multiple(nd->lo, nd->hi, nd->mult))
         return jsm_fail(err, errlen, path, "no multiple of 'multipleOf' lies within 'minimum' / 'maximum'");
@@ -622,8 +649,8 @@ static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, c
     if (!merging && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "uniqueItems")) && !type_names(s, "array") &&
         !cJSON_GetObjectItemCaseSensitive(s, "items") && !cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
         return jsm_fail(err, errlen, path, "'uniqueItems' needs 'type': \"array\" (and items) to be enforced");
-    if (!merging && cJSON_GetObjectItemCaseSensitive(s, "multipleOf") && !(type_names(s, "integer") && !type_names(s, "number")))
-        return jsm_fail(err, errlen, path, "'multipleOf' is enforced on integers only (\"type\": \"integer\")");
+    if (!merging && cJSON_GetObjectItemCaseSensitive(s, "multipleOf") && !numeric)
+        return jsm_fail(err, errlen, path, "'multipleOf' needs a numeric 'type' (\"integer\" or \"number\") to be enforced");
     for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++)
         if (cJSON_GetObjectItemCaseSensitive(s, k_unsupported[i]) && !(numeric && is_bound_kw(k_unsupported[i])) &&
             !(merging && is_bound_kw(k_unsupported[i]))) {

@@ -11,6 +11,7 @@ into valid documents, greedy and sampled, every request ending on its own
 (bounded schemas: enums, short strings, few items).
 """
 
+import decimal
 import json
 
 import anthropic
@@ -49,9 +50,26 @@ def fmt(schema, name="out"):
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
+def _multiple_of_in_decimal(validator, m, instance, schema):
+    # JSON Schema's multipleOf on the numbers as written (each float's shortest repr is the
+    # document's text), as orchid enforces it: the package divides floats, and 0.07 / 0.01
+    # = 7.000000000000001 would fail a multiple of 0.01
+    if not validator.is_type(instance, "number"):
+        return
+    with decimal.localcontext(decimal.Context(prec=80)):
+        q = decimal.Decimal(repr(instance)) / decimal.Decimal(repr(m))
+        if q != q.to_integral_value():
+            yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {m!r}")
+
+
+Validator = jsonschema.validators.extend(jsonschema.validators.validator_for({}),
+                                         {"multipleOf": _multiple_of_in_decimal})
+
+
 def valid(text, schema):
     doc = json.loads(text)
-    jsonschema.validate(doc, schema)
+    Validator.check_schema(schema)
+    Validator(schema).validate(doc)
     return doc
 
 
@@ -225,6 +243,23 @@ def test_sets_of_integers(client):
     followed_and_forced(client, INT_SET, {"ids": [3, 30, -3, 0]}, '{"ids": [7, 7, 0, -0]}')
 
 
+PRICED = {
+    "type": "object",
+    "properties": {"price": {"type": "number", "multipleOf": 0.01, "minimum": 0},
+                   "step": {"type": ["number", "null"], "multipleOf": 0.25, "maximum": 10},
+                   "half": {"type": "integer", "multipleOf": 2.5}},
+    "required": ["price", "step", "half"],
+    "additionalProperties": False,
+}
+
+
+def test_number_multiples(client):
+    # multipleOf on numbers (Pydantic's Field(multiple_of=0.01)) and a fractional one on an
+    # integer (its multiples of 5), in decimal as the digits are written
+    followed_and_forced(client, PRICED, {"price": 0.07, "step": -1.75, "half": 15},
+                        '{"price": 0.075, "step": 0.3, "half": 3}')
+
+
 ALLOF = {
     "$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}}, "required": ["id"],
                        "title": "Base"}},
@@ -272,6 +307,7 @@ def test_pydantic_models_through_the_sdk(client):
         home: Address = Field(description="where they live")
         tags: list[str] = Field(max_length=3)
         lot: int = Field(multiple_of=100, ge=0)
+        price: float = Field(multiple_of=0.01, ge=0)
         colors: set[Literal["red", "green", "blue"]]
         where: tuple[float, float]
         pair: tuple[int, str] | None
@@ -283,6 +319,7 @@ def test_pydantic_models_through_the_sdk(client):
         p = r.choices[0].message.parsed
         assert isinstance(p, Person) and 0 <= p.age <= 150 and 0 <= p.score <= 1, r.choices[0].message.content
         assert len(p.where) == 2 and (p.pair is None or len(p.pair) == 2) and p.lot % 100 == 0 and p.lot >= 0
+        assert decimal.Decimal(repr(p.price)) % decimal.Decimal("0.01") == 0 and p.price >= 0
         assert p.colors <= {"red", "green", "blue"}
     schema = Person.model_json_schema()
     r = ask(client, "no script", response_format=fmt(schema), temperature=1.0, seed=3, max_tokens=1500)

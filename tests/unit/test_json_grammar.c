@@ -524,11 +524,76 @@ int main(void) {
         no(w, "-0");
         no_dead_ends(w, "multipleOf 997 below 0", "0123456789-");
         jg_free(w);
-        compile_error("{\"type\":\"number\",\"multipleOf\":0.5}", "integers only");
-        compile_error("{\"multipleOf\":2}", "integers only");
-        compile_error("{\"type\":\"integer\",\"multipleOf\":2.5}", "whole number");
-        compile_error("{\"type\":\"integer\",\"multipleOf\":0}", "whole number");
+        /* a fractional multipleOf on an integer: v·10^15 a multiple of m·10^15 */
+        w = grammar("{\"type\":\"integer\",\"multipleOf\":2.5}");
+        yes(w, "5");
+        yes(w, "-10");
+        yes(w, "0");
+        no(w, "2");
+        no(w, "7");
+        no_dead_ends(w, "integer multipleOf 2.5", "0123456789-");
+        jg_free(w);
+        w = grammar("{\"type\":\"integer\",\"multipleOf\":0.5,\"minimum\":-3,\"maximum\":3}");
+        yes(w, "-3");
+        yes(w, "1");
+        no(w, "4");
+        jg_free(w);
+        compile_error("{\"multipleOf\":2}", "needs a numeric 'type'");
+        compile_error("{\"type\":\"string\",\"multipleOf\":2}", "needs a numeric 'type'");
+        compile_error("{\"type\":\"integer\",\"multipleOf\":0}", "positive decimal");
+        compile_error("{\"type\":\"integer\",\"multipleOf\":1e19}", "18 integer digits");
         compile_error("{\"type\":\"integer\",\"multipleOf\":10,\"minimum\":11,\"maximum\":19}", "no multiple");
+    }
+    {   /* multipleOf on numbers (Pydantic's confloat(multiple_of=0.01)): decimal multiples, no
+         * exponent, a digit only while a multiple can still be written */
+        jg_grammar *w = grammar("{\"type\":\"number\",\"multipleOf\":0.01}");
+        yes(w, "0.07"); /* in decimal, as JSON Schema means it (0.07 / 0.01 in floats is 7.000000000000001) */
+        yes(w, "12.34");
+        yes(w, "-0.5");
+        yes(w, "3");
+        yes(w, "0");
+        yes(w, "1.10");
+        no(w, "0.075");
+        no(w, "0.001");
+        no(w, "1e2"); /* bounded numbers come without an exponent */
+        refused_after(w, "0.07", "5", "0");
+        refused_after(w, "1.23", "4", NULL);
+        no_dead_ends(w, "number multipleOf 0.01", "0123456789-.");
+        jg_free(w);
+        w = grammar("{\"type\":[\"number\",\"null\"],\"multipleOf\":0.25,\"minimum\":0.3,\"exclusiveMaximum\":1.25}");
+        yes(w, "0.5");
+        yes(w, "0.75");
+        yes(w, "1");
+        yes(w, "1.0");
+        yes(w, "null");
+        no(w, "0.25"); /* below the minimum */
+        no(w, "1.25"); /* at the exclusive maximum */
+        no(w, "0.3");
+        no(w, "-0.5");
+        refused_after(w, "0.", "3", "5");
+        no_dead_ends(w, "number multipleOf 0.25 in [0.3, 1.25)", "0123456789-.");
+        jg_free(w);
+        w = grammar("{\"type\":\"number\",\"multipleOf\":3}");
+        yes(w, "6");
+        yes(w, "6.0");
+        yes(w, "-3");
+        no(w, "6.5");
+        no(w, "4");
+        no_dead_ends(w, "number multipleOf 3", "0123456789-.");
+        jg_free(w);
+        w = grammar("{\"type\":\"number\",\"multipleOf\":1e-15}");
+        yes(w, "0.000000000000001");
+        yes(w, "123.456");
+        no(w, "0.0000000000000001"); /* 16 fraction digits: not written */
+        jg_free(w);
+        w = grammar("{\"type\":\"number\",\"multipleOf\":0.1}");
+        yes(w, "0.3"); /* 0.1 as written, not its double (0.3 / 0.1 in floats is 2.9999999999999996) */
+        no(w, "0.35");
+        jg_free(w);
+        compile_error("{\"type\":\"number\",\"multipleOf\":1e-16}", "15 fraction digits");
+        compile_error("{\"type\":\"number\",\"multipleOf\":0.1234567890123456}", "15 fraction digits");
+        compile_error("{\"type\":\"number\",\"multipleOf\":-0.5}", "positive decimal");
+        compile_error("{\"type\":\"number\",\"multipleOf\":0.3,\"minimum\":0.1,\"maximum\":0.2}", "no multiple");
     }
     {   /* uniqueItems over free strings (Pydantic's set[str]): no item twice, as JSON values —
          * escapes and raw UTF-8 alike; a string at maxLength never left where only a repeat
