@@ -14,7 +14,8 @@
 // combines the splits itself (the TAIL instance: a cooperative launch whose blocks meet at a
 // barrier, then share the rows among their warps — attn_combine_warp, the combine launch's
 // own code), saving that launch and its gap: at context 512 flash + combine + o-projection
-// 20.1 → 16.7 µs a layer on the H200.
+// 20.1 → 16.7 µs a layer on the H200. Batches of one-token tiles (decode) may take the decode
+// form instead (flash_dec_kernel, opt-in until measured): a warp a key split, the same records.
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
@@ -537,9 +538,10 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     return 0;
 }
 
-/* Returns 1 when the tensor-core kernel handles this shape (then it was launched), 0 to fall
- * back. one_token: every tile is one token (a decode batch), so each tile's rows are its
- * group and the decode form can take it. */
+/* 0 or a negative error; *launched = 1 when a tensor-core kernel took this shape (else the
+ * caller falls back to the scalar one), *combined = 1 when it also combined the splits.
+ * one_token: every tile is one token (a decode batch), so each tile's rows are its group and
+ * the decode form can take it. */
 extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos,
                                     const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
                                     int one_token, int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part,
