@@ -257,7 +257,8 @@ static int num_multiple(const cJSON *s, struct node *nd, const char *path, char 
     if (!v) return 0;
     const bool number = nd->kind == K_NUMBER;
     const num_t limit = NUM_LIMIT(pow10n(number ? FRAC_DIGITS : 0));
-    if (!number && cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1e18 && v->valuedouble == floor(v->valuedouble)) {
+    const bool whole = cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1e18 && v->valuedouble == floor(v->valuedouble);
+    if (!number && whole) {
         nd->mult = (num_t)v->valuedouble;
     } else {
         bool exact = false;
