@@ -127,6 +127,17 @@ __device__ __forceinline__ void fl_scores(const uint16_t *Qw, const uint16_t *Kc
     }
 }
 
+/* A split's key range and its fresh online-softmax state (O = 0, m = −inf, l = 0). */
+template <int NT>
+__device__ __forceinline__ void fl_split_begin(int kv_len, int n_split, int split, int &k_lo, int &k_hi, float (&O)[NT][4],
+                                               float &m0, float &m1, float &l0, float &l1) {
+    attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
+#pragma unroll
+    for (int j = 0; j < NT; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.0f;
+    m0 = m1 = -INFINITY;
+    l0 = l1 = 0.0f;
+}
+
 /* The mask (keys in [kb, k_hi) and at most the row's position p0 / p1), the online softmax
  * (rows r0: S[j][0..1], r1: S[j][2..3]; exp2 domain): S becomes P, (m, l) move on, O is
  * rescaled. */
@@ -272,11 +283,8 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     fl_stage_q<D>(Qs, FQ, nrows, qg, tl, group, g, nh, qscale, tid);
     for (int split = split0; split < split_end; split++) {
         int k_lo, k_hi;
-        attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
-        float O[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.0f;
-        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+        float O[NT][4], m0, m1, l0, l1;
+        fl_split_begin<NT>(kv_len, n_split, split, k_lo, k_hi, O, m0, m1, l0, l1);
 
         if (k_lo < k_hi && !pending) load_tile(k_lo, k_hi, buf);
         pending = false; /* (the Q tile's stores are ordered before the products by the tile's barrier) */
@@ -384,11 +392,8 @@ static __global__ void __launch_bounds__(128) flash_dec_kernel(const float *qg, 
     __syncthreads();
     for (; split < split_end; split += 4) {
         int k_lo, k_hi;
-        attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
-        float O[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.0f;
-        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+        float O[NT][4], m0, m1, l0, l1;
+        fl_split_begin<NT>(kv_len, n_split, split, k_lo, k_hi, O, m0, m1, l0, l1);
         if (k_lo < k_hi && !pending) {
             load(Kw, kb_, k_lo, k_hi);
             load(Vw, vb_, k_lo, k_hi);
