@@ -325,17 +325,39 @@ static int alt_of(jg_grammar *g, const int *ids, int n) {
 }
 
 /* The distinct literal values node `id` allows (an enum, const, boolean or null, through
- * alternatives), into lits (at most 64, deduplicated by their canonical JSON text: cJSON
- * prints 1 and 1.0 alike); -1 when it allows anything else, or objects / arrays (whose texts
- * need not be canonical), or more. */
-static int unique_lits(const jg_grammar *g, int id, int *lits, int *nl, int depth) {
-    const struct node *n = &g->nodes[id];
+ * alternatives; a bounded integer's values — its multiples, with multipleOf — as literals of
+ * their decimal text, when they fit: Pydantic's set[conint(ge=1, le=10)]), into lits (at
+ * most 64, deduplicated by their canonical JSON text: cJSON prints 1 and 1.0 alike); -1 when
+ * it allows anything else, or objects / arrays (whose texts need not be canonical), or more. */
+static int unique_lits(jg_grammar *g, int id, int *lits, int *nl, int depth) {
     if (depth > 64) return -1;
-    if (n->kind == K_ALT) {
-        for (int i = 0; i < n->n_alt; i++)
-            if (unique_lits(g, n->alts[i], lits, nl, depth + 1) < 0) return -1;
+    if (g->nodes[id].kind == K_ALT) {
+        for (int i = 0; i < g->nodes[id].n_alt; i++) {
+            const int rc = unique_lits(g, g->nodes[id].alts[i], lits, nl, depth + 1);
+            if (rc < 0) return rc;
+        }
         return 0;
     }
+    if (g->nodes[id].kind == K_INTEGER) {
+        const struct node n = g->nodes[id]; /* (literal() may move the node array) */
+        if (!n.bounded) return -1;
+        const num_t step = n.mult ? n.mult : 1;
+        num_t v = n.lo % step == 0 ? n.lo : n.lo - n.lo % step + (n.lo > 0 ? step : 0); /* the least multiple ≥ lo */
+        if (n.hi < v || (n.hi - v) / step >= 64) return -1; /* more than 64 values */
+        for (; v <= n.hi; v += step) {
+            char txt[24];
+            snprintf(txt, sizeof txt, "%lld", (long long)v);
+            int k = 0;
+            while (k < *nl && strcmp(g->nodes[lits[k]].text, txt)) k++;
+            if (k < *nl) continue;
+            if (*nl == 64) return -1;
+            const int lit = literal(g, txt);
+            if (lit < 0) return -2; /* out of memory */
+            lits[(*nl)++] = lit;
+        }
+        return 0;
+    }
+    const struct node *n = &g->nodes[id];
     if (n->kind != K_LITERAL || n->text[0] == '{' || n->text[0] == '[') return -1;
     for (int i = 0; i < *nl; i++)
         if (!strcmp(g->nodes[lits[i]].text, n->text)) return 0;
@@ -472,11 +494,14 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
             g->nodes[id].unique_hashed = true;
             if (g->nodes[id].max_items > cap) g->nodes[id].max_items = cap;
         } else if (cJSON_IsTrue(uq)) {
-            int lits[64], nl = 0;
-            if (n_prefix > 0 || it < 0 || unique_lits(g, it, lits, &nl, 0) < 0)
+            int lits[64], nl = 0, rc = -1;
+            if (n_prefix == 0 && it >= 0 && (rc = unique_lits(g, it, lits, &nl, 0)) == -2)
+                return jsm_fail(err, errlen, path, "out of memory");
+            if (rc < 0)
                 return jsm_fail(err, errlen, path, "'uniqueItems' is enforced only over items of at most 64 enum / const / "
-                                                 "boolean / null values, strings without a 'pattern', or integers without "
-                                                 "a maximum, 'multipleOf' or a minimum outside 0 .. 10^16 (no tuple)");
+                                                 "boolean / null / bounded integer values, strings without a 'pattern', or "
+                                                 "integers without a maximum, 'multipleOf' or a minimum outside 0 .. 10^16 "
+                                                 "(no tuple)");
             if (lo > (uint32_t)nl) return jsm_fail(err, errlen, path, "'minItems' is above the number of distinct values the items allow");
             const int flat = new_node(g, K_ALT);
             if (flat < 0 || set_alts(g, flat, lits, nl) < 0) return -1;

@@ -265,6 +265,7 @@ def seed_json_grammar(out: Path):
              (t.BOUNDED, '{"age": 42, "delta": null, "big": 1000, "p": 0.5, "t": 0, "step": 5}'),
              ({"type": "integer", "multipleOf": 7, "maximum": 100}, "-49"),
              (t.PRICED, '{"price": 0.07, "step": null, "half": -15}'),
+             (t.DICE, '{"dice": [1, 6]}'),
              ({"type": "number", "multipleOf": 0.25, "minimum": -3}, "-2.75"),
              ({"type": "number", "minimum": 0.1, "exclusiveMaximum": 0.3}, "0.25"),
              (t.PATTERNS, '{"date": "2024-01-31", "code": "ABC-42", "has_ab": "grab!", "word": null, "tag": "ab1"}'),

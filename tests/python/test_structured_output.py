@@ -238,9 +238,20 @@ INT_SET = {
 }
 
 
+DICE = {
+    "type": "object",
+    "properties": {"dice": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 6},
+                            "uniqueItems": True, "minItems": 2}},
+    "required": ["dice"],
+    "additionalProperties": False,
+}
+
+
 def test_sets_of_integers(client):
     # uniqueItems over integers without bounds (Pydantic's set[int]): a repeat is never written
     followed_and_forced(client, INT_SET, {"ids": [3, 30, -3, 0]}, '{"ids": [7, 7, 0, -0]}')
+    # and over a bounded range (set[conint(ge=1, le=6)]): its values, each at most once
+    followed_and_forced(client, DICE, {"dice": [6, 1, 3]}, '{"dice": [2, 2, 9]}')
 
 
 PRICED = {

@@ -675,6 +675,44 @@ int main(void) {
         compile_error("{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"uniqueItems\":true,\"minItems\":11}",
                       "over integers is enforced for at most 10 items");
     }
+    {   /* uniqueItems over bounded integers of at most 64 values (Pydantic's
+         * set[conint(ge=1, le=5)]): their values as literals, each at most once, no dead ends */
+        jg_grammar *w = grammar("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":5},"
+                                "\"uniqueItems\":true}");
+        yes(w, "[]");
+        yes(w, "[3, 1]");
+        yes(w, "[5,4,3,2,1]");
+        no(w, "[1,1]");
+        no(w, "[2,6]");
+        no(w, "[0]");
+        no(w, "[01]");
+        {   /* after all five, no ',' */
+            jg_state st;
+            jg_start(w, &st);
+            const char *full = "[5,4,3,2,1";
+            CHECK(jg_feed(w, &st, full, strlen(full)) && !jg_feed(w, &st, ",", 1), "a full set of 1..5 takes no more");
+        }
+        refused_after(w, "[1,", "1", "2]");
+        jg_free(w);
+        w = grammar("{\"type\":\"array\",\"items\":{\"type\":[\"integer\",\"null\"],\"multipleOf\":5,\"minimum\":-22,"
+                    "\"exclusiveMaximum\":20},\"uniqueItems\":true}");
+        yes(w, "[-20,0,15,null]");
+        no(w, "[-20,-20]");
+        no(w, "[null,null]");
+        no(w, "[3]");
+        no(w, "[20]");
+        no(w, "[-0]"); /* a literal's text: 0 */
+        jg_free(w);
+        w = grammar("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"const\":3},{\"type\":\"integer\",\"minimum\":1,"
+                    "\"maximum\":64}]},\"uniqueItems\":true,\"minItems\":64}");
+        no(w, "[3,3]"); /* the const and the range's 3 are one value */
+        jg_free(w);
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":65},\"uniqueItems\":true}",
+                      "'uniqueItems' is enforced only");
+        compile_error("{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":5},\"uniqueItems\":true,"
+                      "\"minItems\":6}",
+                      "distinct values");
+    }
     {   /* uniqueItems over literal values (Pydantic's set[Literal[...]], set[bool]) */
         jg_grammar *w = grammar("{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"uniqueItems\":true}");
         yes(w, "[]");
