@@ -324,6 +324,13 @@ static int alt_of(jg_grammar *g, const int *ids, int n) {
     return id < 0 ? -1 : set_alts(g, id, ids, n);
 }
 
+/* Whether lits[0, nl) holds a literal of this text. */
+static bool lits_have(const jg_grammar *g, const int *lits, int nl, const char *text) {
+    for (int i = 0; i < nl; i++)
+        if (!strcmp(g->nodes[lits[i]].text, text)) return true;
+    return false;
+}
+
 /* The distinct literal values node `id` allows (an enum, const, boolean or null, through
  * alternatives; a bounded integer's values — its multiples, with multipleOf — as literals of
  * their decimal text, when they fit: Pydantic's set[conint(ge=1, le=10)]), into lits (at
@@ -342,14 +349,14 @@ static int unique_lits(jg_grammar *g, int id, int *lits, int *nl, int depth) {
         const struct node n = g->nodes[id]; /* (literal() may move the node array) */
         if (!n.bounded) return -1;
         const num_t step = n.mult ? n.mult : 1;
-        num_t v = n.lo % step == 0 ? n.lo : n.lo - n.lo % step + (n.lo > 0 ? step : 0); /* the least multiple ≥ lo */
+        num_t r = n.lo % step;
+        if (r < 0) r += step;
+        num_t v = r ? n.lo - r + step : n.lo; /* the least multiple ≥ lo */
         if (n.hi < v || (n.hi - v) / step >= 64) return -1; /* more than 64 values */
         for (; v <= n.hi; v += step) {
             char txt[24];
             snprintf(txt, sizeof txt, "%lld", (long long)v);
-            int k = 0;
-            while (k < *nl && strcmp(g->nodes[lits[k]].text, txt)) k++;
-            if (k < *nl) continue;
+            if (lits_have(g, lits, *nl, txt)) continue;
             if (*nl == 64) return -1;
             const int lit = literal(g, txt);
             if (lit < 0) return -2; /* out of memory */
@@ -359,8 +366,7 @@ static int unique_lits(jg_grammar *g, int id, int *lits, int *nl, int depth) {
     }
     const struct node *n = &g->nodes[id];
     if (n->kind != K_LITERAL || n->text[0] == '{' || n->text[0] == '[') return -1;
-    for (int i = 0; i < *nl; i++)
-        if (!strcmp(g->nodes[lits[i]].text, n->text)) return 0;
+    if (lits_have(g, lits, *nl, n->text)) return 0;
     if (*nl == 64) return -1;
     lits[(*nl)++] = id;
     return 0;
