@@ -494,12 +494,13 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const int Hv = cb->Hv;
         if (small) {
             cuda_gemv_seg s[4];
-            in_proj_segs(cb, l, s);
+            const int n_seg = in_proj_segs(cb, l, s);
             if (tcv_conv) { /* one token: the conv step runs in the projection's epilogue */
                 const cuda_tcv_conv cv = {d->conv, m.seqs, d->ord, cf->conv_kernel, cb->C, cb->conv_out, scan_pdl()};
-                P("gdn_in+conv", in_src ? cuda_tcv_multi_norm(c, s, 4, &in_ns, &cv) : cuda_tcv_multi_conv(c, s, 4, cb->xn, &cv));
+                P("gdn_in+conv", in_src ? cuda_tcv_multi_norm(c, s, n_seg, &in_ns, &cv)
+                                        : cuda_tcv_multi_conv(c, s, n_seg, cb->xn, &cv));
             } else {
-                P("gdn_in_gemv", cuda_gemv_multi(c, s, 4, cb->xn, T, H));
+                P("gdn_in_gemv", cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
             }
         } else {
             P("gdn_in_gemm", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
@@ -528,10 +529,10 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
         const int qw = 2 * cb->qd;
         if (small) {
             cuda_gemv_seg s[4];
-            in_proj_segs(cb, l, s);
-            P("attn_qkv_gemv", in_src ? cuda_tcv_multi_norm(c, s, 3, &in_ns, NULL)
-                               : tcv  ? cuda_tcv_multi(c, s, 3, cb->xn)
-                                      : cuda_gemv_multi(c, s, 3, cb->xn, T, H));
+            const int n_seg = in_proj_segs(cb, l, s);
+            P("attn_qkv_gemv", in_src ? cuda_tcv_multi_norm(c, s, n_seg, &in_ns, NULL)
+                               : tcv  ? cuda_tcv_multi(c, s, n_seg, cb->xn)
+                                      : cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
         } else {
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
             P("attn_qkv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
@@ -612,8 +613,8 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
         cuda_gemv_seg s[4];
-        in_proj_segs(cb, l, s);
-        P("gdn_in_skinny", cuda_skinny_multi(c, s, 4, cb->xn, T, H, mid_xstage(cb, l, T)));
+        const int n_seg = in_proj_segs(cb, l, s);
+        P("gdn_in_skinny", cuda_skinny_multi(c, s, n_seg, cb->xn, T, H, mid_xstage(cb, l, T)));
         P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel, cb->conv_out));
         P("gdn_scan", cuda_gdn_scan(c, cb->conv_out, cb->gab, cb->gab + Hv, 2 * Hv, d->A_log, d->dt_bias, m.seqs, m.n_seqs, d->ord,
                                     cb->Hk, Hv, cb->Dk, cb->Dv, T == m.n_seqs, 0, cb->y));
@@ -621,8 +622,8 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         P("gdn_out_skinny", cuda_skinny_dense(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
     } else {
         cuda_gemv_seg s[4];
-        in_proj_segs(cb, l, s);
-        P("attn_qkv_skinny", cuda_skinny_multi(c, s, 3, cb->xn, T, H, mid_xstage(cb, l, T)));
+        const int n_seg = in_proj_segs(cb, l, s);
+        P("attn_qkv_skinny", cuda_skinny_multi(c, s, n_seg, cb->xn, T, H, mid_xstage(cb, l, T)));
         if ((rc = attention(cb, d, m, c))) return rc;
         P("attn_o_skinny", cuda_skinny_dense(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
