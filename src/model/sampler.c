@@ -265,6 +265,16 @@ static int top_n(const float *l, int vocab, int n, int32_t *ids, float *vals) {
     return k;
 }
 
+void sampler_row_logprobs(const float *logits, int vocab, int32_t token, int n_top, struct sample_result *res) {
+    const double lse = logsumexp(logits, vocab);
+    if (n_top > SAMPLER_MAX_TOP_LOGPROBS) n_top = SAMPLER_MAX_TOP_LOGPROBS;
+    res->token = token;
+    res->n_top = n_top > 0 ? top_n(logits, vocab, n_top, res->top_ids, res->top_logprobs) : 0;
+    for (int i = 0; i < res->n_top; i++) res->top_logprobs[i] = (float)(res->top_logprobs[i] - lse);
+    res->logprob = (float)(logits[token] - lse);
+    if (!(res->logprob == res->logprob)) res->logprob = -INFINITY;
+}
+
 static void apply_penalties(sampler *s, float *l) {
     float r = s->p.repetition_penalty;
     if (r != 1.0f) {

@@ -101,6 +101,13 @@ struct sampler_constraint {
 };
 int sampler_set_constraint(sampler *s, const struct sampler_constraint *c);
 
+/* A prompt token's logprob (echo with logprobs on /v1/completions): log-softmax of one
+ * row of raw model logits (no logit_bias, no penalties: the prompt was not drawn from the
+ * request's shaping) at `token` into res->logprob (-inf where the row gives it no mass,
+ * NaN logits ignored), and the n_top (<= SAMPLER_MAX_TOP_LOGPROBS) most likely ids, most
+ * likely first, into res->top_*; res->token = token. Reads the row only. */
+void sampler_row_logprobs(const float *logits, int vocab, int32_t token, int n_top, struct sample_result *res);
+
 /* Greedy argmax helper: first maximal index, NaN never wins (-1 if all NaN). */
 int32_t sampler_argmax(const float *logits, int n);
 

@@ -168,11 +168,13 @@ static int parse_sampling(const cJSON *root, int vocab, struct api_request *r, s
     if (rc && ll != 1) return BAD("best_of", "'best_of' must be 1"), -1;
 
     /* max_tokens / max_completion_tokens */
+    /* 0 passes here: /v1/completions takes it with 'echo' (the prompt's logprobs alone);
+     * api_parse refuses it everywhere else */
     long long mt = -1;
-    if ((rc = get_int(root, "max_tokens", 1, 2147483647.0, &ll, e)) < 0) return -1;
-    if (rc) mt = ll;
-    if ((rc = get_int(root, "max_completion_tokens", 1, 2147483647.0, &ll, e)) < 0) return -1;
-    if (rc) mt = ll;
+    if ((rc = get_int(root, "max_tokens", 0, 2147483647.0, &ll, e)) < 0) return -1;
+    if (rc) mt = ll, r->max_tokens_key = "max_tokens";
+    if ((rc = get_int(root, "max_completion_tokens", 0, 2147483647.0, &ll, e)) < 0) return -1;
+    if (rc) mt = ll, r->max_tokens_key = "max_completion_tokens";
     r->max_tokens = (int)mt;
 
     /* stop */
@@ -685,6 +687,7 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
         return api_model_not_found(e, model->valuestring, model_id);
     if (parse_sampling(r->root, vocab, r, e)) return e->status;
     if (api_is_chat(kind)) {
+        if (r->max_tokens == 0) return BAD(r->max_tokens_key, "'%s' must be at least 1", r->max_tokens_key);
         bool b = false;
         int rc = api_get_bool(r->root, "logprobs", &b, e);
         if (rc < 0) return e->status;
@@ -711,9 +714,10 @@ int api_parse(enum api_kind kind, const char *body, size_t len, const char *mode
             r->logprobs = true;
             r->top_logprobs = (int)ll;
         }
-        bool b = false;
-        if ((rc = api_get_bool(r->root, "echo", &b, e)) < 0) return e->status;
-        if (b) return BAD("echo", "'echo' is not supported");
+        if ((rc = api_get_bool(r->root, "echo", &r->echo_prompt, e)) < 0) return e->status;
+        if (r->max_tokens == 0 && !r->echo_prompt)
+            return BAD(r->max_tokens_key, "'%s' must be at least 1 (0 only with 'echo': true, for the prompt's "
+                       "logprobs alone)", r->max_tokens_key);
         const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(r->root, "suffix");
         if (present(suffix)) return BAD("suffix", "'suffix' is not supported");
         if (parse_prompt(r->root, vocab, r, e)) return e->status;
@@ -810,7 +814,7 @@ int api_prepare_prompt(struct api_request *r, const struct model_port *port, int
         if (rc) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
         *n_ids = (int)n;
     }
-    long long need = (long long)*n_ids + (r->max_tokens > 0 ? r->max_tokens : 1);
+    long long need = (long long)*n_ids + (r->max_tokens >= 0 ? r->max_tokens : 1);
     if (r->kind == API_MESSAGES && *n_ids > 0 && *n_ids < max_seq && need > max_seq) {
         r->max_tokens = max_seq - *n_ids;
         r->max_tokens_clamped = true;

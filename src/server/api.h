@@ -88,6 +88,9 @@ struct api_request {
     size_t prompt_len;
     int32_t *prompt_ids;     /* owned, when given as ids */
     int n_prompt_ids;
+    bool echo_prompt;        /* 'echo': the reply's text (and, with 'logprobs', its logprobs)
+                                opens with the prompt's; max_tokens may then be 0 */
+    const char *max_tokens_key; /* the field max_tokens came from (for its errors), or NULL */
 };
 
 /* An optional boolean field: 0 absent (*out kept), 1 read, -1 not a boolean (e: a 400

@@ -54,6 +54,11 @@ struct gen {
     int n_lp;
     /* completions logprobs (legacy shape), comma-joined pieces */
     buf lp_tokens, lp_vals, lp_tops, lp_offs;
+    /* completions 'echo': the prompt's text (and records) go out first, once (with logprobs:
+     * when the scheduler has scored the whole prompt); the generated tokens' text_offset
+     * then counts from the prompt's start */
+    bool echoed;
+    size_t echo_len;
 
     /* streaming */
     buf out;
@@ -200,6 +205,8 @@ static int begin_one(struct gen **out, const struct gen_config *cfg, const struc
     }
     j->sp = g->ar.sp;
     j->max_tokens = g->ar.max_tokens;
+    j->prompt_logprobs = g->ar.echo_prompt && g->ar.logprobs;
+    j->prompt_top = g->ar.top_logprobs;
     j->ignore_eos = g->ar.ignore_eos;
     for (int i = 0; i < g->ar.n_stops; i++) job_add_stop(j, g->ar.stops[i], g->ar.stop_lens[i]);
     if (g->ar.one_tool_call && g->ar.tools) { /* (tool_choice none leaves no tools) */
@@ -401,6 +408,39 @@ static void lp_token(struct gen *g, buf *b, int32_t id, bool with_bytes, const c
     }
 }
 
+/* One token's entry of the completions (legacy) logprobs: its text, logprob, alternatives
+ * ({text: logprob}) and byte offset in the choice's text; first_of_prompt: the echoed
+ * prompt's first token, which has no logprob (null, as OpenAI reports it). */
+static void add_legacy_logprob(struct gen *g, const struct tok_rec *r, bool first_of_prompt, size_t offset) {
+    int *n = g->ar.stream ? &g->n_pending_lp : &g->n_lp;
+    const char *sep = *n ? "," : "";
+    size_t tn = 0;
+    const char *ts = g->port->token_bytes(g->port->ctx, r->id, &tn);
+    buf_puts(&g->lp_tokens, sep);
+    json_put_str(&g->lp_tokens, ts ? ts : "", ts ? tn : 0);
+    buf_puts(&g->lp_vals, sep);
+    buf_puts(&g->lp_tops, sep);
+    if (first_of_prompt) {
+        buf_puts(&g->lp_vals, "null");
+        buf_puts(&g->lp_tops, "null");
+    } else {
+        json_put_float(&g->lp_vals, r->logprob);
+        buf_puts(&g->lp_tops, "{");
+        for (int k = 0; k < r->n_top; k++) {
+            if (k) buf_puts(&g->lp_tops, ",");
+            size_t an = 0;
+            const char *as = g->port->token_bytes(g->port->ctx, r->top_ids[k], &an);
+            json_put_str(&g->lp_tops, as ? as : "", as ? an : 0);
+            buf_puts(&g->lp_tops, ":");
+            json_put_float(&g->lp_tops, r->top_lps[k]);
+        }
+        buf_puts(&g->lp_tops, "}");
+    }
+    buf_puts(&g->lp_offs, sep);
+    buf_printf(&g->lp_offs, "%zu", offset);
+    (*n)++;
+}
+
 static void add_logprob(struct gen *g, const struct tok_rec *r) {
     if (g->ar.kind == API_CHAT) {
         buf *b = g->ar.stream ? &g->pending_lp : &g->lp;
@@ -421,28 +461,7 @@ static void add_logprob(struct gen *g, const struct tok_rec *r) {
         buf_puts(b, "]}");
         (*n)++;
     } else {
-        int *n = g->ar.stream ? &g->n_pending_lp : &g->n_lp;
-        const char *sep = *n ? "," : "";
-        size_t tn = 0;
-        const char *ts = g->port->token_bytes(g->port->ctx, r->id, &tn);
-        buf_puts(&g->lp_tokens, sep);
-        json_put_str(&g->lp_tokens, ts ? ts : "", ts ? tn : 0);
-        buf_puts(&g->lp_vals, sep);
-        json_put_float(&g->lp_vals, r->logprob);
-        buf_puts(&g->lp_tops, sep);
-        buf_puts(&g->lp_tops, "{");
-        for (int k = 0; k < r->n_top; k++) {
-            if (k) buf_puts(&g->lp_tops, ",");
-            size_t tn = 0;
-            const char *ts = g->port->token_bytes(g->port->ctx, r->top_ids[k], &tn);
-            json_put_str(&g->lp_tops, ts ? ts : "", ts ? tn : 0);
-            buf_puts(&g->lp_tops, ":");
-            json_put_float(&g->lp_tops, r->top_lps[k]);
-        }
-        buf_puts(&g->lp_tops, "}");
-        buf_puts(&g->lp_offs, sep);
-        buf_printf(&g->lp_offs, "%zu", r->text_start);
-        (*n)++;
+        add_legacy_logprob(g, r, false, g->echo_len + r->text_start);
     }
 }
 
@@ -460,6 +479,48 @@ static void emit_content(struct gen *g, const char *s, size_t n) {
     buf_puts(&g->out, "\"text\":");
     json_put_str(&g->out, s, n);
     chunk_end(g, NULL);
+}
+
+/* 'echo': the prompt's text — as the request wrote it, or its token ids' bytes — and, with
+ * logprobs, an entry for each of its tokens (the scheduler's records, complete once
+ * prompt_done), ahead of anything generated. */
+static void emit_echo(struct gen *g) {
+    const struct job *j = g->job;
+    g->echoed = true;
+    /* as valid UTF-8 (U+FFFD for invalid bytes: a token-id prompt may cut a character), the
+     * form every text the server sends has */
+    buf text = {0};
+    if (g->ar.prompt_text) {
+        buf_append_lossy(&text, (const unsigned char *)g->ar.prompt_text, g->ar.prompt_len);
+    } else {
+        buf raw = {0};
+        for (int p = 0; p < j->n_prompt; p++) {
+            size_t n = 0;
+            const char *t = g->port->token_bytes(g->port->ctx, j->prompt[p], &n);
+            if (t) buf_append(&raw, t, n);
+        }
+        buf_append_lossy(&text, (const unsigned char *)(raw.data ? raw.data : ""), raw.len);
+        buf_free(&raw);
+    }
+    g->echo_len = text.len;
+    if (j->prompt_logprobs) { /* offsets: the tokens' bytes (exact wherever the text was valid) */
+        size_t off = 0;
+        for (int p = 0; p < j->n_prompt; p++) {
+            struct tok_rec r = p ? j->prompt_recs[p] : (struct tok_rec){.id = j->prompt[0]};
+            add_legacy_logprob(g, &r, p == 0, off);
+            size_t n = 0;
+            if (g->port->token_bytes(g->port->ctx, j->prompt[p], &n)) off += n;
+        }
+    }
+    if (!g->ar.stream) {
+        buf_append(&g->content, text.data ? text.data : "", text.len);
+    } else {
+        chunk_begin(g);
+        buf_puts(&g->out, "\"text\":");
+        json_put_str(&g->out, text.data ? text.data : "", text.len);
+        chunk_end(g, NULL);
+    }
+    buf_free(&text);
 }
 
 static const char *finish_name(const struct gen *g) {
@@ -578,6 +639,21 @@ static bool pump_one(struct gen *g, int timeout_ms) {
         dl.tv_nsec -= 1000000000L;
     }
     bool want_lp = j->recs != NULL || g->ar.logprobs;
+    if (g->ar.echo_prompt && !g->echoed) {
+        /* the echo goes out alone, before anything generated (which waits for the next
+         * pump: its text cannot exist before prompt_done); a job that ended without
+         * scoring its prompt (failed, cancelled) is reported below without it */
+        pthread_mutex_lock(&j->mu);
+        while (j->prompt_logprobs && !j->prompt_done && !j->done)
+            if (pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT) break;
+        const bool ready = !j->prompt_logprobs || j->prompt_done;
+        pthread_mutex_unlock(&j->mu);
+        if (ready) {
+            emit_echo(g);
+            return false;
+        }
+        if (!j->done) return false;
+    }
     pthread_mutex_lock(&j->mu);
     while (!j->done && j->tx.released == g->cursor) {
         if (pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT) break;

@@ -49,6 +49,15 @@ struct slot {
     int32_t argmax;           /* this step's argmax (or device-drawn token) when only it was asked for */
     struct row_sampling rs;   /* this step's device sampling request (want_token) */
     struct sample_result res; /* this step's token */
+    bool lp_last;             /* this step's chunk of a prompt_logprobs job ends its prompt and
+                                 its last row is sampled (copied into logits first) */
+};
+
+/* One prompt row whose logits give prompt token p's logprob (prompt_logprobs jobs). */
+struct lp_item {
+    struct job *j;
+    int row; /* in j->lp_rows */
+    int p;   /* the prompt token it scores */
 };
 
 struct sched {
@@ -78,6 +87,7 @@ struct sched {
     int *prompt_slot;            /* [n_slots] slots feeding prompt tokens this step, oldest job first */
     int *group_len;              /* [n_slots] entries of each batch-invariant forward this step */
     struct pending_save *saves;  /* [n_slots] checkpoints this step owes, taken after its tokens */
+    struct lp_item *lp_items;    /* [n_slots × SCHED_PROMPT_LP_ROWS] prompt rows to score this step */
     bool device_argmax;          /* argmax-only rows for plain greedy jobs (see the top) */
     bool device_sampling;        /* device-drawn tokens for plain sampling jobs (see the top) */
     bool pack_prompts;           /* batch-invariant mode packs long prompt chunks (see the top) */
@@ -100,6 +110,22 @@ static void sample_item(void *ctx, int i) {
     struct sched *S = ctx;
     struct slot *sl = &S->slots[S->samp_slot[i]];
     sampler_sample(sl->job->smp, sl->logits, &sl->res);
+}
+
+/* A prompt token's record from the row before it (threadpool item). */
+static void score_prompt_row(void *ctx, int i) {
+    const struct sched *S = ctx;
+    const struct lp_item *it = &S->lp_items[i];
+    struct job *j = it->j;
+    struct sample_result r;
+    sampler_row_logprobs(j->lp_rows + (size_t)it->row * S->port.vocab, S->port.vocab, j->prompt[it->p], j->prompt_top,
+                         &r);
+    struct tok_rec *rec = &j->prompt_recs[it->p];
+    rec->id = r.token;
+    rec->logprob = r.logprob;
+    rec->n_top = r.n_top;
+    memcpy(rec->top_ids, r.top_ids, (size_t)r.n_top * sizeof *rec->top_ids);
+    memcpy(rec->top_lps, r.top_logprobs, (size_t)r.n_top * sizeof *rec->top_lps);
 }
 
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
@@ -194,6 +220,8 @@ void job_release(struct job *j) {
     out_constraint_free(j->constraint);
     textout_free(&j->tx);
     free(j->recs);
+    free(j->prompt_recs);
+    free(j->lp_rows);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -235,6 +263,19 @@ static void finish_job(struct sched *S, struct slot *sl, struct job *j, enum fin
     job_release(j);
 }
 
+/* Appends token r's logprob record (under j->mu), its text tx.buf[start, end). */
+static void put_rec(struct job *j, const struct sample_result *r, size_t start, size_t end) {
+    if (!j->recs || j->n_recs >= j->max_tokens) return;
+    struct tok_rec *rec = &j->recs[j->n_recs++];
+    rec->id = r->token;
+    rec->logprob = r->logprob;
+    rec->n_top = r->n_top;
+    memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
+    memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
+    rec->text_start = start < end ? start : end;
+    rec->text_end = end;
+}
+
 /* Handles one sampled token; returns true when the job finished. */
 static bool take_token(struct sched *S, struct slot *sl, struct job *j, const struct sample_result *r) {
     double now = now_seconds();
@@ -250,6 +291,7 @@ static bool take_token(struct sched *S, struct slot *sl, struct job *j, const st
     if (!j->ignore_eos && port_is_stop(&S->port, t)) {
         pthread_mutex_lock(&j->mu);
         j->n_gen++;
+        if (j->prompt_logprobs) put_rec(j, r, j->tx.len, j->tx.len); /* no text */
         pthread_mutex_unlock(&j->mu);
         finish_job(S, sl, j, FIN_STOP, NULL);
         return true;
@@ -261,16 +303,7 @@ static bool take_token(struct sched *S, struct slot *sl, struct job *j, const st
     j->n_gen++;
     size_t start = j->tx.len;
     int hit = bytes && blen ? textout_push(&j->tx, bytes, blen) : 0;
-    if (j->recs && j->n_recs < j->max_tokens) {
-        struct tok_rec *rec = &j->recs[j->n_recs++];
-        rec->id = t;
-        rec->logprob = r->logprob;
-        rec->n_top = r->n_top;
-        memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
-        memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
-        rec->text_start = start < j->tx.len ? start : j->tx.len;
-        rec->text_end = j->tx.len;
-    }
+    put_rec(j, r, start, j->tx.len);
     int n_gen = j->n_gen;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
@@ -301,17 +334,23 @@ static int admit(struct sched *S, struct job *j, int si) {
     }
     if (textout_init(&j->tx, 256, (const char *const *)j->stops, j->n_stops)) return ST_NOMEM;
     if (j->end_mark) textout_set_end(&j->tx, j->end_mark, j->end_arm);
-    if (j->sp.logprobs || j->sp.top_logprobs > 0) {
+    if ((j->sp.logprobs || j->sp.top_logprobs > 0) && j->max_tokens > 0) {
         j->recs = calloc((size_t)j->max_tokens, sizeof *j->recs);
         if (!j->recs) return ST_NOMEM;
     }
+    if (j->prompt_logprobs) {
+        j->prompt_recs = calloc((size_t)j->n_prompt, sizeof *j->prompt_recs);
+        j->lp_rows = malloc((size_t)SCHED_PROMPT_LP_ROWS * (size_t)S->port.vocab * sizeof *j->lp_rows);
+        if (!j->prompt_recs || !j->lp_rows) return ST_NOMEM;
+    }
     int L = S->port.seq_length(S->port.ctx, sl->s);
     const int32_t *toks = S->port.seq_tokens(S->port.ctx, sl->s);
-    if (L > 0 && !(L < j->n_prompt && memcmp(toks, j->prompt, (size_t)L * sizeof *toks) == 0)) {
+    /* a prompt_logprobs job needs every row's logits: no prefix of it may be reused */
+    if (L > 0 && (j->prompt_logprobs || !(L < j->n_prompt && memcmp(toks, j->prompt, (size_t)L * sizeof *toks) == 0))) {
         S->port.seq_reset(S->port.ctx, sl->s);
         L = 0;
     }
-    if (L == 0 && S->port.cache_restore) {
+    if (L == 0 && S->port.cache_restore && !j->prompt_logprobs) {
         /* the slot holds nothing useful: try the checkpoint store */
         int matched = 0;
         if (S->port.cache_restore(S->port.ctx, sl->s, j->prompt, j->n_prompt, &matched, err, sizeof err)) {
@@ -385,7 +424,8 @@ static int checkpoint_ahead(const struct sched *S, const struct job *a, int lim)
  * prefilled it again, the first one's checkpoint not yet saved when the rest arrived. A
  * wait ends when that job saves, passes the position, finishes or is cancelled. */
 static bool wait_for_shared_prefix(const struct sched *S, const struct job *j, int held) {
-    if (!S->shared_wait || !S->port.cache_save || !S->port.cache_match || j->n_prompt < 2) return false;
+    if (!S->shared_wait || !S->port.cache_save || !S->port.cache_match || j->n_prompt < 2 || j->prompt_logprobs)
+        return false;
     int have = -1;
     for (int i = 0; i < S->n_slots; i++) {
         const struct job *a = S->slots[i].job;
@@ -475,7 +515,8 @@ static int load(struct sched *S) {
     S->prompt_slot = calloc((size_t)S->n_slots, sizeof *S->prompt_slot);
     S->group_len = calloc((size_t)S->n_slots, sizeof *S->group_len);
     S->saves = calloc((size_t)S->n_slots, sizeof *S->saves);
-    if (!S->samp_slot || !S->prompt_slot || !S->group_len || !S->saves) {
+    S->lp_items = calloc((size_t)S->n_slots * SCHED_PROMPT_LP_ROWS, sizeof *S->lp_items);
+    if (!S->samp_slot || !S->prompt_slot || !S->group_len || !S->saves || !S->lp_items) {
         rc = errorf(err, sizeof err, ST_NOMEM, "out of memory for scheduler slots");
         goto fail;
     }
@@ -617,6 +658,7 @@ static void *sched_main(void *arg) {
             int take = left < room ? left : room;
             const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
             if (ck && j->n_fed + take > ck) take = ck - j->n_fed; /* stop there to save it */
+            if (j->prompt_logprobs && take > SCHED_PROMPT_LP_ROWS) take = SCHED_PROMPT_LP_ROWS;
             if (take <= 0) continue;
             if (split && S->step_prompt > 0 && step_prompt > 0 && step_prompt + take > S->step_prompt) break;
             if (!split) budget -= take;
@@ -629,7 +671,14 @@ static void *sched_main(void *arg) {
             b->logits = NULL;
             b->argmax = NULL;
             b->sampling = NULL;
-            if (take == left) want_token(S, sl, b);
+            sl->lp_last = false;
+            if (j->prompt_logprobs) { /* every row's logits; the last one's sampled from the host */
+                b->all_logits = true;
+                b->logits = j->lp_rows;
+                sl->lp_last = take == left && j->max_tokens > 0;
+            } else if (take == left && j->max_tokens > 0) {
+                want_token(S, sl, b);
+            }
             S->batch_slot[nb++] = i;
         }
         if (nb == 0) continue;
@@ -660,11 +709,14 @@ static void *sched_main(void *arg) {
         long used = 0;
         for (int i = 0; i < S->n_slots; i++) used += S->port.seq_length(S->port.ctx, S->slots[i].s);
         metrics_kv(used, (long)S->n_slots * S->opt.max_seq);
-        int n_save = 0;
+        int n_save = 0, n_lp = 0;
         for (int k = 0; k < nb; k++) {
             struct slot *sl = &S->slots[S->batch_slot[k]];
             struct job *j = sl->job;
             struct batch_seq *b = &S->batch[k];
+            if (b->all_logits) /* row r scores prompt token n_fed + r + 1 (the last row: none) */
+                for (int r = 0; r < b->n_tokens && j->n_fed + r + 1 < j->n_prompt; r++)
+                    S->lp_items[n_lp++] = (struct lp_item){j, r, j->n_fed + r + 1};
             if (j->n_fed < j->n_prompt) {
                 const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
                 j->n_fed += b->n_tokens;
@@ -675,13 +727,31 @@ static void *sched_main(void *arg) {
                     S->saves[n_save++] = (struct pending_save){S->batch_slot[k], j};
             }
         }
+        /* The prompt rows' records, in parallel; a job whose prompt is now all in has them
+         * complete (its connection may read them from here on). */
+        threadpool_run(S->pool, n_lp, score_prompt_row, S);
+        for (int k = 0; k < nb; k++) {
+            struct job *j = S->slots[S->batch_slot[k]].job;
+            if (!S->batch[k].all_logits || j->n_fed < j->n_prompt) continue;
+            pthread_mutex_lock(&j->mu);
+            j->prompt_done = true;
+            pthread_cond_broadcast(&j->cv);
+            pthread_mutex_unlock(&j->mu);
+        }
         /* Sample every sequence that has logits, in parallel (each job owns its sampler
          * and its logits row); argmax-only rows already hold their token. Then hand the
          * tokens over in slot order. */
         int ns = 0, na = 0, nd = 0;
         for (int k = 0; k < nb; k++) {
             struct slot *sl = &S->slots[S->batch_slot[k]];
-            if (S->batch[k].logits) {
+            if (S->batch[k].all_logits) {
+                if (sl->lp_last) {
+                    const struct batch_seq *b = &S->batch[k];
+                    memcpy(sl->logits, b->logits + (size_t)(b->n_tokens - 1) * S->port.vocab,
+                           (size_t)S->port.vocab * sizeof *sl->logits);
+                    S->samp_slot[ns++] = S->batch_slot[k];
+                }
+            } else if (S->batch[k].logits) {
                 S->samp_slot[ns++] = S->batch_slot[k];
             } else if (S->batch[k].argmax) {
                 sl->res = (struct sample_result){.token = sl->argmax};
@@ -693,9 +763,15 @@ static void *sched_main(void *arg) {
         if (na) metrics_argmax_tokens(na);
         if (nd) metrics_device_sampled_tokens(nd);
         for (int k = 0; k < nb; k++) {
-            if (!S->batch[k].logits && !S->batch[k].argmax) continue;
+            const struct batch_seq *b = &S->batch[k];
             struct slot *sl = &S->slots[S->batch_slot[k]];
             struct job *j = sl->job;
+            if (b->all_logits ? !sl->lp_last : !b->logits && !b->argmax) {
+                /* no token this step; a job that asked for none (echo with max_tokens 0) ends
+                 * with its prompt */
+                if (j->max_tokens == 0 && j->n_fed == j->n_prompt) finish_job(S, sl, j, FIN_LENGTH, NULL);
+                continue;
+            }
             if (!take_token(S, sl, j, &sl->res)) j->next_tok = sl->res.token;
         }
         /* the checkpoints this step made due; a job its first token finished was saved by
@@ -843,6 +919,7 @@ void sched_free(struct sched *S) {
     free(S->prompt_slot);
     free(S->group_len);
     free(S->saves);
+    free(S->lp_items);
     free(S->q);
     free(S->tmp);
     pthread_mutex_destroy(&S->mu);

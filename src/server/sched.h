@@ -46,6 +46,11 @@ struct tok_rec {
 
 struct out_constraint;
 
+/* Prompt rows a step's forward returns logits of for one prompt_logprobs job: the job's
+ * chunk is cut to this many tokens, so its host buffer stays bounded (16 rows × 248,320 ×
+ * 4 B = 16 MB at the real vocabulary) whatever the prompt's length. */
+#define SCHED_PROMPT_LP_ROWS 16
+
 struct job {
     /* request: set by the connection thread before sched_submit, then read-only */
     uint64_t id;
@@ -59,6 +64,12 @@ struct job {
     struct out_constraint *constraint; /* owned: constrained output (json_schema), or NULL */
     const char *end_mark, *end_arm; /* static strings, or NULL: the text ends right after the
                                        first end_mark past end_arm (textout_set_end) */
+    bool prompt_logprobs; /* the logprobs of the prompt's own tokens too (/v1/completions echo with
+                             logprobs): the prompt is prefilled from its first token (no prefix
+                             reuse) in chunks of SCHED_PROMPT_LP_ROWS with every row's logits; a
+                             stop id it generates gets a record too (lm-evaluation-harness reads
+                             the entry after the prompt's as the generated token's) */
+    int prompt_top;       /* their alternatives, 0..SAMPLER_MAX_TOP_LOGPROBS */
     double t_arrive;
 
     /* scheduler-private */
@@ -67,6 +78,8 @@ struct job {
     int n_fed;          /* prompt tokens in the session */
     int32_t next_tok;   /* sampled, not yet fed */
     double t_last_tok;
+    float *lp_rows;     /* prompt_logprobs: [SCHED_PROMPT_LP_ROWS × vocab] logits of a chunk's rows
+                           (admission to release) */
 
     /* shared, under mu */
     pthread_mutex_t mu;
@@ -74,6 +87,10 @@ struct job {
     struct textout tx;  /* tx.buf[0, tx.released) is final */
     struct tok_rec *recs; /* when logprobs are wanted: [max_tokens] */
     int n_recs;
+    struct tok_rec *prompt_recs; /* prompt_logprobs: [n_prompt], entry p (≥ 1) prompt token p's
+                                    logprob after tokens 0..p-1 (entry 0: none); written by the
+                                    scheduler, read-only once prompt_done */
+    bool prompt_done;   /* every prompt token fed (the prompt's records complete) */
     int n_gen;          /* generated ids, stop id included */
     int cached;         /* prompt tokens reused from the prefix cache */
     bool waited_prefix; /* held in the queue for a running job's checkpoint of a shared prefix */
