@@ -622,40 +622,79 @@ static void nudge_json(struct api_request *r) {
 
 /* ---- completions prompt ---- */
 
-static int parse_prompt(const cJSON *root, int vocab, struct api_request *r, struct api_error *e) {
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (!present(p)) return BAD("prompt", "'prompt' is required"), -1;
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
-        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
-        p = p->child; /* a batch of one */
+/* One prompt of the batch: a non-empty string, or a non-empty array of ids in the
+ * vocabulary; taken into r when take (ids copied), else only validated. */
+static int parse_one_prompt(const cJSON *p, int vocab, bool take, struct api_request *r, struct api_error *e) {
     if (cJSON_IsString(p)) {
-        r->prompt_text = p->valuestring;
-        r->prompt_len = strlen(p->valuestring);
-        if (!r->prompt_len) return BAD("prompt", "'prompt' must not be empty"), -1;
+        if (!p->valuestring[0]) return BAD("prompt", "'prompt' must not be empty"), -1;
+        if (take) {
+            r->prompt_text = p->valuestring;
+            r->prompt_len = strlen(p->valuestring);
+        }
         return 0;
     }
     if (!cJSON_IsArray(p))
-        return BAD("prompt", "'prompt' must be a string, an array of token ids, or a one-element array of either"), -1;
+        return BAD("prompt", "'prompt' must be a string, an array of token ids, or an array of either"), -1;
     int n = cJSON_GetArraySize(p);
     if (n == 0) return BAD("prompt", "'prompt' must not be empty"), -1;
-    r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
-    if (!r->prompt_ids) return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    if (take) {
+        r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
+        if (!r->prompt_ids) return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    }
     const cJSON *t;
     cJSON_ArrayForEach(t, p) {
         if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble))
-            return BAD("prompt", "'prompt' arrays must hold integer token ids (batches of several prompts are not supported)"), -1;
+            return BAD("prompt", "'prompt' arrays must hold integer token ids, or be a batch of strings or of id arrays"), -1;
         if (t->valuedouble < 0 || t->valuedouble >= vocab)
             return BAD("prompt", "token id %.0f in 'prompt' is outside the vocabulary [0, %d)", t->valuedouble, vocab), -1;
-        r->prompt_ids[r->n_prompt_ids++] = (int32_t)t->valuedouble;
+        if (take) r->prompt_ids[r->n_prompt_ids++] = (int32_t)t->valuedouble;
+    }
+    return 0;
+}
+
+/* 'prompt': one prompt (a string or an array of ids) or a batch of them (an array of
+ * strings or of id arrays, not mixed), OpenAI's forms; r takes prompt r->prompt_index's. */
+static int parse_prompt(const cJSON *root, int vocab, struct api_request *r, struct api_error *e) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!present(p)) return BAD("prompt", "'prompt' is required"), -1;
+    const bool batch = cJSON_IsArray(p) && (cJSON_IsString(p->child) || cJSON_IsArray(p->child));
+    if (!batch) {
+        r->n_prompts = 1;
+        if (r->prompt_index != 0) return BAD("prompt", "'prompt' holds one prompt"), -1;
+        return parse_one_prompt(p, vocab, true, r, e);
+    }
+    r->n_prompts = cJSON_GetArraySize(p);
+    if (r->n_prompts > API_MAX_PROMPTS)
+        return BAD("prompt", "'prompt' holds %d prompts; a request's batch takes at most %d", r->n_prompts,
+                   API_MAX_PROMPTS), -1;
+    if (r->prompt_index >= r->n_prompts)
+        return BAD("prompt", "'prompt' holds %d prompts", r->n_prompts), -1;
+    const bool strings = cJSON_IsString(p->child);
+    int i = 0;
+    const cJSON *one;
+    cJSON_ArrayForEach(one, p) {
+        if (strings ? !cJSON_IsString(one) : !cJSON_IsArray(one))
+            return BAD("prompt", "a batch in 'prompt' must be all strings or all arrays of token ids (element %d is not)",
+                       i), -1;
+        if (parse_one_prompt(one, vocab, i == r->prompt_index, r, e)) return -1;
+        i++;
     }
     return 0;
 }
 
 int api_parse(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
               int default_thinking, const struct sampler_params *sp_base, struct api_request *r, struct api_error *e) {
+    return api_parse_at(kind, body, len, model_id, vocab, default_thinking, sp_base, 0, r, e);
+}
+
+int api_parse_at(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
+                 int default_thinking, const struct sampler_params *sp_base, int prompt_index,
+                 struct api_request *r, struct api_error *e) {
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
     r->kind = kind;
+    r->n_prompts = 1;
+    r->prompt_index = prompt_index;
     r->sp = sp_base ? *sp_base : sampler_params_default();
     r->max_tokens = -1;
     r->enable_thinking = default_thinking;

@@ -38,6 +38,8 @@
 
 #define API_MAX_STOPS 8
 #define API_MAX_CHOICES 16 /* 'n' at most */
+#define API_MAX_PROMPTS 64 /* /v1/completions: prompts in one request's batch at most */
+#define API_MAX_JOBS 128   /* a request's choices (prompts × n) at most: one job each */
 #define API_MAX_STOP_LEN 512
 
 /* API_MESSAGES / API_MESSAGES_COUNT: Anthropic bodies (anthropic.h);
@@ -88,6 +90,9 @@ struct api_request {
     size_t prompt_len;
     int32_t *prompt_ids;     /* owned, when given as ids */
     int n_prompt_ids;
+    int n_prompts;           /* prompts in the request's batch (1 unless 'prompt' is an array of
+                                strings or of id arrays); this parse took prompt_index's */
+    int prompt_index;
     bool echo_prompt;        /* 'echo': the reply's text (and, with 'logprobs', its logprobs)
                                 opens with the prompt's; max_tokens may then be 0 */
     const char *max_tokens_key; /* the field max_tokens came from (for its errors), or NULL */
@@ -110,6 +115,11 @@ char *api_error_json(const struct api_error *e);
  * HTTP status (e filled). */
 int api_parse(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
               int default_thinking, const struct sampler_params *sp_base, struct api_request *r, struct api_error *e);
+/* The same, taking prompt prompt_index of a /v1/completions batch (every prompt of the
+ * batch is validated whichever is taken; an index past the batch is a 400). */
+int api_parse_at(enum api_kind kind, const char *body, size_t len, const char *model_id, int vocab,
+                 int default_thinking, const struct sampler_params *sp_base, int prompt_index,
+                 struct api_request *r, struct api_error *e);
 void api_request_free(struct api_request *r);
 /* A function (tool) name: 1-64 characters of a-z, A-Z, 0-9, _ . - */
 bool api_valid_function_name(const char *s);

@@ -73,7 +73,8 @@ struct gen {
     struct rs_stream rs;   /* API_RESPONSES: the open output item, the finished ones */
     const char *stop_seq;  /* the stop string that ended the text (into the job), or NULL */
 
-    /* 'n' > 1 (chat, completions): this gen is choice 0 and owns choices 1..n-1, each a gen
+    /* 'n' > 1 (chat, completions) or a batch of prompts (completions: choice i is prompt i / n's
+     * choice i % n, OpenAI's order): this gen is choice 0 and owns the others, each a gen
      * of its own (its own parse, job, parser and output) that shares choice 0's id. The
      * functions of gen.h act on all of them through choice 0: its pump pumps them all, its
      * stream takes their chunks one choice's whole buffer at a time (no chunk is split
@@ -91,7 +92,10 @@ struct gen {
 static int on_event(void *user, const output_event *ev);
 static void chunk_begin(struct gen *g);
 static void chunk_end(struct gen *g, const char *finish);
-static void stream_close(const struct gen *g, buf *o, int completion);
+struct usage_sum {
+    int prompt, cached, completion;
+};
+static void stream_close(const struct gen *g, buf *o, const struct usage_sum *u);
 
 bool gen_streaming(const struct gen *g) { return g->ar.stream; }
 static bool is_chat(const struct gen *g) { return api_is_chat(g->ar.kind); }
@@ -107,6 +111,22 @@ bool gen_finished(const struct gen *g) {
 
 /* Choice i of g (0: g itself). */
 static struct gen *choice(struct gen *g, int i) { return i == 0 ? g : g->more[i - 1]; }
+
+/* A request's usage over its choices: each prompt once (the count of its first choice: a
+ * prompt's choices share it), every choice's tokens. */
+static struct usage_sum usage_of(const struct gen *g) {
+    struct usage_sum u = {0};
+    const int per_prompt = g->ar.n_choices > 0 ? g->ar.n_choices : 1; /* 0: the body did not parse */
+    for (int i = 0; i <= g->n_more; i++) {
+        const struct gen *c = i == 0 ? g : g->more[i - 1];
+        if (i % per_prompt == 0) {
+            u.prompt += c->n_prompt;
+            u.cached += c->cached;
+        }
+        u.completion += c->n_gen;
+    }
+    return u;
+}
 
 static struct rs_meta rs_meta_of(const struct gen *g) {
     return (struct rs_meta){.id = g->id, .model = g->model, .created = g->created, .echo = g->ar.echo};
@@ -131,8 +151,9 @@ const struct model_port *gen_ready_port(const struct gen_config *cfg, struct api
 }
 
 /* One choice up to its queueing (gen_begin queues them all): parse, prompt, job. head:
- * choice 0 (NULL for choice 0 itself), whose id and time the choice shares; a seeded
- * request's choice i draws from seed + i. */
+ * choice 0 (NULL for choice 0 itself), whose id and time the choice shares; choice i of n
+ * a prompt is prompt i / n's (a batch), and a seeded request's draws from seed + i % n (a
+ * prompt's choices as a request of that prompt alone would draw them). */
 static int begin_one(struct gen **out, const struct gen_config *cfg, const struct model_port *port, enum api_kind kind,
                      const char *body, size_t len, int index, const struct gen *head, struct api_error *e) {
     struct gen *g = calloc(1, sizeof *g);
@@ -143,11 +164,13 @@ static int begin_one(struct gen **out, const struct gen_config *cfg, const struc
     g->created = (long)time(NULL);
     g->index = index;
     snprintf(g->model, sizeof g->model, "%s", port->model_id);
-    int rc = api_parse(kind, body, len, port->model_id, port->vocab, cfg->default_thinking, &port->sampling, &g->ar, e);
+    const int per_prompt = head ? head->ar.n_choices : 1; /* choice 0 parses prompt 0 */
+    int rc = api_parse_at(kind, body, len, port->model_id, port->vocab, cfg->default_thinking, &port->sampling,
+                          index / per_prompt, &g->ar, e);
     if (rc) return rc;
     if (!api_is_chat(kind) && kind != API_COMPLETION) g->ar.n_choices = 1; /* the dialects have no 'n' */
-    g->multi = g->ar.n_choices > 1;
-    if (g->ar.sp.has_seed) g->ar.sp.seed += (uint64_t)index;
+    g->multi = g->ar.n_choices * g->ar.n_prompts > 1;
+    if (g->ar.sp.has_seed) g->ar.sp.seed += (uint64_t)(index % g->ar.n_choices);
     int32_t *ids = NULL;
     int n_ids = 0;
     char *forced = NULL;
@@ -247,24 +270,30 @@ int gen_begin(struct gen **out, const struct gen_config *cfg, enum api_kind kind
     if (!port) return e->status;
     int rc = begin_one(out, cfg, port, kind, body, len, 0, NULL, e);
     struct gen *g = *out;
-    if (!rc && g->ar.n_choices > 1) {
-        /* the other choices, queued right behind choice 0 and all at once (or none): their
-         * prompts are its prompt, so where that shares a long enough prefix the scheduler
-         * holds them for choice 0's checkpoint of it (sched.c, wait_for_shared_prefix) */
-        g->more = calloc((size_t)g->ar.n_choices - 1, sizeof *g->more);
+    const int total = rc ? 1 : g->ar.n_choices * g->ar.n_prompts;
+    if (total > API_MAX_JOBS)
+        return api_error_set(e, 400, "invalid_request_error", "n", NULL,
+                             "%d prompts × 'n' %d is %d choices; a request takes at most %d", g->ar.n_prompts,
+                             g->ar.n_choices, total, API_MAX_JOBS);
+    if (total > 1) {
+        /* the other choices, queued right behind choice 0 and all at once (or none): a
+         * prompt's choices share it, so where that is a long enough prefix the scheduler
+         * holds them for the first one's checkpoint of it (sched.c, wait_for_shared_prefix) */
+        g->more = calloc((size_t)total - 1, sizeof *g->more);
         if (!g->more) return api_error_set(e, 500, "server_error", NULL, NULL, "internal server error");
-        for (int i = 1; i < g->ar.n_choices && !rc; i++) {
+        for (int i = 1; i < total && !rc; i++) {
             rc = begin_one(&g->more[g->n_more], cfg, port, kind, body, len, i, g, e);
             if (g->more[g->n_more]) g->n_more++;
         }
     }
     if (rc) return rc;
-    struct job *jobs[API_MAX_CHOICES];
+    struct job *jobs[API_MAX_JOBS];
     for (int i = 0; i <= g->n_more; i++) jobs[i] = choice(g, i)->job;
     rc = sched_submit_many(cfg->sched, jobs, g->n_more + 1);
     if (rc == ST_INVALID)
-        return api_error_set(e, 400, "invalid_request_error", "n", NULL,
-                             "'n' is %d: more choices than this server's queue holds (--max-queue)", g->n_more + 1);
+        return api_error_set(e, 400, "invalid_request_error", g->ar.n_prompts > 1 ? "prompt" : "n", NULL,
+                             "the request's %d choices are more than this server's queue holds (--max-queue)",
+                             g->n_more + 1);
     if (rc == ST_RANGE && g->n_more)
         return api_error_set(e, 429, "rate_limit_error", NULL, "queue_full",
                              "the server's request queue cannot take this request's %d choices now; retry later",
@@ -610,18 +639,20 @@ static void stream_finish(struct gen *g) {
     if (g->ar.kind == API_CHAT) buf_puts(&g->out, "{}");
     else buf_puts(&g->out, "\"text\":\"\"");
     chunk_end(g, finish_name(g));
-    if (!g->multi) stream_close(g, &g->out, g->n_gen);
+    if (!g->multi) {
+        const struct usage_sum u = usage_of(g);
+        stream_close(g, &g->out, &u);
+    }
 }
 
-/* The stream's last chunks into o: the usage (when asked; completion: every choice's
- * tokens) and [DONE]. */
-static void stream_close(const struct gen *g, buf *o, int completion) {
+/* The stream's last chunks into o: the usage (when asked) and [DONE]. */
+static void stream_close(const struct gen *g, buf *o, const struct usage_sum *u) {
     if (g->ar.include_usage) {
         chunk_head(g, o);
         buf_printf(o,
                    "[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
                    "\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
-                   g->n_prompt, completion, g->n_prompt + completion, g->cached);
+                   u->prompt, u->completion, u->prompt + u->completion, u->cached);
     }
     buf_puts(o, "data: [DONE]\n\n");
 }
@@ -711,9 +742,8 @@ bool gen_pump(struct gen *g, int timeout_ms) {
         all = all && c->finished;
     }
     if (all && g->ar.stream && !g->tail_built) {
-        int completion = 0;
-        for (int i = 0; i <= g->n_more; i++) completion += choice(g, i)->n_gen;
-        stream_close(g, &g->tail, completion);
+        const struct usage_sum u = usage_of(g);
+        stream_close(g, &g->tail, &u);
         g->tail_built = true;
     }
     return all;
@@ -796,17 +826,14 @@ char *gen_final_json(struct gen *g, int *status) {
     cJSON_AddStringToObject(root, "model", g->model);
     cJSON_AddStringToObject(root, "system_fingerprint", "orchid");
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
-    int completion = 0; /* every choice's tokens; the prompt once: the choices share it */
-    for (int i = 0; i <= g->n_more; i++) {
-        cJSON_AddItemToArray(choices, choice_entry(choice(g, i)));
-        completion += choice(g, i)->n_gen;
-    }
+    for (int i = 0; i <= g->n_more; i++) cJSON_AddItemToArray(choices, choice_entry(choice(g, i)));
+    const struct usage_sum us = usage_of(g);
     cJSON *u = cJSON_AddObjectToObject(root, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", g->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", completion);
-    cJSON_AddNumberToObject(u, "total_tokens", g->n_prompt + completion);
+    cJSON_AddNumberToObject(u, "prompt_tokens", us.prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", us.completion);
+    cJSON_AddNumberToObject(u, "total_tokens", us.prompt + us.completion);
     cJSON *pd = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(pd, "cached_tokens", g->cached);
+    cJSON_AddNumberToObject(pd, "cached_tokens", us.cached);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s ? s : internal_error(g, status);
@@ -888,10 +915,10 @@ void gen_cancel(struct gen *g) {
 }
 
 void gen_stats(const struct gen *g, int *prompt, int *cached, int *completion, char *err, size_t errlen) {
-    *prompt = g ? g->n_prompt : 0;
-    *cached = g ? g->cached : 0;
-    *completion = g ? g->n_gen : 0;
-    for (int i = 0; g && i < g->n_more; i++) *completion += g->more[i]->n_gen;
+    const struct usage_sum u = g ? usage_of(g) : (struct usage_sum){0};
+    *prompt = u.prompt;
+    *cached = u.cached;
+    *completion = u.completion;
     if (err && errlen) {
         err[0] = 0;
         if (g && g->job && g->fin == FIN_ERROR) {

@@ -1,7 +1,8 @@
-"""`echo` on /v1/completions, with and without `logprobs`: the prompt's text opens the
+"""Batches of prompts and `echo` on /v1/completions, with and without `logprobs`: the prompt's text opens the
 choice's text, and with logprobs every prompt token has its entry (the first one null),
 which is what lm-evaluation-harness's local-completions model sends for loglikelihood
-tasks (prompt + continuation as token ids, echo, logprobs 1, max_tokens 1 or 0).
+tasks (prompt + continuation as token ids, echo, logprobs 1, max_tokens 1 or 0), a batch of
+prompts at a time (`prompt`: a list of id lists; choice i is prompt i / n's choice i % n).
 
 The prompt logprobs are checked against mlx-lm itself: the tiny test model's teacher-forced
 logits (tools/reference_logits.py, cached) give log_softmax(row p-1)[token p] for every
@@ -169,7 +170,51 @@ def test_n_choices_each_echo(client):
     assert len(r.choices) == 2 and all(c.text.startswith("Echo me") for c in r.choices)
 
 
+def test_a_batch_of_prompts_is_each_prompt_alone(client):
+    prompts = ["Once upon a time", "The capital of", "1, 2, 3,"]
+    alone = [completion(client, p, max_tokens=4) for p in prompts]
+    r = completion(client, prompts, max_tokens=4)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [a.choices[0].text for a in alone]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    # with n: prompt-major order, each prompt's choices drawn as a request of it alone
+    ids = [models.prompt_ids(12, seed=1), models.prompt_ids(9, seed=2)]
+    kw = dict(max_tokens=3, n=2, temperature=1.0, seed=9)
+    both = completion(client, ids, **kw)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    for p in range(2):
+        one = completion(client, ids[p], **kw)
+        assert [c.text for c in both.choices[2 * p:2 * p + 2]] == [c.text for c in one.choices]
+    assert both.usage.prompt_tokens == 21
+
+
+def test_a_batch_of_loglikelihood_requests(client, ref):
+    """lm-evaluation-harness's local-completions batch: token-id prompts, echo, logprobs 1,
+    max_tokens 1, temperature 0; each choice's entries those of its prompt alone."""
+    ids = [ref["ids"], ref["ids"][:25], models.prompt_ids(30, seed=5)]
+    body = dict(echo=True, logprobs=1, max_tokens=1, seed=1234)
+    r = completion(client, ids, **body)
+    assert len(r.choices) == 3
+    for c in r.choices:
+        one = completion(client, ids[c.index], **body).choices[0].logprobs
+        assert len(c.logprobs.tokens) == len(ids[c.index]) + 1
+        assert c.logprobs.tokens == one.tokens
+        assert c.logprobs.token_logprobs == one.token_logprobs
+    assert np.abs(np.array(r.choices[0].logprobs.token_logprobs[1:PROMPT_LEN]) - np.array(ref["lps"])).max() <= TOL
+    chunks = list(completion(client, ids, stream=True, **body))
+    for c in r.choices:
+        got = [t for ch in chunks for x in ch.choices if x.index == c.index and x.logprobs for t in x.logprobs.tokens]
+        assert got == c.logprobs.tokens
+
+
 @pytest.mark.parametrize("body,param", [
+    ({"prompt": ["a", [1, 2]]}, "prompt"),
+    ({"prompt": ["a", ""]}, "prompt"),
+    ({"prompt": [[1, 2], []]}, "prompt"),
+    ({"prompt": [[1, 2], [1, 248320]]}, "prompt"),
+    ({"prompt": ["a"] * 65}, "prompt"),
+    ({"prompt": ["a"] * 9, "n": 15}, "n"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"prompt": "x", "echo": "yes"}, "echo"),

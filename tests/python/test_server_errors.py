@@ -109,7 +109,7 @@ CASES = [
     ("completions empty prompt", "POST", P, {"model": MODEL, "prompt": ""}, 400, "prompt"),
     ("completions token out of vocab", "POST", P, {"model": MODEL, "prompt": [1, 2, 10**9]}, 400, "prompt"),
     ("completions negative token", "POST", P, {"model": MODEL, "prompt": [-1]}, 400, "prompt"),
-    ("completions batch of prompts", "POST", P, {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions mixed batch of prompts", "POST", P, {"model": MODEL, "prompt": ["a", [1, 2]]}, 400, "prompt"),
     ("completions prompt object", "POST", P, {"model": MODEL, "prompt": {"a": 1}}, 400, "prompt"),
     ("completions echo not a boolean", "POST", P, {"model": MODEL, "prompt": "a", "echo": 1}, 400, "echo"),
     ("completions max_tokens zero", "POST", P, {"model": MODEL, "prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
