@@ -20,14 +20,16 @@ static int parse(enum api_kind k, const char *body, struct api_request *r, struc
     return api_parse(k, body, strlen(body), MODEL, 264, -1, NULL, r, e);
 }
 
-static void expect_bad(const char *body, int status, const char *param) {
+static void expect_bad_kind(enum api_kind kind, const char *body, int status, const char *param) {
     struct api_request r;
     struct api_error e;
-    int rc = parse(API_CHAT, body, &r, &e);
+    int rc = parse(kind, body, &r, &e);
     CHECK(rc == status, "%s: status %d want %d (%s)", body, rc, status, e.message);
     if (param) CHECK(strcmp(e.param, param) == 0, "%s: param '%s' want '%s'", body, e.param, param);
     api_request_free(&r);
 }
+
+static void expect_bad(const char *body, int status, const char *param) { expect_bad_kind(API_CHAT, body, status, param); }
 
 /* Waits for a job to finish; returns its final text (static buffer). */
 static const char *run_job(struct job *j) {
@@ -129,6 +131,31 @@ int main(void) {
     api_request_free(&r);
     expect_bad("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"ignore_eos\":1}", 400,
                "ignore_eos");
+
+    /* a batch of prompts: each index takes its own, every one is validated, an index past it is a 400 */
+    {
+        const char *body = "{\"model\":\"" MODEL "\",\"prompt\":[[1,2],[3,4,5]],\"echo\":true,\"max_tokens\":0}";
+        rc = api_parse_at(API_COMPLETION, body, strlen(body), MODEL, 264, -1, NULL, 1, &r, &e);
+        CHECK(rc == 0 && r.n_prompts == 2 && r.prompt_index == 1 && r.n_prompt_ids == 3 && r.prompt_ids[0] == 3 &&
+                  r.echo_prompt && r.max_tokens == 0,
+              "batch prompt 1: rc %d n %d ids %d: %s", rc, r.n_prompts, r.n_prompt_ids, e.message);
+        api_request_free(&r);
+        rc = api_parse_at(API_COMPLETION, body, strlen(body), MODEL, 264, -1, NULL, 2, &r, &e);
+        CHECK(rc == 400 && !strcmp(e.param, "prompt"), "batch index past the prompts: rc %d", rc);
+        api_request_free(&r);
+        const char *strs = "{\"model\":\"" MODEL "\",\"prompt\":[\"a\",\"bc\"]}";
+        rc = api_parse_at(API_COMPLETION, strs, strlen(strs), MODEL, 264, -1, NULL, 0, &r, &e);
+        CHECK(rc == 0 && r.n_prompts == 2 && r.prompt_len == 1 && r.max_tokens == 16, "string batch: %s", e.message);
+        api_request_free(&r);
+        /* prompt 1 is bad: refused whichever index is parsed */
+        const char *bad = "{\"model\":\"" MODEL "\",\"prompt\":[[1,2],[3,264]]}";
+        rc = api_parse_at(API_COMPLETION, bad, strlen(bad), MODEL, 264, -1, NULL, 0, &r, &e);
+        CHECK(rc == 400 && !strcmp(e.param, "prompt"), "a bad later prompt: rc %d", rc);
+        api_request_free(&r);
+        expect_bad_kind(API_COMPLETION, "{\"model\":\"" MODEL "\",\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens");
+        expect_bad_kind(API_COMPLETION, "{\"model\":\"" MODEL "\",\"prompt\":[\"x\",[1]]}", 400, "prompt");
+        expect_bad_kind(API_COMPLETION, "{\"model\":\"" MODEL "\",\"prompt\":[]}", 400, "prompt");
+    }
 
     /* logit_bias: token-id keys (a token named twice keeps the last value), numbers in [-100, 100] */
     rc = parse(API_COMPLETION, "{\"model\":\"" MODEL "\",\"prompt\":[1],"
