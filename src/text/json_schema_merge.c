@@ -7,6 +7,7 @@
 #include "text/json_schema_merge.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MERGE_MAX_DEPTH 32 /* nested allOf / $ref hops one merge follows ($ref cycles end here) */
@@ -86,13 +87,73 @@ bool jsm_annotation_kw(const char *k) {
 
 /* +1: a lower bound (the merge keeps the largest), -1: an upper bound (the smallest), 0: neither. */
 static int bound_kw(const char *k) {
-    static const char *const lower[] = {"minimum", "minLength", "minItems", "minProperties"};
-    static const char *const upper[] = {"maximum", "maxLength", "maxItems", "maxProperties"};
-    for (size_t i = 0; i < 4; i++) {
+    static const char *const lower[] = {"minimum", "minLength", "minItems", "minProperties", "exclusiveMinimum"};
+    static const char *const upper[] = {"maximum", "maxLength", "maxItems", "maxProperties", "exclusiveMaximum"};
+    for (size_t i = 0; i < sizeof lower / sizeof lower[0]; i++) {
         if (!strcmp(k, lower[i])) return 1;
         if (!strcmp(k, upper[i])) return -1;
     }
     return 0;
+}
+
+/* ---- multipleOf in decimal (JSON Schema's meaning; json_grammar.c reads each value so) ---- */
+
+#define DEC_FRAC 15 /* fraction digits a multipleOf may have (json_grammar's FRAC_DIGITS) */
+
+static unsigned __int128 pow10u(int n) {
+    unsigned __int128 p = 1;
+    while (n-- > 0) p *= 10;
+    return p;
+}
+
+/* x > 0 as the shortest decimal that reads back as x: *units = x · 10^DEC_FRAC exactly.
+ * False when that decimal has more than DEC_FRAC fraction or 18 integer digits. */
+static bool dec_units(double x, unsigned __int128 *units) {
+    char b[40];
+    int p = 1;
+    for (; p <= 17; p++) {
+        snprintf(b, sizeof b, "%.*e", p - 1, x);
+        if (strtod(b, NULL) == x) break;
+    }
+    if (p > 17 || !(x > 0)) return false;
+    unsigned long long mant = 0; /* the p significant digits */
+    for (const char *c = b; *c && *c != 'e'; c++)
+        if (*c >= '0' && *c <= '9') mant = mant * 10 + (unsigned)(*c - '0');
+    const int e10 = atoi(strchr(b, 'e') + 1) - (p - 1); /* x = mant · 10^e10 */
+    const int shift = e10 + DEC_FRAC;                    /* units = mant · 10^shift */
+    /* at most DEC_FRAC fraction digits; below 10^(18 + DEC_FRAC) units (mant has p digits) */
+    if (shift < 0 || shift + p > 18 + DEC_FRAC + 1) return false;
+    *units = (unsigned __int128)mant * pow10u(shift);
+    return *units <= pow10u(18 + DEC_FRAC);
+}
+
+/* The least common multiple of two multipleOf values, in decimal (0.1 and 0.25: 0.5), as
+ * a number; false when it cannot be written within the digits json_grammar reads. */
+static bool dec_lcm(double a, double b, double *out) {
+    unsigned __int128 ua, ub;
+    if (!dec_units(a, &ua) || !dec_units(b, &ub)) return false;
+    unsigned __int128 x = ua, y = ub;
+    while (y) {
+        const unsigned __int128 r = x % y;
+        x = y;
+        y = r;
+    }
+    const unsigned __int128 q = ua / x, lim = pow10u(18 + DEC_FRAC);
+    if (q > lim / ub) return false;
+    const unsigned __int128 l = q * ub;
+    if (l > lim) return false;
+    /* l · 10^-DEC_FRAC as a decimal string, read back as the nearest double */
+    char digits[48], txt[64];
+    int n = 0;
+    for (unsigned __int128 t = l; t; t /= 10) digits[n++] = (char)('0' + (int)(t % 10));
+    int o = 0;
+    for (int i = n - 1; i >= DEC_FRAC; i--) txt[o++] = digits[i];
+    if (o == 0) txt[o++] = '0';
+    txt[o++] = '.';
+    for (int i = DEC_FRAC - 1; i >= 0; i--) txt[o++] = i < n ? digits[i] : '0';
+    txt[o] = 0;
+    *out = strtod(txt, NULL);
+    return true;
 }
 
 /* {"allOf": [a, b]} (copies), NULL: out of memory. */
@@ -169,6 +230,18 @@ static int merge_kw(struct merge *mg, cJSON *m, const cJSON *v, const char *path
         cJSON *both = all_of_pair(have, v);
         if (!both) return -1;
         cJSON_ReplaceItemInObjectCaseSensitive(m, k, both);
+        return 0;
+    }
+    if (!strcmp(k, "multipleOf") && cJSON_IsNumber(have) && cJSON_IsNumber(v)) {
+        /* both: the multiples of their least common multiple */
+        double l;
+        if (!dec_lcm(have->valuedouble, v->valuedouble, &l))
+            return jsm_fail(mg->err, mg->errlen, path,
+                            "the 'multipleOf' values of 'allOf' have no common multiple of at most 15 fraction "
+                            "and 18 integer digits (or are not positive decimals)");
+        cJSON *n = cJSON_CreateNumber(l);
+        if (!n) return -1;
+        cJSON_ReplaceItemInObjectCaseSensitive(m, k, n);
         return 0;
     }
     const int b = bound_kw(k);

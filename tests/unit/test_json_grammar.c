@@ -857,7 +857,42 @@ int main(void) {
         yes(w, "true");
         no(w, "1");
         jg_free(w);
+        /* multipleOf in several: their least common multiple, in decimal */
+        w = grammar("{\"type\":\"number\",\"allOf\":[{\"multipleOf\":0.1},{\"multipleOf\":0.25}],\"maximum\":10}");
+        yes(w, "0.5");
+        yes(w, "1.5");
+        yes(w, "10");
+        no(w, "0.25");
+        no(w, "0.1");
+        no(w, "0.3");
+        jg_free(w);
+        w = grammar("{\"allOf\":[{\"type\":\"integer\",\"multipleOf\":6},{\"multipleOf\":4},{\"multipleOf\":1.5}]}");
+        yes(w, "12");
+        yes(w, "-24");
+        yes(w, "0");
+        no(w, "6");
+        no(w, "8");
+        no(w, "18");
+        jg_free(w);
+        w = grammar("{\"type\":\"number\",\"allOf\":[{\"multipleOf\":0.07},{\"multipleOf\":0.01}],\"minimum\":0,"
+                    "\"maximum\":1}");
+        yes(w, "0.07");
+        yes(w, "0.7");
+        no(w, "0.01");
+        jg_free(w);
+        /* exclusive bounds in several: the tightest */
+        w = grammar("{\"type\":\"integer\",\"allOf\":[{\"exclusiveMinimum\":1,\"exclusiveMaximum\":9},"
+                    "{\"exclusiveMinimum\":3,\"exclusiveMaximum\":20}]}");
+        yes(w, "4");
+        yes(w, "8");
+        no(w, "3");
+        no(w, "9");
+        jg_free(w);
     }
+    compile_error("{\"type\":\"number\",\"allOf\":[{\"multipleOf\":1e-15},{\"multipleOf\":7e17},{\"multipleOf\":0.9}]}",
+                  "no common multiple");
+    compile_error("{\"type\":\"number\",\"allOf\":[{\"multipleOf\":0.1},{\"multipleOf\":1e-16}]}", "no common multiple");
+    compile_error("{\"type\":\"number\",\"allOf\":[{\"multipleOf\":0.1},{\"multipleOf\":-2}]}", "no common multiple");
     compile_error("{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "no 'type' in common");
     compile_error("{\"allOf\":[{\"type\":\"string\"},false]}", "allows nothing");
     compile_error("{\"allOf\":[{\"type\":\"string\",\"pattern\":\"a\"},{\"pattern\":\"b\"}]}", "'pattern' in several schemas");
