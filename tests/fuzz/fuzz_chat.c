@@ -78,12 +78,21 @@ static void through_api(enum api_kind kind, const char *body, size_t len, int th
         if (rc != e.status || ids || prefix) abort(); /* nothing is returned on failure */
         if (rc != 500) check_error(&e); /* 500: out of memory, never from input */
     } else {
-        if (n <= 0 || !ids || r.max_tokens <= 0 || n + r.max_tokens > 1 << 16) abort();
+        /* max_tokens 0 only with echo (the prompt's logprobs alone) */
+        if (n <= 0 || !ids || r.max_tokens < 0 || (r.max_tokens == 0 && !r.echo_prompt) || n + r.max_tokens > 1 << 16)
+            abort();
         if (prefix) check_text(prefix, input_valid);
     }
     free(ids);
     free(prefix);
+    /* a batch of prompts: every one was validated with the first, so the last parses too */
+    const int last = rc == 0 ? r.n_prompts - 1 : 0;
     api_request_free(&r);
+    if (last > 0) {
+        rc = api_parse_at(kind, body, len, MODEL_ID, VOCAB, thinking, NULL, last, &r, &e);
+        if (rc || r.prompt_index != last || r.n_prompts != last + 1) abort();
+        api_request_free(&r);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -147,6 +147,8 @@ def chat_requests():
         {"model": MODEL, "prompt": "SCRIPT:abc<|im_end|>", "max_tokens": 4},
         {"model": MODEL, "prompt": [1, 2, 3, 65, 66], "logprobs": 2, "stream": True},
         {"model": MODEL, "prompt": ["a", "b"], "echo": True},
+        {"model": MODEL, "prompt": [[1, 2, 3], [4, 5]], "echo": True, "logprobs": 1, "max_tokens": 0, "n": 2},
+        {"model": MODEL, "prompt": ["a", [1]], "max_tokens": 1},
         {"model": MODEL, "prompt": "x", "suffix": "y"},
     ]
     return reqs, comps
@@ -267,6 +269,7 @@ def seed_json_grammar(out: Path):
              (t.PRICED, '{"price": 0.07, "step": null, "half": -15}'),
              (t.DICE, '{"dice": [1, 6]}'),
              ({"type": "number", "multipleOf": 0.25, "minimum": -3}, "-2.75"),
+             ({"type": "number", "allOf": [{"multipleOf": 0.1}, {"multipleOf": 0.25, "exclusiveMinimum": 0}]}, "1.5"),
              ({"type": "number", "minimum": 0.1, "exclusiveMaximum": 0.3}, "0.25"),
              (t.PATTERNS, '{"date": "2024-01-31", "code": "ABC-42", "has_ab": "grab!", "word": null, "tag": "ab1"}'),
              ({"type": "string", "pattern": "^(ab)+$", "minLength": 2, "maxLength": 7}, '"abab"'),
