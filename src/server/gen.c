@@ -58,7 +58,10 @@ struct gen {
      * when the scheduler has scored the whole prompt); the generated tokens' text_offset
      * then counts from the prompt's start */
     bool echoed;
-    size_t echo_len;
+    size_t echo_chars;
+    /* text_offset is in characters (code points), as OpenAI's and vLLM's: the generated
+     * text's bytes [0, off_bytes) hold off_chars of them (records come in text order) */
+    size_t off_bytes, off_chars;
 
     /* streaming */
     buf out;
@@ -438,7 +441,7 @@ static void lp_token(struct gen *g, buf *b, int32_t id, bool with_bytes, const c
 }
 
 /* One token's entry of the completions (legacy) logprobs: its text, logprob, alternatives
- * ({text: logprob}) and byte offset in the choice's text; first_of_prompt: the echoed
+ * ({text: logprob}) and character offset in the choice's text; first_of_prompt: the echoed
  * prompt's first token, which has no logprob (null, as OpenAI reports it). */
 static void add_legacy_logprob(struct gen *g, const struct tok_rec *r, bool first_of_prompt, size_t offset) {
     int *n = g->ar.stream ? &g->n_pending_lp : &g->n_lp;
@@ -470,6 +473,24 @@ static void add_legacy_logprob(struct gen *g, const struct tok_rec *r, bool firs
     (*n)++;
 }
 
+/* Characters (code points: bytes that do not continue one) in s[0, n). */
+static size_t utf8_chars(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* Under the job's mutex: a generated record's text_offset, characters from the choice's
+ * text start (the echoed prompt's included). */
+static size_t char_offset(struct gen *g, size_t byte_off) {
+    const struct textout *tx = &g->job->tx;
+    if (byte_off > g->off_bytes && byte_off <= tx->len) {
+        g->off_chars += utf8_chars(tx->buf + g->off_bytes, byte_off - g->off_bytes);
+        g->off_bytes = byte_off;
+    }
+    return g->echo_chars + g->off_chars;
+}
+
 static void add_logprob(struct gen *g, const struct tok_rec *r) {
     if (g->ar.kind == API_CHAT) {
         buf *b = g->ar.stream ? &g->pending_lp : &g->lp;
@@ -490,7 +511,7 @@ static void add_logprob(struct gen *g, const struct tok_rec *r) {
         buf_puts(b, "]}");
         (*n)++;
     } else {
-        add_legacy_logprob(g, r, false, g->echo_len + r->text_start);
+        add_legacy_logprob(g, r, false, char_offset(g, r->text_start));
     }
 }
 
@@ -531,14 +552,15 @@ static void emit_echo(struct gen *g) {
         buf_append_lossy(&text, (const unsigned char *)(raw.data ? raw.data : ""), raw.len);
         buf_free(&raw);
     }
-    g->echo_len = text.len;
-    if (j->prompt_logprobs) { /* offsets: the tokens' bytes (exact wherever the text was valid) */
+    g->echo_chars = utf8_chars(text.data ? text.data : "", text.len);
+    if (j->prompt_logprobs) { /* offsets: the tokens' characters (exact wherever the text was valid) */
         size_t off = 0;
         for (int p = 0; p < j->n_prompt; p++) {
             struct tok_rec r = p ? j->prompt_recs[p] : (struct tok_rec){.id = j->prompt[0]};
             add_legacy_logprob(g, &r, p == 0, off);
             size_t n = 0;
-            if (g->port->token_bytes(g->port->ctx, j->prompt[p], &n)) off += n;
+            const char *t = g->port->token_bytes(g->port->ctx, j->prompt[p], &n);
+            if (t) off += utf8_chars(t, n);
         }
     }
     if (!g->ar.stream) {

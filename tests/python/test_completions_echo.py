@@ -90,11 +90,29 @@ def test_offsets_follow_the_text(client):
     assert "".join(lp.tokens[:n]) == prompt
     offs = [0]
     for t in lp.tokens[:n]:
-        offs.append(offs[-1] + len(t.encode()))
+        offs.append(offs[-1] + len(t))
     assert lp.text_offset[:n] == offs[:n]
     # the generated tokens' offsets count from the prompt's start
-    assert lp.text_offset[n] == len(prompt.encode())
+    assert lp.text_offset[n] == len(prompt)
     assert all(len(d) == 2 for d in lp.top_logprobs[1:])
+
+
+def test_offsets_are_characters(client):
+    """text_offset counts characters (Python's len), as OpenAI's and vLLM's do, not bytes."""
+    prompt = "Grüße aus Köln — 東京 ✓"
+    r = completion(client, prompt, echo=True, logprobs=1, max_tokens=4)
+    lp = r.choices[0].logprobs
+    n = r.usage.prompt_tokens
+    assert lp.text_offset[n] == len(prompt) < len(prompt.encode())
+    whole = [i for i in range(n) if "\ufffd" not in lp.tokens[i]]  # tokens that are whole characters
+    for i in whole:
+        if i + 1 < n and all("\ufffd" not in t for t in lp.tokens[:i + 1]):
+            assert lp.text_offset[i + 1] == lp.text_offset[i] + len(lp.tokens[i])
+    # generated tokens: each offset where its text starts in the choice's text
+    text = r.choices[0].text
+    for i in range(n, len(lp.tokens)):
+        if "\ufffd" not in lp.tokens[i] and all("\ufffd" not in t for t in lp.tokens[n:i]):
+            assert text[lp.text_offset[i]:].startswith(lp.tokens[i])
 
 
 def test_echo_without_logprobs_and_max_tokens_zero(client, ref):
@@ -241,6 +259,6 @@ def test_a_stop_token_keeps_its_entry(client, ref):
     lp = ch.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == 21
     assert lp.tokens[20] == "<|im_end|>" and -1e-3 < lp.token_logprobs[20] <= 0
-    assert lp.text_offset[20] == len(ch.text.encode("utf-8"))
+    assert lp.text_offset[20] == len(ch.text)
     plain = completion(client, ids, max_tokens=1, logprobs=1, logit_bias={"248046": 100})
     assert plain.choices[0].finish_reason == "stop" and plain.choices[0].logprobs.tokens == []
