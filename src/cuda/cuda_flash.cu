@@ -14,8 +14,8 @@
 // combines the splits itself (the TAIL instance: a cooperative launch whose blocks meet at a
 // barrier, then share the rows among their warps — attn_combine_warp, the combine launch's
 // own code), saving that launch and its gap: at context 512 flash + combine + o-projection
-// 20.1 → 16.7 µs a layer on the H200. Batches of one-token tiles (decode) may take the decode
-// form instead (flash_dec_kernel, opt-in until measured): a warp a key split, the same records.
+// 20.1 → 16.7 µs a layer on the H200. (A decode form with a warp a key split for batches of
+// one-token tiles measured slower: docs/PERFORMANCE.md, session 37.)
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
@@ -48,7 +48,7 @@ __device__ __forceinline__ const uint16_t *f_kv(const cuda_seq &s, int layer_ord
     return s.kv + ((((size_t)layer_ord * 2 + which) * kvh + g) * (size_t)s.max_seq) * D;
 }
 
-/* What a block of either form knows of its (query tile, KV head) and run of key splits; p0,
+/* What a block knows of its (query tile, KV head) and run of key splits; p0,
  * p1: the positions of the rows r0 and r0 + 8 of the tile a lane computes (−1: no row). */
 struct fl_block {
     cuda_attn_tile tl;
@@ -75,9 +75,7 @@ __device__ __forceinline__ fl_block fl_block_of(const int32_t *pos, const cuda_s
 }
 
 /* ---- one warp's 16 query rows against one 32-key tile ----
- * Both kernels' warps run exactly these three steps for their rows (the block form's warp w
- * rows 16w.., the decode form's every warp rows 0..15 of its own split), so a row's partial
- * is the same bits in either form. */
+ * Warp w runs these three steps for rows 16w.. of the block's tile. */
 
 /* The Q tile: rows [0, nrows) the bf16 of q · qscale for (token r / group, q head g·group +
  * r % group), rows [nrows, rows) zero; 8 pairs a thread requested before any is stored (a
@@ -329,113 +327,6 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
     }
 }
 
-/* ---- the decode form: a warp a key split ----
- * A decode tile is one token: its group (8) of q heads fills 8 of the block form's 64 rows,
- * and warps 1–3 computed zeros against every K/V tile the block staged (at 64 sequences ×
- * 512 keys: ~60 µs an attention layer on the H100 for ~34 µs of bytes). Here a block is still
- * one (tile, KV head) and a run of its key splits, but each warp takes every 4th split of the
- * run (warp w: split0 + w, + 4, ...) with its own K and V buffers, and runs the block form's
- * warp-0 steps on rows 0..15 of the tile (fl_scores, fl_online, fl_pv, fl_write_partial) —
- * the same records, bit for bit. A warp's K and V are two cp.async groups: the next tile's K
- * (this split's next, else its next split's first) is requested once the scores have read
- * the K buffer, its V once the products have read the V buffer, so one tile's copies are in
- * flight behind each step. Shared memory: the 16-row Q tile + 4 × (K + V) of 32 keys
- * (140 KB at D = 256: one block an SM). With combine (the block holds all of its tile's
- * splits), its warps then fold the records themselves (attn_combine_warp, the combine
- * launch's code: the same bits) behind one block barrier, and there is no combine launch. */
-#define FQD 16 /* query rows of the decode form: one warp's m16 tile (tile rows ≤ 16) */
-static size_t flash_dec_smem(int D) { return (size_t)(FQD + 4 * 2 * FK) * (D + 8) * 2; }
-
-template <int D>
-static __global__ void __launch_bounds__(128) flash_dec_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs,
-                                                               const cuda_attn_tile *tiles, int layer_ord, int nh, int kvh,
-                                                               int n_split, int spb, int combine, float *part,
-                                                               uint16_t *out) {
-    TRACE_KERNEL();
-    constexpr int DS = D + 8, NT = D / 8;
-    extern __shared__ __align__(16) uint16_t fsm[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    uint16_t *Qs = fsm;                                    /* [FQD][DS] */
-    uint16_t *Kw = Qs + (FQD + warp * 2 * FK) * DS;        /* this warp's [FK][DS] */
-    uint16_t *Vw = Kw + FK * DS;                           /* this warp's [FK][DS] */
-    pdl_trigger();
-    pdl_wait(); /* PDL: tiles, seqs, q, pos and the KV cache all come from earlier work */
-    const int r0 = lane >> 2, r1 = r0 + 8; /* every warp: the tile's rows 0..15 */
-    const fl_block b = fl_block_of<D>(pos, seqs, tiles, layer_ord, nh, kvh, n_split, spb, r0);
-    const cuda_attn_tile tl = b.tl;
-    const int group = b.group, g = b.g, split_end = b.split_end, nrows = b.nrows; /* nrows ≤ FQD: the host's choice */
-    const int p0 = b.p0, p1 = b.p1, kv_len = b.kv_len;
-    const uint16_t *kb_ = b.kc, *vb_ = b.vc;
-    const float qscale = rsqrtf((float)D) * 1.4426950408889634f;
-
-    /* keys [kb, kb + FK) ∩ [.., k_hi) of one cache (K or V) into the warp's buffer, one group */
-    auto load = [&](uint16_t *dst, const uint16_t *src, int kb, int k_hi) {
-        for (int i = lane; i < FK * (D / 8); i += 32) {
-            const int j = i / (D / 8), c = (i % (D / 8)) * 8;
-            const bool ok = kb + j < k_hi;
-            f_cp16(dst + j * DS + c, src + (size_t)(ok ? kb + j : 0) * D + c, ok);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-    };
-    int split = b.split0 + warp;
-    bool pending = false; /* the split's first tile is already requested */
-    if (split < split_end) {
-        int lo, hi;
-        attn_split_keys(kv_len, n_split, split, &lo, &hi);
-        if (lo < hi) { /* in flight with the Q tile's loads */
-            load(Kw, kb_, lo, hi);
-            load(Vw, vb_, lo, hi);
-            pending = true;
-        }
-    }
-    fl_stage_q<D>(Qs, FQD, nrows, qg, tl, group, g, nh, qscale, tid);
-    __syncthreads();
-    for (; split < split_end; split += 4) {
-        int k_lo, k_hi;
-        float O[NT][4], m0, m1, l0, l1;
-        fl_split_begin<NT>(kv_len, n_split, split, k_lo, k_hi, O, m0, m1, l0, l1);
-        if (k_lo < k_hi && !pending) {
-            load(Kw, kb_, k_lo, k_hi);
-            load(Vw, vb_, k_lo, k_hi);
-        }
-        pending = false;
-        for (int kb = k_lo; kb < k_hi; kb += FK) {
-            /* the next tile: this split's, else the warp's next split's first (only split + 4
-             * can follow: splits are non-empty up to a count, then empty) */
-            int next_kb = kb + FK, next_hi = k_hi;
-            if (next_kb >= k_hi && split + 4 < split_end) {
-                attn_split_keys(kv_len, n_split, split + 4, &next_kb, &next_hi);
-                pending = next_kb < next_hi;
-            }
-            const bool more = next_kb < next_hi;
-            /* groups in flight: this tile's K, V — K's landed when at most one is left */
-            asm volatile("cp.async.wait_group 1;\n" ::);
-            __syncwarp();
-            float S[4][4];
-            fl_scores<D>(Qs, Kw, lane, S);
-            __syncwarp(); /* every lane is done with K before it is refilled */
-            if (more) load(Kw, kb_, next_kb, next_hi);
-            fl_online<NT>(S, kb, k_hi, p0, p1, lane, O, m0, m1, l0, l1);
-            /* this tile's V, then maybe the next K: V has landed when at most that one is left */
-            if (more) asm volatile("cp.async.wait_group 1;\n" ::);
-            else asm volatile("cp.async.wait_group 0;\n" ::);
-            __syncwarp();
-            fl_pv<D>(S, Vw, lane, O);
-            __syncwarp();
-            if (more) load(Vw, vb_, next_kb, next_hi);
-        }
-        fl_write_partial<D>(O, m0, m1, l0, l1, r0, r1, nrows, tl, group, g, nh, n_split, split, lane, part);
-    }
-    if (combine) { /* every split of this (tile, KV head) is this block's: fold them here */
-        __syncthreads(); /* the warps' records, written to global memory, seen block-wide */
-        const int per_row = D / 64, units = nrows * per_row;
-        for (int u = warp; u < units; u += 4) {
-            const int r = u / per_row;
-            attn_combine_warp<1>(part, qg, tl.t0 + r / group, g * group + r % group, nh, n_split, D, 32 * (u % per_row), out);
-        }
-    }
-}
-
 static size_t flash_smem(int D) { return (size_t)(FQ + 4 * FK) * (D + 8) * 2; }
 
 /* The instance for head dim D (64, 128 or 256) with or without the in-launch combine. */
@@ -481,44 +372,6 @@ static int fl_spb(int n_units, int n_split) {
     return spb < n_split ? spb : n_split;
 }
 
-/* The decode form (flash_dec_kernel): -1 chosen, 0 off, 1 on, 2 on without its own combine —
- * the tests' settings; whether its shared memory was granted (cuda_flash_init); its launches
- * so far (the tests check that a comparison ran it). Chosen means ORCHID_FLASH_DEC=1: written
- * in session 36 without a card to run it on (no device came), so opt-in until it is measured
- * against the block form (then the default for batches of one-token tiles if it wins);
- * ORCHID_FLASH_DEC_NOCOMBINE=1 keeps the combine launch even when a block holds all of a
- * tile's splits. The same bits every way (the GPU test compares them). */
-static int fl_dec_mode = -1;
-static bool fl_dec_ok = false;
-static long fl_dec_launches = 0;
-extern "C" void cuda_flash_force_dec(int mode) { fl_dec_mode = mode < 0 ? -1 : mode > 2 ? 2 : mode; }
-extern "C" long cuda_flash_dec_launches(void) { return fl_dec_ok ? fl_dec_launches : -1; }
-static bool fl_dec_on(int n_tiles) {
-    static const bool on = env_flag("ORCHID_FLASH_DEC");
-    /* chosen for batches only: one sequence keeps the block form (at ≤ 32 splits its
-     * in-launch combine; at long contexts not yet measured against this form) */
-    return fl_dec_mode < 0 ? on && n_tiles >= 2 : fl_dec_mode > 0;
-}
-static bool fl_dec_combine(void) {
-    static const bool off = env_flag("ORCHID_FLASH_DEC_NOCOMBINE");
-    return fl_dec_mode < 0 ? !off : fl_dec_mode != 2;
-}
-/* Splits a decode-form block: enough that the launch is about one block an SM (one fits),
- * at least one a warp; a count set (tests, ORCHID_ATTN_SPB) as it is (1..3 leave warps idle). */
-static int fl_dec_spb(int n_units, int n_split) {
-    int spb = fl_spb_set();
-    if (spb <= 0) {
-        spb = (n_units * n_split + fl_sms - 1) / fl_sms;
-        if (spb < 4) spb = 4;
-    }
-    return spb < n_split ? spb : n_split;
-}
-typedef void (*flash_dec_fn_t)(const float *, const int32_t *, const cuda_seq *, const cuda_attn_tile *, int, int, int, int,
-                               int, int, float *, uint16_t *);
-static flash_dec_fn_t flash_dec_fn(int D) {
-    return D == 256 ? flash_dec_kernel<256> : D == 128 ? flash_dec_kernel<128> : flash_dec_kernel<64>;
-}
-
 extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     const int smem = (int)flash_smem(D);
     cuda_caps caps;
@@ -526,8 +379,6 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     fl_sms = caps_ok && caps.sms > 0 ? caps.sms : 132;
     fl_coop = caps_ok && caps.coop; /* the in-launch combine is a cooperative launch */
     (void)fl_spb_set(); /* reads the environment here, outside any graph capture */
-    (void)fl_dec_on(1);
-    (void)fl_dec_combine();
     if (D != 256 && D != 128 && D != 64) return 0; /* other head dims use the scalar kernel */
     for (int tail = 0; tail < 2; tail++) {
         const cudaError_t e = cudaFuncSetAttribute((const void *)flash_fn(D, tail), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -535,21 +386,14 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
             return errorf(err, errlen, ST_DEVICE, "flash attention: cudaFuncSetAttribute(%d B) failed: %s", smem,
                           cudaGetErrorString(e));
     }
-    /* the decode form asks for more (140 KB at D = 256): a device that cannot grant it keeps
-     * the block form for every launch */
-    fl_dec_ok = cudaFuncSetAttribute((const void *)flash_dec_fn(D), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)flash_dec_smem(D)) == cudaSuccess;
-    if (!fl_dec_ok) (void)cudaGetLastError();
     return 0;
 }
 
 /* 0 or a negative error; *launched = 1 when a tensor-core kernel took this shape (else the
- * caller falls back to the scalar one), *combined = 1 when it also combined the splits.
- * one_token: every tile is one token (a decode batch), so each tile's rows are its group and
- * the decode form can take it. */
+ * caller falls back to the scalar one), *combined = 1 when it also combined the splits. */
 extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos,
                                     const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
-                                    int one_token, int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part,
+                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part,
                                     int *tail, uint16_t *out, int *launched, int *combined) {
     *launched = *combined = 0;
     const int group = n_heads / kv_heads;
@@ -560,17 +404,6 @@ extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, c
      * once (a cooperative launch; at most one an SM here) */
     const bool fuse = tail && fl_coop && !fl_tail_off && n_split <= CUDA_ATTN_TAIL_SPLITS && (int)(grid.x * grid.y) <= fl_sms;
     *launched = 1;
-    if (!fuse && one_token && group <= FQD && fl_dec_ok && fl_dec_on(n_tiles)) {
-        spb = fl_dec_spb(n_tiles * kv_heads, n_split);
-        grid.y = (n_split + spb - 1) / spb;
-        const int comb = grid.y == 1 && n_split <= CUDA_ATTN_TAIL_SPLITS && fl_dec_combine();
-        *combined = comb;
-        fl_dec_launches++;
-        launch_cfg lc(grid, dim3(128), flash_dec_smem(D), cstream(c), false);
-        LAUNCH_CHECK_RC(c, lc.launch(flash_dec_fn(D), qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, spb, comb,
-                                     part, out),
-                        "flash_attention (decode form)");
-    }
     const flash_fn_t kern = flash_fn(D, fuse);
     *combined = fuse;
     fl_tail_launches += fuse;

@@ -195,18 +195,11 @@ void cuda_flash_force_spb(int spb);
  * flash launches have combined their splits themselves so far. */
 void cuda_flash_force_no_tail(int on);
 long cuda_flash_tail_launches(void);
-/* Tests: the decode form (a warp a key split, for batches of one-token tiles): -1 chosen
- * (ORCHID_FLASH_DEC=1), 0 off, 1 on wherever it fits, 2 on without its own combine; how many
- * launches took it so far (−1: the device cannot grant its shared memory). */
-void cuda_flash_force_dec(int mode);
-long cuda_flash_dec_launches(void);
 int cuda_flash_init(int head_dim, char *err, size_t errlen);
-/* tail, out: cuda_attention's; one_token: every tile is one token (T == n_tiles);
- * *combined = 1 when the launch also combined (into out). */
+/* tail, out: cuda_attention's; *combined = 1 when the launch also combined (into out). */
 int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
-                         const struct cuda_attn_tile *tiles, int n_tiles, int one_token, int n_split, int layer_ord,
-                         int n_heads, int kv_heads, int D, float *part, int *tail, uint16_t *out, int *launched,
-                         int *combined);
+                         const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int n_heads,
+                         int kv_heads, int D, float *part, int *tail, uint16_t *out, int *launched, int *combined);
 
 /* ---- Gated DeltaNet (cuda_gdn.cu) ---- */
 /* Causal depthwise conv + SiLU over the batch (reads/updates each session's conv state). */

@@ -851,34 +851,6 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
         cuda_flash_force_spb(0);
         free(ob2);
     }
-    if (T == nt && !strcmp(attn_mode, "tensor-core") && cuda_flash_dec_launches() >= 0) {
-        /* a decode batch (every tile one token): the decode form (a warp a split) against the
-         * block form, bitwise — with the launch's choice of splits a block, 1, 2, 5 and all
-         * of them (its own combine), and all of them through the combine launch */
-        uint16_t *ob2 = malloc((size_t)T * nh * D * 2), *ob3 = malloc((size_t)T * nh * D * 2);
-        cuda_flash_force_dec(0);
-        OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
-        D2H(ob2, dout, (size_t)T * nh * D * 2);
-        const int spbs[] = {0, 1, 2, 5, n_split, n_split};
-        for (int i = 0; i < 6; i++) {
-            const long runs0 = cuda_flash_dec_launches();
-            cuda_flash_force_dec(i == 5 ? 2 : 1);
-            cuda_flash_force_spb(spbs[i]);
-            if (cuda_memset0(dout, (size_t)T * nh * D * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
-            OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
-            D2H(ob3, dout, (size_t)T * nh * D * 2);
-            int diff = 0;
-            for (size_t j = 0; j < (size_t)T * nh * D; j++) diff += ob3[j] != ob2[j];
-            CHECK(diff == 0 && cuda_flash_dec_launches() == runs0 + 1,
-                  "attention nh=%d kvh=%d D=%d seqs=%d split=%d: the decode form (spb %d%s, %ld launches) differs from the "
-                  "block form in %d of %d values",
-                  nh, kvh, D, n_seqs, n_split, spbs[i], i == 5 ? ", combine launch" : "", cuda_flash_dec_launches() - runs0,
-                  diff, T * nh * D);
-        }
-        cuda_flash_force_spb(0);
-        cuda_flash_force_dec(-1);
-        free(ob2); free(ob3);
-    }
     if (!strcmp(attn_mode, "tensor-core")) {
         /* the combine in the flash launch (a barrier's two counters a tile and KV head: the
          * arrivals left zeroed, the generation counting on; run twice), with 1 and 2 splits a
