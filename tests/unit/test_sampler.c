@@ -47,6 +47,37 @@ static void con_advance(void *ctx, int32_t t) {
     c->last = t;
 }
 
+/* sampler_row_logprobs (echo's prompt tokens): log-softmax of the raw row at any token, the
+ * top n most likely first, NaN ignored, a -inf logit a -inf logprob; the row unchanged. */
+static void test_row_logprobs(void) {
+    fill();
+    memcpy(buf, base, sizeof buf);
+    buf[3] = NAN;
+    buf[5] = -INFINITY;
+    double m = 0, z = 0;
+    for (int i = 0; i < V; i++)
+        if (i != 3 && i != 5) m = fmax(m, base[i]);
+    for (int i = 0; i < V; i++)
+        if (i != 3 && i != 5) z += exp(base[i] - m);
+    const double lse = m + log(z);
+    struct sample_result r;
+    sampler_row_logprobs(buf, V, 17, 4, &r);
+    CHECK(r.token == 17 && r.n_top == 4, "row logprobs: token %d n_top %d", r.token, r.n_top);
+    CHECK_CLOSE(r.logprob, base[17] - lse, 1e-5, 0, "row logprob of token 17");
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (i != 3 && i != 5 && base[i] > base[best]) best = i;
+    CHECK(r.top_ids[0] == best, "row logprobs: top id %d want %d", r.top_ids[0], best);
+    CHECK_CLOSE(r.top_logprobs[0], base[best] - lse, 1e-5, 0, "row logprobs: top value");
+    for (int i = 1; i < 4; i++) CHECK(r.top_logprobs[i] <= r.top_logprobs[i - 1], "row logprobs sorted");
+    sampler_row_logprobs(buf, V, 5, 0, &r);
+    CHECK(r.logprob == -INFINITY && r.n_top == 0, "a -inf logit: logprob %g, n_top %d", r.logprob, r.n_top);
+    sampler_row_logprobs(buf, V, 3, 30, &r);
+    CHECK(r.logprob == -INFINITY && r.n_top == SAMPLER_MAX_TOP_LOGPROBS, "a NaN logit: %g, n_top %d (capped)", r.logprob,
+          r.n_top);
+    CHECK(isnan(buf[3]) && buf[5] == -INFINITY && buf[17] == base[17], "the row is unchanged");
+}
+
 static void test_constraint(void) {
     char err[256];
     struct sampler_params p = sampler_params_default();
@@ -367,5 +398,6 @@ int main(void) {
 
     test_logit_bias(best);
     test_constraint();
+    test_row_logprobs();
     return check_summary();
 }
