@@ -262,8 +262,8 @@ extern "C" int cuda_attention(const struct cuda_ctx *c, const float *qg, const i
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "attention: %d heads over %d KV heads", n_heads, kv_heads);
     int rc, launched = 0, combined = 0;
     if (!scalar_attn) {
-        rc = cuda_flash_attention(c, qg, pos, seqs, tiles, n_tiles, n_split, layer_ord, n_heads, kv_heads, D,
-                                  part, tail, out, &launched, &combined);
+        rc = cuda_flash_attention(c, qg, pos, seqs, tiles, n_tiles, n_split, layer_ord, n_heads, kv_heads, D, part, tail, out,
+                                  &launched, &combined);
         if (rc || combined) return rc;
     }
     if (launched) rc = 0;

@@ -48,211 +48,33 @@ __device__ __forceinline__ const uint16_t *f_kv(const cuda_seq &s, int layer_ord
     return s.kv + ((((size_t)layer_ord * 2 + which) * kvh + g) * (size_t)s.max_seq) * D;
 }
 
-/* What a block knows of its (query tile, KV head) and run of key splits; p0,
- * p1: the positions of the rows r0 and r0 + 8 of the tile a lane computes (−1: no row). */
-struct fl_block {
-    cuda_attn_tile tl;
-    int group, g, split0, split_end, nrows, p0, p1, kv_len;
-    const uint16_t *kc, *vc; /* the KV head's K and V cache rows */
-};
-template <int D>
-__device__ __forceinline__ fl_block fl_block_of(const int32_t *pos, const cuda_seq *seqs, const cuda_attn_tile *tiles,
-                                                int layer_ord, int nh, int kvh, int n_split, int spb, int r0) {
-    fl_block b;
-    b.group = nh / kvh;
-    b.g = blockIdx.x % kvh;
-    b.split0 = blockIdx.y * spb;
-    b.split_end = min(n_split, b.split0 + spb);
-    b.tl = tiles[blockIdx.x / kvh];
-    const cuda_seq s = seqs[b.tl.seq];
-    b.nrows = b.tl.n * b.group;
-    b.p0 = r0 < b.nrows ? pos[b.tl.t0 + r0 / b.group] : -1;
-    b.p1 = r0 + 8 < b.nrows ? pos[b.tl.t0 + (r0 + 8) / b.group] : -1;
-    b.kv_len = pos[b.tl.t0 + b.tl.n - 1] + 1;
-    b.kc = f_kv(s, layer_ord, 0, kvh, b.g, D);
-    b.vc = f_kv(s, layer_ord, 1, kvh, b.g, D);
-    return b;
-}
-
-/* ---- one warp's 16 query rows against one 32-key tile ----
- * Warp w runs these three steps for rows 16w.. of the block's tile. */
-
-/* The Q tile: rows [0, nrows) the bf16 of q · qscale for (token r / group, q head g·group +
- * r % group), rows [nrows, rows) zero; 8 pairs a thread requested before any is stored (a
- * guarded load a pair made each wait for the last). 128 threads. */
-template <int D>
-__device__ __forceinline__ void fl_stage_q(uint16_t *Qs, int rows, int nrows, const float *qg, const cuda_attn_tile &tl,
-                                           int group, int g, int nh, float qscale, int tid) {
-    constexpr int DS = D + 8;
-    const int nq = nrows * (D / 2);
-    for (int i0 = 0; i0 < nq; i0 += 8 * 128) {
-        float2 qv[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int i = min(i0 + j * 128 + tid, nq - 1), r = i / (D / 2), d = (i % (D / 2)) * 2;
-            qv[j] = *reinterpret_cast<const float2 *>(qg + (size_t)(tl.t0 + r / group) * 2 * nh * D +
-                                                      (size_t)(g * group + r % group) * 2 * D + d);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int i = i0 + j * 128 + tid, r = i / (D / 2), d = (i % (D / 2)) * 2;
-            if (i < nq) *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = pack_bf2(qv[j].x * qscale, qv[j].y * qscale);
-        }
-    }
-    for (int i = nq + tid; i < rows * (D / 2); i += 128) {
-        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
-        *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = 0u; /* pack_bf2(0, 0) */
-    }
-}
-
-/* S = Q·Kᵀ for the warp's 16 rows (Qw: its first row) and the tile's 32 keys (Kc). */
-template <int D>
-__device__ __forceinline__ void fl_scores(const uint16_t *Qw, const uint16_t *Kc, int lane, float (&S)[4][4]) {
-    constexpr int DS = D + 8, KS = D / 16;
-#pragma unroll
-    for (int j = 0; j < 4; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        uint32_t a0, a1, a2, a3;
-        f_ldsm4(Qw + (lane & 15) * DS + ks * 16 + (lane >> 4) * 8, a0, a1, a2, a3);
-#pragma unroll
-        for (int p = 0; p < 2; p++) {
-            uint32_t b0, b1, b2, b3;
-            f_ldsm4(Kc + (p * 16 + (lane & 7) + (lane >> 4) * 8) * DS + ks * 16 + ((lane >> 3) & 1) * 8, b0, b1, b2, b3);
-            f_mma(S[2 * p], a0, a1, a2, a3, b0, b1);
-            f_mma(S[2 * p + 1], a0, a1, a2, a3, b2, b3);
-        }
-    }
-}
-
-/* A split's key range and its fresh online-softmax state (O = 0, m = −inf, l = 0). */
-template <int NT>
-__device__ __forceinline__ void fl_split_begin(int kv_len, int n_split, int split, int &k_lo, int &k_hi, float (&O)[NT][4],
-                                               float &m0, float &m1, float &l0, float &l1) {
-    attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
-#pragma unroll
-    for (int j = 0; j < NT; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.0f;
-    m0 = m1 = -INFINITY;
-    l0 = l1 = 0.0f;
-}
-
-/* The mask (keys in [kb, k_hi) and at most the row's position p0 / p1), the online softmax
- * (rows r0: S[j][0..1], r1: S[j][2..3]; exp2 domain): S becomes P, (m, l) move on, O is
- * rescaled. */
-template <int NT>
-__device__ __forceinline__ void fl_online(float (&S)[4][4], int kb, int k_hi, int p0, int p1, int lane, float (&O)[NT][4],
-                                          float &m0, float &m1, float &l0, float &l1) {
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int key = kb + 8 * j + 2 * (lane & 3) + e;
-            const bool in = key < k_hi;
-            if (!in || key > p0) S[j][e] = -INFINITY;
-            if (!in || key > p1) S[j][2 + e] = -INFINITY;
-            mx0 = fmaxf(mx0, S[j][e]);
-            mx1 = fmaxf(mx1, S[j][2 + e]);
-        }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float c0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);
-    const float c1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
-    m0 = mn0;
-    m1 = mn1;
-    float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            S[j][e] = S[j][e] == -INFINITY ? 0.0f : exp2f(S[j][e] - mn0);
-            S[j][2 + e] = S[j][2 + e] == -INFINITY ? 0.0f : exp2f(S[j][2 + e] - mn1);
-            ps0 += S[j][e];
-            ps1 += S[j][2 + e];
-        }
-    l0 = l0 * c0 + ps0;
-    l1 = l1 * c1 + ps1;
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        O[j][0] *= c0; O[j][1] *= c0;
-        O[j][2] *= c1; O[j][3] *= c1;
-    }
-}
-
-/* O += P·V over the tile's 32 keys (Vc). */
-template <int D>
-__device__ __forceinline__ void fl_pv(const float (&S)[4][4], const uint16_t *Vc, int lane, float (&O)[D / 8][4]) {
-    constexpr int DS = D + 8;
-#pragma unroll
-    for (int c = 0; c < 2; c++) {
-        const uint32_t a0 = pack_bf2(S[2 * c][0], S[2 * c][1]), a1 = pack_bf2(S[2 * c][2], S[2 * c][3]);
-        const uint32_t a2 = pack_bf2(S[2 * c + 1][0], S[2 * c + 1][1]), a3 = pack_bf2(S[2 * c + 1][2], S[2 * c + 1][3]);
-#pragma unroll
-        for (int n2 = 0; n2 < D / 16; n2++) {
-            uint32_t b0, b1, b2, b3;
-            f_ldsm4t(Vc + (c * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DS + n2 * 16 + (lane >> 4) * 8, b0, b1, b2, b3);
-            f_mma(O[2 * n2], a0, a1, a2, a3, b0, b1);
-            f_mma(O[2 * n2 + 1], a0, a1, a2, a3, b2, b3);
-        }
-    }
-}
-
-/* The split's record for the warp's live rows (r0 = its row lane / 4, r1 = r0 + 8, tile
- * rows; r < nrows): part[(t·nh + h)·n_split + split] = (m in the natural-log domain, l, O). */
-template <int D>
-__device__ __forceinline__ void fl_write_partial(const float (&O)[D / 8][4], float m0, float m1, float l0, float l1, int r0,
-                                                 int r1, int nrows, const cuda_attn_tile &tl, int group, int g, int nh,
-                                                 int n_split, int split, int lane, float *part) {
-    constexpr int NT = D / 8;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float LN2 = 0.6931471805599453f;
-#pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        const int r = h2 ? r1 : r0;
-        if (r >= nrows) continue;
-        const int t = tl.t0 + r / group, h = g * group + r % group;
-        float *o = part + (((size_t)t * nh + h) * n_split + split) * (D + 2);
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int d = 8 * j + 2 * (lane & 3);
-            o[2 + d] = O[j][2 * h2];
-            o[2 + d + 1] = O[j][2 * h2 + 1];
-        }
-        if ((lane & 3) == 0) {
-            const float m = h2 ? m1 : m0;
-            o[0] = m == -INFINITY ? -INFINITY : m * LN2;
-            o[1] = h2 ? l1 : l0;
-        }
-    }
-}
-
 template <int D, bool TAIL>
 static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs,
                                                            const cuda_attn_tile *tiles, int layer_ord, int nh, int kvh,
                                                            int n_split, int spb, float *part, int *tail,
                                                            uint16_t *out) {
     TRACE_KERNEL();
-    constexpr int DS = D + 8, NT = D / 8;
+    constexpr int DS = D + 8, NT = D / 8, KS = D / 16;
     extern __shared__ __align__(16) uint16_t fsm[];
     uint16_t *Qs = fsm;                 /* [FQ][DS] */
     uint16_t *Ks = Qs + FQ * DS;        /* [2][FK][DS] */
     uint16_t *Vs = Ks + 2 * FK * DS;    /* [2][FK][DS] */
     if (!TAIL) pdl_trigger(); /* TAIL: before its barrier (below) */
     pdl_wait(); /* PDL: tiles, seqs, q, pos and the KV cache all come from earlier work */
+    const int group = nh / kvh;
+    const int tile_i = blockIdx.x / kvh, g = blockIdx.x % kvh, split0 = blockIdx.y * spb;
+    const int split_end = min(n_split, split0 + spb);
+    const cuda_attn_tile tl = tiles[tile_i];
+    const cuda_seq s = seqs[tl.seq];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
-    const fl_block b = fl_block_of<D>(pos, seqs, tiles, layer_ord, nh, kvh, n_split, spb, r0);
-    const cuda_attn_tile tl = b.tl;
-    const int group = b.group, g = b.g, split0 = b.split0, split_end = b.split_end, nrows = b.nrows;
-    const int p0 = b.p0, p1 = b.p1, kv_len = b.kv_len;
-    const uint16_t *kb_ = b.kc, *vb_ = b.vc;
+    const int nrows = tl.n * group;
     const float qscale = rsqrtf((float)D) * 1.4426950408889634f; /* fold log2(e): softmax in exp2 */
+
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
+    const int p0 = r0 < nrows ? pos[tl.t0 + r0 / group] : -1;
+    const int p1 = r1 < nrows ? pos[tl.t0 + r1 / group] : -1;
+    const int kv_len = pos[tl.t0 + tl.n - 1] + 1;
+    const uint16_t *kb_ = f_kv(s, layer_ord, 0, kvh, g, D), *vb_ = f_kv(s, layer_ord, 1, kvh, g, D);
 
     /* K/V keys [kb, kb + FK) ∩ [.., k_hi) into buffer buf (zeros past k_hi) */
     auto load_tile = [&](int kb, int k_hi, int buf) {
@@ -278,11 +100,34 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
             pending = true;
         }
     }
-    fl_stage_q<D>(Qs, FQ, nrows, qg, tl, group, g, nh, qscale, tid);
+    /* The Q tile: the nrows real rows (bf16 of q·qscale), 8 pairs a thread requested before
+     * any is stored (a guarded load a pair made each wait for the last), then zero rows. */
+    const int nq = nrows * (D / 2);
+    for (int i0 = 0; i0 < nq; i0 += 8 * 128) {
+        float2 qv[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int i = min(i0 + j * 128 + tid, nq - 1), r = i / (D / 2), d = (i % (D / 2)) * 2;
+            qv[j] = *reinterpret_cast<const float2 *>(qg + (size_t)(tl.t0 + r / group) * 2 * nh * D +
+                                                      (size_t)(g * group + r % group) * 2 * D + d);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int i = i0 + j * 128 + tid, r = i / (D / 2), d = (i % (D / 2)) * 2;
+            if (i < nq) *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = pack_bf2(qv[j].x * qscale, qv[j].y * qscale);
+        }
+    }
+    for (int i = nq + tid; i < FQ * (D / 2); i += 128) {
+        const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+        *reinterpret_cast<uint32_t *>(Qs + r * DS + d) = 0u; /* pack_bf2(0, 0) */
+    }
     for (int split = split0; split < split_end; split++) {
         int k_lo, k_hi;
-        float O[NT][4], m0, m1, l0, l1;
-        fl_split_begin<NT>(kv_len, n_split, split, k_lo, k_hi, O, m0, m1, l0, l1);
+        attn_split_keys(kv_len, n_split, split, &k_lo, &k_hi);
+        float O[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.0f;
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
         if (k_lo < k_hi && !pending) load_tile(k_lo, k_hi, buf);
         pending = false; /* (the Q tile's stores are ordered before the products by the tile's barrier) */
@@ -301,14 +146,99 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
                 asm volatile("cp.async.wait_group 0;\n" ::);
             }
             __syncthreads();
+            const uint16_t *Kc = Ks + buf * FK * DS, *Vc = Vs + buf * FK * DS;
             float S[4][4];
-            fl_scores<D>(Qs + warp * 16 * DS, Ks + buf * FK * DS, lane, S);
-            fl_online<NT>(S, kb, k_hi, p0, p1, lane, O, m0, m1, l0, l1);
-            fl_pv<D>(S, Vs + buf * FK * DS, lane, O);
+#pragma unroll
+            for (int j = 0; j < 4; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t a0, a1, a2, a3;
+                f_ldsm4(Qs + (warp * 16 + (lane & 15)) * DS + ks * 16 + (lane >> 4) * 8, a0, a1, a2, a3);
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    uint32_t b0, b1, b2, b3;
+                    f_ldsm4(Kc + (p * 16 + (lane & 7) + (lane >> 4) * 8) * DS + ks * 16 + ((lane >> 3) & 1) * 8, b0, b1, b2, b3);
+                    f_mma(S[2 * p], a0, a1, a2, a3, b0, b1);
+                    f_mma(S[2 * p + 1], a0, a1, a2, a3, b2, b3);
+                }
+            }
+            /* mask, online softmax (rows r0: S[j][0..1], r1: S[j][2..3]) */
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = kb + 8 * j + 2 * (lane & 3) + e;
+                    const bool in = key < k_hi;
+                    if (!in || key > p0) S[j][e] = -INFINITY;
+                    if (!in || key > p1) S[j][2 + e] = -INFINITY;
+                    mx0 = fmaxf(mx0, S[j][e]);
+                    mx1 = fmaxf(mx1, S[j][2 + e]);
+                }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float c0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);
+            const float c1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
+            m0 = mn0;
+            m1 = mn1;
+            float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    S[j][e] = S[j][e] == -INFINITY ? 0.0f : exp2f(S[j][e] - mn0);
+                    S[j][2 + e] = S[j][2 + e] == -INFINITY ? 0.0f : exp2f(S[j][2 + e] - mn1);
+                    ps0 += S[j][e];
+                    ps1 += S[j][2 + e];
+                }
+            l0 = l0 * c0 + ps0;
+            l1 = l1 * c1 + ps1;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                O[j][0] *= c0; O[j][1] *= c0;
+                O[j][2] *= c1; O[j][3] *= c1;
+            }
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const uint32_t a0 = pack_bf2(S[2 * c][0], S[2 * c][1]), a1 = pack_bf2(S[2 * c][2], S[2 * c][3]);
+                const uint32_t a2 = pack_bf2(S[2 * c + 1][0], S[2 * c + 1][1]), a3 = pack_bf2(S[2 * c + 1][2], S[2 * c + 1][3]);
+#pragma unroll
+                for (int n2 = 0; n2 < D / 16; n2++) {
+                    uint32_t b0, b1, b2, b3;
+                    f_ldsm4t(Vc + (c * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DS + n2 * 16 + (lane >> 4) * 8, b0, b1, b2, b3);
+                    f_mma(O[2 * n2], a0, a1, a2, a3, b0, b1);
+                    f_mma(O[2 * n2 + 1], a0, a1, a2, a3, b2, b3);
+                }
+            }
             __syncthreads();
             buf ^= 1;
         }
-        fl_write_partial<D>(O, m0, m1, l0, l1, r0, r1, nrows, tl, group, g, nh, n_split, split, lane, part);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        const float LN2 = 0.6931471805599453f;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            const int r = h2 ? r1 : r0;
+            if (r >= nrows) continue;
+            const int t = tl.t0 + r / group, h = g * group + r % group;
+            float *o = part + (((size_t)t * nh + h) * n_split + split) * (D + 2);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const int d = 8 * j + 2 * (lane & 3);
+                o[2 + d] = O[j][2 * h2];
+                o[2 + d + 1] = O[j][2 * h2 + 1];
+            }
+            if ((lane & 3) == 0) {
+                const float m = h2 ? m1 : m0;
+                o[0] = m == -INFINITY ? -INFINITY : m * LN2;
+                o[1] = h2 ? l1 : l0;
+            }
+        }
     }
     /* the combine (cuda_attention's tail): the (tile, KV head)'s blocks meet at a barrier (a
      * cooperative launch: all resident) and their warps share its rows' 64-column units. The
@@ -357,16 +287,13 @@ extern "C" void cuda_flash_force_no_tail(int on) { fl_tail_off = on; }
  * at 64 sequences: 2 splits a block 67.1 µs, 4 66.7, 7 (this formula) 59.9, and all 16 in
  * one block that then combined them itself, no combine launch, 66.2 — forwards 13.56 (7)
  * against 13.71–13.72: not the splits' chain in a block either.) */
-static int fl_spb_set(void) { /* the tests' count, else ORCHID_ATTN_SPB's, else 0 */
+static int fl_spb(int n_units, int n_split) {
     static int env = -1;
     if (env < 0) {
         const char *v = getenv("ORCHID_ATTN_SPB");
         env = v && *v ? atoi(v) : 0;
     }
-    return fl_spb_forced ? fl_spb_forced : env;
-}
-static int fl_spb(int n_units, int n_split) {
-    int spb = fl_spb_set();
+    int spb = fl_spb_forced ? fl_spb_forced : env;
     if (spb <= 0) spb = n_units * n_split / (2 * fl_sms);
     if (spb < 1) spb = 1;
     return spb < n_split ? spb : n_split;
@@ -378,7 +305,7 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     const bool caps_ok = device_caps(&caps) == cudaSuccess;
     fl_sms = caps_ok && caps.sms > 0 ? caps.sms : 132;
     fl_coop = caps_ok && caps.coop; /* the in-launch combine is a cooperative launch */
-    (void)fl_spb_set(); /* reads the environment here, outside any graph capture */
+    (void)fl_spb(1, 1); /* reads the environment here, outside any graph capture */
     if (D != 256 && D != 128 && D != 64) return 0; /* other head dims use the scalar kernel */
     for (int tail = 0; tail < 2; tail++) {
         const cudaError_t e = cudaFuncSetAttribute((const void *)flash_fn(D, tail), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -389,26 +316,26 @@ extern "C" int cuda_flash_init(int D, char *err, size_t errlen) {
     return 0;
 }
 
-/* 0 or a negative error; *launched = 1 when a tensor-core kernel took this shape (else the
- * caller falls back to the scalar one), *combined = 1 when it also combined the splits. */
+/* Returns 1 when the tensor-core kernel handles this shape (then it was launched), 0 to fall back. */
 extern "C" int cuda_flash_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos,
                                     const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
-                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part,
-                                    int *tail, uint16_t *out, int *launched, int *combined) {
+                                    int n_split, int layer_ord, int n_heads, int kv_heads, int D, float *part, int *tail,
+                                    uint16_t *out, int *launched, int *combined) {
     *launched = *combined = 0;
     const int group = n_heads / kv_heads;
     if (group * CUDA_ATTN_QT > FQ || (D != 64 && D != 128 && D != 256)) return 0;
-    int spb = fl_spb(n_tiles * kv_heads, n_split);
-    dim3 grid(n_tiles * kv_heads, (n_split + spb - 1) / spb);
+    const int spb = fl_spb(n_tiles * kv_heads, n_split);
+    const dim3 grid(n_tiles * kv_heads, (n_split + spb - 1) / spb);
+    const size_t smem = flash_smem(D);
     /* the combine in the launch: its blocks meet at a barrier, so all must be resident at
      * once (a cooperative launch; at most one an SM here) */
     const bool fuse = tail && fl_coop && !fl_tail_off && n_split <= CUDA_ATTN_TAIL_SPLITS && (int)(grid.x * grid.y) <= fl_sms;
-    *launched = 1;
     const flash_fn_t kern = flash_fn(D, fuse);
+    *launched = 1;
     *combined = fuse;
     fl_tail_launches += fuse;
     /* without the PDL attribute: see launch_attn in cuda_attn.cu */
-    launch_cfg lc(grid, dim3(128), flash_smem(D), cstream(c), false, 0, fuse);
+    launch_cfg lc(grid, dim3(128), smem, cstream(c), false, 0, fuse);
     LAUNCH_CHECK_RC(c, lc.launch(kern, qg, pos, seqs, tiles, layer_ord, n_heads, kv_heads, n_split, spb, part, fuse ? tail : NULL,
                                  out),
                     "flash_attention");
