@@ -17,6 +17,7 @@
  */
 #include "text/json_grammar.h"
 
+#include "text/json_decimal.h"
 #include "text/json_regex.h"
 #include "text/json_schema_merge.h"
 
@@ -132,19 +133,12 @@ static const char *const k_unsupported[] = {
 static int compile(jg_grammar *g, const cJSON *s, const char *path, int depth, char *err, size_t errlen);
 
 /* Numbers: 18 integer digits and 15 fraction digits at most (the recognizer's caps), so a
- * bound or value in units of 1e-15 fits an __int128. */
-#define INT_DIGITS 18
-#define FRAC_DIGITS 15
+ * bound or value in units of 1e-15 fits an __int128 (json_decimal.h). */
+#define INT_DIGITS JD_INT_DIGITS
+#define FRAC_DIGITS JD_FRAC_DIGITS
 /* Exponent digits: two, so every number is a finite, normal double (at most 18 + 99 decimal
  * orders, at least 10^-114): 4e407 is valid JSON, but Go's and Rust's parsers refuse it */
 #define EXP_DIGITS 2
-typedef __int128 num_t;
-static num_t pow10n(int k) {
-    num_t r = 1;
-    while (k-- > 0) r *= 10;
-    return r;
-}
-#define NUM_LIMIT(unit) (pow10n(INT_DIGITS) * (unit) - 1) /* the largest magnitude written */
 
 /* Whether schema s's type is `name` or a list naming it. */
 /* Whether schema s's 'type' (a name or a list of names) names name. */
@@ -155,48 +149,14 @@ static bool type_names(const cJSON *s, const char *name) {
 static bool is_bound_kw(const char *k) { return !strncmp(k, "minimum", 7) || !strncmp(k, "maximum", 7) || !strncmp(k, "exclusiveM", 10); }
 
 
-/* x (finite) in units of 10^-scale, rounded up (up) or down, clipped to +-limit; *exact:
- * nothing was rounded away. From the shortest decimal that reads back as x — the number
- * the schema's author wrote — so "minimum": 0.1 is exactly 0.1, as a document's "0.1"
- * (read back as the same double the validator compares with) is. */
-static num_t scaled(double x, int scale, bool up, num_t limit, bool *exact) {
-    char txt[40];
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(txt, sizeof txt, "%.*e", prec - 1, x);
-        if (strtod(txt, NULL) == x) break;
-    }
-    /* txt: [-]d.ddde[+-]XX: the digits D (nd of them) times 10^(X - (nd - 1)) */
-    const bool neg = txt[0] == '-';
-    num_t d = 0;
-    int nd = 0;
-    const char *p = txt + neg;
-    for (; *p && *p != 'e'; p++)
-        if (*p >= '0' && *p <= '9') d = d * 10 + (*p - '0'), nd++;
-    int e10 = atoi(p + 1) - (nd - 1) + scale;
-    *exact = true;
-    if (e10 > 40) d = limit + 1; /* far beyond: clipped below */
-    else
-        for (; e10 > 0 && d <= limit; e10--) d *= 10;
-    for (; e10 < 0; e10++) { /* round toward the bound's side: up for a value above, after the sign */
-        const bool rem = d % 10 != 0;
-        d /= 10;
-        if (rem) {
-            *exact = false;
-            if (up != neg) d += 1; /* magnitude up: the value up when positive, down when negative */
-        }
-    }
-    if (d > limit) d = limit + 1, *exact = false;
-    return neg ? -d : d;
-}
-
 /* A numeric node's bounds from s: minimum x -> lo = the least value >= x (exclusiveMinimum:
  * > x), maximum likewise, the tighter of each pair; in the node's units, clipped to what can
  * be written. */
 static int num_bounds(const cJSON *s, struct node *nd, const char *path, char *err, size_t errlen) {
     static const char *const kw[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
     const int scale = nd->kind == K_NUMBER ? FRAC_DIGITS : 0;
-    const num_t limit = NUM_LIMIT(pow10n(scale));
-    num_t lo = -limit, hi = limit;
+    const jd_num limit = jd_limit(scale);
+    jd_num lo = -limit, hi = limit;
     bool any = false;
     for (int i = 0; i < 4; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, kw[i]);
@@ -207,7 +167,7 @@ static int num_bounds(const cJSON *s, struct node *nd, const char *path, char *e
             return jsm_fail(err, errlen, path, m);
         }
         bool exact;
-        num_t b = scaled(v->valuedouble, scale, i < 2, limit, &exact);
+        jd_num b = jd_scaled(v->valuedouble, scale, i < 2, limit, &exact);
         if (i == 1 && exact) b += 1; /* exclusive: the next value that can be written */
         if (i == 3 && exact) b -= 1;
         if (i < 2 && b > lo) lo = b;
@@ -227,21 +187,13 @@ static int num_bounds(const cJSON *s, struct node *nd, const char *path, char *e
 }
 
 /* Whether [x, y] holds a multiple of m (> 0): the largest multiple <= y is >= x. */
-static bool has_multiple(num_t x, num_t y, num_t m) {
+static bool has_multiple(jd_num x, jd_num y, jd_num m) {
     if (x > y) return false;
-    num_t r = y % m;
+    jd_num r = y % m;
     if (r < 0) r += m;
     return y - r >= x;
 }
 
-static num_t num_gcd(num_t a, num_t b) {
-    while (b) {
-        const num_t r = a % b;
-        a = b;
-        b = r;
-    }
-    return a;
-}
 
 /* A numeric node's multipleOf m, in the node's units: a positive decimal of at most
  * FRAC_DIGITS fraction digits (the shortest decimal that reads back as the schema's double,
@@ -256,20 +208,20 @@ static int num_multiple(const cJSON *s, struct node *nd, const char *path, char 
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
     if (!v) return 0;
     const bool number = nd->kind == K_NUMBER;
-    const num_t limit = NUM_LIMIT(pow10n(number ? FRAC_DIGITS : 0));
+    const jd_num limit = jd_limit(number ? FRAC_DIGITS : 0);
     const bool whole = cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= 1e18 && v->valuedouble == floor(v->valuedouble);
     if (!number && whole) {
-        nd->mult = (num_t)v->valuedouble;
+        nd->mult = (jd_num)v->valuedouble;
     } else {
         bool exact = false;
-        const num_t fl = NUM_LIMIT(pow10n(FRAC_DIGITS));
-        const num_t m = cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble > 0
-                            ? scaled(v->valuedouble, FRAC_DIGITS, true, fl, &exact)
+        const jd_num fl = jd_limit(FRAC_DIGITS);
+        const jd_num m = cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble > 0
+                            ? jd_scaled(v->valuedouble, FRAC_DIGITS, true, fl, &exact)
                             : 0;
         if (!exact || m < 1 || m > fl)
             return jsm_fail(err, errlen, path,
                             "'multipleOf' must be a positive decimal of at most 15 fraction digits and 18 integer digits");
-        nd->mult = number ? m : m / num_gcd(m, pow10n(FRAC_DIGITS));
+        nd->mult = number ? m : m / jd_gcd(m, jd_pow10(FRAC_DIGITS));
     }
     if (!nd->bounded) {
         nd->bounded = true;
@@ -348,10 +300,10 @@ static int unique_lits(jg_grammar *g, int id, int *lits, int *nl, int depth) {
     if (g->nodes[id].kind == K_INTEGER) {
         const struct node n = g->nodes[id]; /* (literal() may move the node array) */
         if (!n.bounded) return -1;
-        const num_t step = n.mult ? n.mult : 1;
-        num_t r = n.lo % step;
+        const jd_num step = n.mult ? n.mult : 1;
+        jd_num r = n.lo % step;
         if (r < 0) r += step;
-        num_t v = r ? n.lo - r + step : n.lo; /* the least multiple ≥ lo */
+        jd_num v = r ? n.lo - r + step : n.lo; /* the least multiple ≥ lo */
         if (n.hi < v || (n.hi - v) / step >= 64) return -1; /* more than 64 values */
         for (; v <= n.hi; v += step) {
             char txt[24];
@@ -482,7 +434,7 @@ static int type_node(jg_grammar *g, const cJSON *s, const char *type, const char
          * or a multipleOf could leave a prefix whose every completion is taken. */
         const struct node *in = str >= 0 ? &g->nodes[str] : NULL;
         const bool free_int = in && in->kind == K_INTEGER && !in->mult &&
-                              (!in->bounded || (in->lo >= 0 && in->lo <= pow10n(16) && in->hi == NUM_LIMIT(1)));
+                              (!in->bounded || (in->lo >= 0 && in->lo <= jd_pow10(16) && in->hi == jd_limit(0)));
         if (cJSON_IsTrue(uq) && n_prefix == 0 && (free_str || free_int)) {
             /* a set of free strings (Pydantic's set[str]) or integers: each item's text (a
              * string's) or value (an integer's) hashed as it is written, a close refused while
@@ -880,20 +832,20 @@ enum phase {
  * the fraction digits' value (pos of them in P_N_FRAC). */
 #define NUM_NEG (1ULL << 63)
 static bool num_neg(const struct jg_frame *f) { return f->seen & NUM_NEG; }
-static num_t num_int(const struct jg_frame *f) { return (num_t)(f->seen & ~NUM_NEG); }
+static jd_num num_int(const struct jg_frame *f) { return (jd_num)(f->seen & ~NUM_NEG); }
 
 /* The values (in the node's units) a bounded number's frame can still end as, [*a, *b];
  * false for the sign alone (any value <= 0 may follow). */
-static bool num_span(const struct node *n, const struct jg_frame *f, int j, num_t *a, num_t *b) {
-    const num_t unit = pow10n(n->kind == K_NUMBER ? FRAC_DIGITS : 0);
-    num_t lo, width;
+static bool num_span(const struct node *n, const struct jg_frame *f, int j, jd_num *a, jd_num *b) {
+    const jd_num unit = jd_pow10(n->kind == K_NUMBER ? FRAC_DIGITS : 0);
+    jd_num lo, width;
     switch (f->phase) {
     case P_N_ZERO: lo = 0, width = unit; break; /* 0, or 0.xxx */
-    case P_N_INT: lo = num_int(f) * pow10n(j) * unit, width = pow10n(j) * unit; break; /* j more digits */
+    case P_N_INT: lo = num_int(f) * jd_pow10(j) * unit, width = jd_pow10(j) * unit; break; /* j more digits */
     case P_N_DOT: lo = num_int(f) * unit, width = unit; break;
     case P_N_FRAC: {
-        const num_t step = pow10n(FRAC_DIGITS - f->pos);
-        lo = num_int(f) * unit + (num_t)f->cand * step, width = step;
+        const jd_num step = jd_pow10(FRAC_DIGITS - f->pos);
+        lo = num_int(f) * unit + (jd_num)f->cand * step, width = step;
         break;
     }
     default: return false;
@@ -906,7 +858,7 @@ static bool num_span(const struct node *n, const struct jg_frame *f, int j, num_
 
 /* Whether some value within the node's bounds can still be written from this frame. */
 /* Whether some value of [a, b] is within the node's bounds (and, with multipleOf, a multiple). */
-static bool span_ok(const struct node *n, num_t a, num_t b) {
+static bool span_ok(const struct node *n, jd_num a, jd_num b) {
     if (a > n->hi || b < n->lo) return false;
     return !n->mult || has_multiple(a > n->lo ? a : n->lo, b < n->hi ? b : n->hi, n->mult);
 }
@@ -916,7 +868,7 @@ static bool num_viable(const struct node *n, const struct jg_frame *f) {
     if (f->phase == P_N_SIGN) return span_ok(n, n->lo, 0); /* "-": some v <= 0 (-0 is 0) */
     const int more = f->phase == P_N_INT ? INT_DIGITS - f->pos : 0;
     for (int j = 0; j <= more; j++) {
-        num_t a, b;
+        jd_num a, b;
         if (num_span(n, f, j, &a, &b) && span_ok(n, a, b)) return true;
     }
     return false;
@@ -925,9 +877,9 @@ static bool num_viable(const struct node *n, const struct jg_frame *f) {
 /* Whether a finished number (phase ZERO, INT or FRAC) is within the node's bounds. */
 static bool num_within(const struct node *n, const struct jg_frame *f) {
     if (!n->bounded) return true;
-    const num_t unit = pow10n(n->kind == K_NUMBER ? FRAC_DIGITS : 0);
-    num_t v = f->phase == P_N_ZERO ? 0 : num_int(f) * unit;
-    if (f->phase == P_N_FRAC) v += (num_t)f->cand * pow10n(FRAC_DIGITS - f->pos);
+    const jd_num unit = jd_pow10(n->kind == K_NUMBER ? FRAC_DIGITS : 0);
+    jd_num v = f->phase == P_N_ZERO ? 0 : num_int(f) * unit;
+    if (f->phase == P_N_FRAC) v += (jd_num)f->cand * jd_pow10(FRAC_DIGITS - f->pos);
     if (num_neg(f)) v = -v;
     return v >= n->lo && v <= n->hi && (!n->mult || v % n->mult == 0);
 }

@@ -6,6 +6,8 @@
  */
 #include "text/json_schema_merge.h"
 
+#include "text/json_decimal.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,61 +98,28 @@ static int bound_kw(const char *k) {
     return 0;
 }
 
-/* ---- multipleOf in decimal (JSON Schema's meaning; json_grammar.c reads each value so) ---- */
-
-#define DEC_FRAC 15 /* fraction digits a multipleOf may have (json_grammar's FRAC_DIGITS) */
-
-static unsigned __int128 pow10u(int n) {
-    unsigned __int128 p = 1;
-    while (n-- > 0) p *= 10;
-    return p;
-}
-
-/* x > 0 as the shortest decimal that reads back as x: *units = x · 10^DEC_FRAC exactly.
- * False when that decimal has more than DEC_FRAC fraction or 18 integer digits. */
-static bool dec_units(double x, unsigned __int128 *units) {
-    char b[40];
-    int p = 1;
-    for (; p <= 17; p++) {
-        snprintf(b, sizeof b, "%.*e", p - 1, x);
-        if (strtod(b, NULL) == x) break;
-    }
-    if (p > 17 || !(x > 0)) return false;
-    unsigned long long mant = 0; /* the p significant digits */
-    for (const char *c = b; *c && *c != 'e'; c++)
-        if (*c >= '0' && *c <= '9') mant = mant * 10 + (unsigned)(*c - '0');
-    const int e10 = atoi(strchr(b, 'e') + 1) - (p - 1); /* x = mant · 10^e10 */
-    const int shift = e10 + DEC_FRAC;                    /* units = mant · 10^shift */
-    /* at most DEC_FRAC fraction digits; below 10^(18 + DEC_FRAC) units (mant has p digits) */
-    if (shift < 0 || shift + p > 18 + DEC_FRAC + 1) return false;
-    *units = (unsigned __int128)mant * pow10u(shift);
-    return *units <= pow10u(18 + DEC_FRAC);
-}
-
 /* The least common multiple of two multipleOf values, in decimal (0.1 and 0.25: 0.5), as
- * a number; false when it cannot be written within the digits json_grammar reads. */
+ * a number: each read as json_grammar.c reads a multipleOf (jd_scaled in units of
+ * 10^-JD_FRAC_DIGITS, exactly), the result written back as the decimal it is; false when a
+ * value is not such a decimal or a value or the multiple is past 10^JD_INT_DIGITS. */
 static bool dec_lcm(double a, double b, double *out) {
-    unsigned __int128 ua, ub;
-    if (!dec_units(a, &ua) || !dec_units(b, &ub)) return false;
-    unsigned __int128 x = ua, y = ub;
-    while (y) {
-        const unsigned __int128 r = x % y;
-        x = y;
-        y = r;
-    }
-    const unsigned __int128 q = ua / x, lim = pow10u(18 + DEC_FRAC);
+    const jd_num lim = jd_pow10(JD_INT_DIGITS + JD_FRAC_DIGITS);
+    bool ea = false, eb = false;
+    const jd_num ua = a > 0 ? jd_scaled(a, JD_FRAC_DIGITS, true, lim, &ea) : 0;
+    const jd_num ub = b > 0 ? jd_scaled(b, JD_FRAC_DIGITS, true, lim, &eb) : 0;
+    if (!ea || !eb || ua < 1 || ub < 1) return false;
+    const jd_num q = ua / jd_gcd(ua, ub);
     if (q > lim / ub) return false;
-    const unsigned __int128 l = q * ub;
-    if (l > lim) return false;
-    /* l · 10^-DEC_FRAC as a decimal string, read back as the nearest double */
+    const jd_num l = q * ub;
+    /* l · 10^-JD_FRAC_DIGITS as a decimal string, read back as the nearest double */
     char digits[48], txt[64];
     int n = 0;
-    for (unsigned __int128 t = l; t; t /= 10) digits[n++] = (char)('0' + (int)(t % 10));
+    for (jd_num t = l; t; t /= 10) digits[n++] = (char)('0' + (int)(t % 10));
     int o = 0;
-    for (int i = n - 1; i >= DEC_FRAC; i--) txt[o++] = digits[i];
+    for (int i = n - 1; i >= JD_FRAC_DIGITS; i--) txt[o++] = digits[i];
     if (o == 0) txt[o++] = '0';
     txt[o++] = '.';
-    for (int i = DEC_FRAC - 1; i >= 0; i--) txt[o++] = i < n ? digits[i] : '0';
+    for (int i = JD_FRAC_DIGITS - 1; i >= 0; i--) txt[o++] = i < n ? digits[i] : '0';
     txt[o] = 0;
     *out = strtod(txt, NULL);
     return true;
