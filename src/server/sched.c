@@ -112,6 +112,15 @@ static void sample_item(void *ctx, int i) {
     sampler_sample(sl->job->smp, sl->logits, &sl->res);
 }
 
+/* A token's record from its sample result (the text span left to the caller). */
+static void rec_set(struct tok_rec *rec, const struct sample_result *r) {
+    rec->id = r->token;
+    rec->logprob = r->logprob;
+    rec->n_top = r->n_top;
+    memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
+    memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
+}
+
 /* A prompt token's record from the row before it (threadpool item). */
 static void score_prompt_row(void *ctx, int i) {
     const struct sched *S = ctx;
@@ -120,12 +129,7 @@ static void score_prompt_row(void *ctx, int i) {
     struct sample_result r;
     sampler_row_logprobs(j->lp_rows + (size_t)it->row * S->port.vocab, S->port.vocab, j->prompt[it->p], j->prompt_top,
                          &r);
-    struct tok_rec *rec = &j->prompt_recs[it->p];
-    rec->id = r.token;
-    rec->logprob = r.logprob;
-    rec->n_top = r.n_top;
-    memcpy(rec->top_ids, r.top_ids, (size_t)r.n_top * sizeof *rec->top_ids);
-    memcpy(rec->top_lps, r.top_logprobs, (size_t)r.n_top * sizeof *rec->top_lps);
+    rec_set(&j->prompt_recs[it->p], &r);
 }
 
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
@@ -267,11 +271,7 @@ static void finish_job(struct sched *S, struct slot *sl, struct job *j, enum fin
 static void put_rec(struct job *j, const struct sample_result *r, size_t start, size_t end) {
     if (!j->recs || j->n_recs >= j->max_tokens) return;
     struct tok_rec *rec = &j->recs[j->n_recs++];
-    rec->id = r->token;
-    rec->logprob = r->logprob;
-    rec->n_top = r->n_top;
-    memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
-    memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
+    rec_set(rec, r);
     rec->text_start = start < end ? start : end;
     rec->text_end = end;
 }
