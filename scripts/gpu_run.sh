@@ -34,6 +34,9 @@
 #             the report's text into res/ncu_ARM.txt
 #   stream    bench_stream --mb STREAM_MB (default 256) of the first arm's pack: the DRAM read rate each way of loading
 #             (per SM and all SMs) — the ceiling the weight-streaming kernels are held to
+#   echo      bench/echo_check.py: /v1/completions echo + logprobs (the prompt's own logprobs) of
+#             the last arm's server on the carried tiny model (--backend cuda) against the
+#             same binary's CPU backend; ECHO_ARGS more flags
 #   same      bench/serve_same.py (batch invariance end to end: requests together and alone,
 #             bitwise) against each arm's server on the same synthetic checkpoint; SAME_ARGS
 #             (e.g. '--lengths 17,600,4100 --max-seq 8192 --expect-same')
@@ -176,6 +179,14 @@ for phase in $PHASES; do
             note "serve ${names[$i]}:"
             grep -E '^\| *[0-9]+ \|' "$j.log" >>"$summary"
         done
+        ;;
+    echo)
+        [ -n "${ORCHID_GPU_TINY:-}" ] || { note "echo: no tiny model"; continue; }
+        l=$res/echo_${names[$last]}.log
+        arm "$last" timeout 600 python3 bench/echo_check.py --orchid "$root/${packs[$last]}/bin/orchid" \
+            --model "$ORCHID_GPU_TINY" --backend cuda --log-dir "$res" ${ECHO_ARGS:-} >"$l" 2>&1
+        note "echo ${names[$last]} (exit $?): $(grep -E '^echo check' "$l" | tail -1)"
+        grep -m8 -E '^(MISMATCH|note)' "$l" >>"$summary"
         ;;
     same)
         synth_model || continue

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""bench/echo_check.py — /v1/completions `echo` + `logprobs` (the prompt's own logprobs:
+lm-evaluation-harness's loglikelihood requests) on one backend against the CPU reference
+backend, end to end through two `orchid serve` processes on the same checkpoint. The CPU
+path is checked against mlx-lm itself by tests/python/test_completions_echo.py; this is
+the same question for CUDA, where prompt rows come out of the prefill kernels in chunks of
+SCHED_PROMPT_LP_ROWS with every row's logits, beside other requests. Standard library only
+(bench/serve_load.py's Server and request helpers), so it runs on the device machine.
+
+Checks, per prompt (token-id prompts of lengths around the 16-row chunk edges and longer):
+  - the echoed tokens, text and text_offset equal the reference's exactly;
+  - every prompt token's logprob (the first null) and its top-n values within --tol
+    (absolute, nats) of the reference's; the top-n sets equal where the reference's
+    n-th and (n+1)-th values are more than --tol apart (ties may order either way);
+  - with max_tokens 0 no generated token; with max_tokens > 0 greedy continuations
+    compared (a flip is reported when the reference's top two are within --tol);
+  - a batch of prompts in one request (choice i = prompt i) equals the prompts alone;
+  - the same prompts sent together with plain decoding requests equal them alone.
+Exit 1 on any mismatch.
+
+  bench/echo_check.py --orchid build/orchid --model DIR [--backend cuda] [--ref-backend cpu]
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_load import Server, model_id, request  # noqa: E402
+
+
+def complete(url, prompt, **kw):
+    body = {"model": model_id(url), "prompt": prompt, "temperature": 0, "echo": True}
+    body.update(kw)
+    st, raw = request(url, "POST", "/v1/completions", body)
+    if st != 200:
+        raise RuntimeError("HTTP %d: %s" % (st, raw[:300]))
+    return json.loads(raw)["choices"]
+
+
+def compare_choice(name, got, ref, n_prompt, tol, problems, notes):
+    lg, lr = got["logprobs"], ref["logprobs"]
+    if lg["tokens"] == lr["tokens"] and got["text"] != ref["text"]:
+        problems.append("%s: text differs" % name)
+    for key in ("tokens", "text_offset"):
+        if lg[key][:n_prompt] != lr[key][:n_prompt]:
+            problems.append("%s: prompt %s differ" % (name, key))
+    worst = 0.0
+    for p in range(min(len(lg["token_logprobs"]), len(lr["token_logprobs"]))):
+        a, b = lg["token_logprobs"][p], lr["token_logprobs"][p]
+        if (a is None) != (b is None):
+            problems.append("%s: token %d logprob null on one side only" % (name, p))
+            continue
+        if a is None:
+            continue
+        gen = p >= n_prompt
+        if gen and lg["tokens"][p] != lr["tokens"][p]:
+            rv = sorted(lr["top_logprobs"][p].values(), reverse=True)
+            (notes if len(rv) > 1 and rv[0] - rv[1] <= tol else problems).append(
+                "%s: generated token %d differs (%r vs %r)" % (name, p, lg["tokens"][p], lr["tokens"][p]))
+            break  # the continuations part here
+        worst = max(worst, abs(a - b))
+        if abs(a - b) > tol:
+            problems.append("%s: token %d logprob %.6f vs reference %.6f" % (name, p, a, b))
+        tg, tr = lg["top_logprobs"][p], lr["top_logprobs"][p]
+        vg, vr = sorted(tg.values(), reverse=True), sorted(tr.values(), reverse=True)
+        if len(vg) != len(vr):
+            problems.append("%s: token %d: %d top entries vs %d" % (name, p, len(vg), len(vr)))
+            continue
+        for x, y in zip(vg, vr):
+            worst = max(worst, abs(x - y))
+            if abs(x - y) > tol:
+                problems.append("%s: token %d top value %.6f vs %.6f" % (name, p, x, y))
+                break
+        # the sets must agree unless a tie straddles the cut (values within tol of each other)
+        clear = all(vr[i] - vr[i + 1] > tol for i in range(len(vr) - 1))
+        if clear and set(tg) != set(tr) and vr[-1] > min(tr.values()) - tol:
+            notes.append("%s: token %d top sets differ (%s vs %s)" % (name, p, sorted(tg), sorted(tr)))
+    return worst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--orchid", default="build/orchid")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--ref-backend", default="cpu")
+    ap.add_argument("--port", type=int, default=8141)
+    ap.add_argument("--max-seq", type=int, default=1024)
+    ap.add_argument("--lengths", default="1,2,15,16,17,33,40,100,300")
+    ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--tol", type=float, default=5e-3, help="absolute logprob tolerance (nats)")
+    ap.add_argument("--ready-timeout", type=int, default=300)
+    ap.add_argument("--log-dir", default=".")
+    args = ap.parse_args()
+    rnd = random.Random(11)
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    prompts = [[rnd.randrange(1000, 150000) for _ in range(n)] for n in lengths]
+    extra = ["--parallel", "8", "--prefix-cache-mb", "0"]
+
+    def run_all(url):
+        out = {}
+        for n, p in zip(lengths, prompts):
+            out[("alone0", n)] = complete(url, p, max_tokens=0, logprobs=args.top)[0]
+            out[("alone4", n)] = complete(url, p, max_tokens=4, logprobs=args.top)[0]
+        # lm-evaluation-harness's batched payload: id lists, echo, logprobs 1, max_tokens 1
+        batch = complete(url, prompts[-4:], max_tokens=1, logprobs=1)
+        for n, ch in zip(lengths[-4:], batch):
+            out[("batch", n)] = ch
+        return out
+
+    problems, notes = [], []
+    ref_args = argparse.Namespace(**vars(args))
+    ref_args.backend = args.ref_backend
+    ref = Server(ref_args, args.port, extra, "echo_ref_%s.log" % args.ref_backend)
+    try:
+        want = run_all(ref.url)
+        # the batch's entries against the same prompts alone at logprobs 1 (same server)
+        for n, p in zip(lengths[-4:], prompts[-4:]):
+            want[("batch_alone", n)] = complete(ref.url, p, max_tokens=1, logprobs=1)[0]
+    finally:
+        ref.stop()
+    srv = Server(args, args.port + 1, extra, "echo_%s.log" % args.backend)
+    try:
+        got = run_all(srv.url)
+        # the echo requests beside plain decoding requests: the same records
+        beside, errs = {}, []
+
+        def plain(i):
+            try:
+                complete(srv.url, prompts[i % len(prompts)][:50] or [1000], echo=False, max_tokens=64, ignore_eos=True)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errs.append(str(e))
+
+        def echoed(n, p):
+            try:
+                beside[n] = complete(srv.url, p, max_tokens=4, logprobs=args.top)[0]
+            except Exception as e:  # noqa: BLE001
+                errs.append(str(e))
+
+        ts = [threading.Thread(target=plain, args=(i,)) for i in range(6)]
+        ts += [threading.Thread(target=echoed, args=(n, p)) for n, p in zip(lengths, prompts)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        problems += ["beside plain requests: %s" % e for e in errs]
+    finally:
+        srv.stop()
+
+    worst = 0.0
+    for key, ch in got.items():
+        n = key[1]
+        if key[0] == "alone0" and len(ch["logprobs"]["tokens"]) != n:
+            problems.append("%s: max_tokens 0 gave %d entries for %d prompt tokens" % (key, len(ch["logprobs"]["tokens"]), n))
+        worst = max(worst, compare_choice("%s %s" % key, ch, want[key], n, args.tol, problems, notes))
+    for n in lengths[-4:]:
+        compare_choice("batch vs alone (reference) %d" % n, want[("batch", n)], want[("batch_alone", n)], n, 1e-6,
+                       problems, notes)
+    for n in lengths:
+        if n in beside:
+            a, b = beside[n], got[("alone4", n)]
+            if json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
+                compare_choice("beside vs alone %d" % n, a, b, n, args.tol, problems, notes)
+                notes.append("beside vs alone %d: not bitwise equal (batched kernels differ from alone)" % n)
+    for s in notes:
+        print("note: " + s)
+    for s in problems:
+        print("MISMATCH: " + s)
+    print("echo check: %d prompts (lengths %s), worst |logprob - reference| %.2e, %d mismatches, %d notes"
+          % (len(lengths), args.lengths, worst, len(problems), len(notes)))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
