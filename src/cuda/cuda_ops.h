@@ -100,6 +100,10 @@ int cuda_gemm_init(char *err, size_t errlen);
  * capability 9 device, ORCHID_NO_WGMMA unset); tests force the mma.sync form to compare. */
 int cuda_gemm_wg_active(void);
 void cuda_gemm_force_mma(int on);
+/* The wgmma form's quad blocks (four warpgroups, 256 weight rows a block, one block an SM):
+ * -1 the default (ORCHID_WG_QUAD=1), 0 never, 1 wherever the shared memory fits; tests
+ * compare it with the two-warpgroup form bit for bit. */
+void cuda_gemm_wg_quad(int mode);
 int cuda_attn_init(int n_heads, int kv_heads, int head_dim, char *err, size_t errlen);
 
 /* ---- dense / grouped quantized matrix products (cuda_gemv.cu, cuda_gemm.cu) ---- */

@@ -620,30 +620,38 @@ static void form_cmp(const char *what, const float *wg, const float *mma, size_t
     printf("  %s: wgmma vs mma.sync rel diff %.3g, %zu of %zu values differ\n", what, e, nd, n);
     CHECK(e <= 1e-5, "%s: wgmma vs mma.sync rel diff %.3g", what, e);
 }
+/* The quad form (four warpgroups a block) runs each warpgroup's products as the two-warpgroup
+ * form does: the same bits. */
+static void quad_cmp(const char *what, const void *quad, const void *two, size_t bytes) {
+    CHECK(!memcmp(quad, two, bytes), "%s: the quad wgmma form differs from the two-warpgroup form", what);
+}
 
 static void test_gemm_forms_dense(int rows, int cols, int n_mats, int mat, int T, int accumulate) {
     if (!cuda_gemm_wg_active()) return;
     struct rq m;
     if (rq_make(&m, rows, cols, n_mats, 4, 1.0f / sqrtf((float)cols))) { CHECK(0, "rq_make"); return; }
     float *xf = malloc((size_t)T * cols * 4), *y0 = malloc((size_t)T * rows * 4);
-    float *a = malloc((size_t)T * rows * 4), *b = malloc((size_t)T * rows * 4);
+    float *a = malloc((size_t)T * rows * 4), *b = malloc((size_t)T * rows * 4), *q = malloc((size_t)T * rows * 4);
     uint16_t *xb = malloc((size_t)T * cols * 2), *dx;
     float *dy;
     rand_bf16(xf, xb, (size_t)T * cols, 1.0f);
     rand_f32(y0, (size_t)T * rows, 1.0f);
     DEV(dx, (size_t)T * cols * 2); DEV(dy, (size_t)T * rows * 4);
     H2D(dx, xb, (size_t)T * cols * 2);
-    for (int form = 0; form < 2; form++) {
-        cuda_gemm_force_mma(form);
+    for (int form = 0; form < 3; form++) { /* wgmma two-warpgroup, mma.sync, wgmma quad */
+        cuda_gemm_force_mma(form == 1);
+        cuda_gemm_wg_quad(form == 2);
         H2D(dy, y0, (size_t)T * rows * 4);
         OK(cuda_gemm_dense(&ctx, &m.d, mat, dx, T, cols, dy, rows, accumulate));
-        D2H(form ? b : a, dy, (size_t)T * rows * 4);
+        D2H(form == 2 ? q : form ? b : a, dy, (size_t)T * rows * 4);
     }
     cuda_gemm_force_mma(0);
+    cuda_gemm_wg_quad(-1);
     char what[96];
     snprintf(what, sizeof what, "gemm_dense %dx%d mat %d/%d T=%d%s", rows, cols, mat, n_mats, T, accumulate ? " +=" : "");
     form_cmp(what, a, b, (size_t)T * rows);
-    cuda_free(dx); cuda_free(dy); free(xf); free(y0); free(a); free(b); free(xb); rq_free(&m);
+    quad_cmp(what, q, a, (size_t)T * rows * 4);
+    cuda_free(dx); cuda_free(dy); free(xf); free(y0); free(a); free(b); free(q); free(xb); rq_free(&m);
 }
 
 static void test_gemm_forms_swiglu(int I, int H, int T) {
@@ -651,21 +659,25 @@ static void test_gemm_forms_swiglu(int I, int H, int T) {
     struct rq g, u;
     rq_make(&g, I, H, 1, 4, 1.0f / sqrtf((float)H)); rq_make(&u, I, H, 1, 4, 1.0f / sqrtf((float)H));
     float *xf = malloc((size_t)T * H * 4), *a = malloc((size_t)T * I * 4), *b = malloc((size_t)T * I * 4);
+    float *q = malloc((size_t)T * I * 4);
     uint16_t *xb = malloc((size_t)T * H * 2), *ob = malloc((size_t)T * I * 2), *dx, *da;
     rand_bf16(xf, xb, (size_t)T * H, 1.0f);
     DEV(dx, (size_t)T * H * 2); DEV(da, (size_t)T * I * 2);
     H2D(dx, xb, (size_t)T * H * 2);
-    for (int form = 0; form < 2; form++) {
-        cuda_gemm_force_mma(form);
+    for (int form = 0; form < 3; form++) { /* wgmma two-warpgroup, mma.sync, wgmma quad */
+        cuda_gemm_force_mma(form == 1);
+        cuda_gemm_wg_quad(form == 2);
         OK(cuda_gemm_swiglu(&ctx, &g.d, &u.d, dx, T, H, da, I));
         D2H(ob, da, (size_t)T * I * 2);
-        for (size_t i = 0; i < (size_t)T * I; i++) (form ? b : a)[i] = bf16_to_f32(ob[i]);
+        for (size_t i = 0; i < (size_t)T * I; i++) (form == 2 ? q : form ? b : a)[i] = bf16_to_f32(ob[i]);
     }
     cuda_gemm_force_mma(0);
+    cuda_gemm_wg_quad(-1);
     char what[64];
     snprintf(what, sizeof what, "gemm_swiglu I=%d H=%d T=%d (bf16 out)", I, H, T);
     form_cmp(what, a, b, (size_t)T * I);
-    cuda_free(dx); cuda_free(da); free(xf); free(a); free(b); free(xb); free(ob); rq_free(&g); rq_free(&u);
+    quad_cmp(what, q, a, (size_t)T * I * 4);
+    cuda_free(dx); cuda_free(da); free(xf); free(a); free(b); free(q); free(xb); free(ob); rq_free(&g); rq_free(&u);
 }
 
 /* ---- SwiGLU: the prefill GEMM (bf16 weights) or the skinny kernel; bf16 output, 1e-2 ---- */
@@ -1340,16 +1352,26 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                 cuda_gemm_force_mma(0);
             }
             float *em = malloc((size_t)T * K * H * 4), *ew2 = malloc((size_t)T * K * H * 4);
+            float *eq = malloc((size_t)T * K * H * 4);
             D2H(em, ded, (size_t)T * K * H * 4);
+            if (cuda_gemm_wg_active()) { /* the quad form on the same route, against the two-warpgroup form below */
+                cuda_gemm_wg_quad(1);
+                OK(cuda_moe_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
+                OK(cuda_moe_grouped_down(&ctx, &down.d, dact, &r, ded));
+                D2H(eq, ded, (size_t)T * K * H * 4);
+                cuda_gemm_wg_quad(0);
+            }
             OK(cuda_moe_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact));
             OK(cuda_moe_grouped_down(&ctx, &down.d, dact, &r, ded));
+            cuda_gemm_wg_quad(-1);
             if (cuda_gemm_wg_active()) {
                 char what[80];
                 snprintf(what, sizeof what, "grouped swiglu+down E=%d K=%d H=%d I=%d T=%d", E, K, H, I, T);
                 D2H(ew2, ded, (size_t)T * K * H * 4);
                 form_cmp(what, ew2, em, (size_t)T * K * H);
+                quad_cmp(what, eq, ew2, (size_t)T * K * H * 4);
             }
-            free(em); free(ew2);
+            free(em); free(ew2); free(eq);
             OK(cuda_gemm_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
             OK(cuda_gemm_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
         }
@@ -1684,6 +1706,7 @@ int main(void) {
     test_moe(256, 8, 2048, 512, 5, 0);
     test_moe(8, 2, 128, 64, 3, 0);
     test_moe(256, 8, 2048, 512, 150, 1);
+    test_moe(8, 8, 2048, 512, 300, 1); /* ~300 slots an expert: whole 128-slot route tiles in the wgmma forms */
     test_moe(16, 8, 256, 128, 600, 1); /* 4,800 pairs: the cooperative route by default */
     if (cuda_moe_route_force(-1)) {
         const int n0 = cuda_moe_route_coop_launches();
