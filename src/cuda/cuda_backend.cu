@@ -503,10 +503,10 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
                 P("gdn_in_gemv", cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
             }
         } else {
-            P("gdn_in_gemm", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
-            P("gdn_in_gemm", cuda_gemm_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
-            P("gdn_in_gemm", cuda_gemm_dense(c, &d->a, 0, cb->xn, T, H, cb->gab, 2 * Hv, 0));
-            P("gdn_in_gemm", cuda_gemm_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
+            P("gdn_in_gemm_qkv", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
+            P("gdn_in_gemm_z", cuda_gemm_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
+            P("gdn_in_gemm_ab", cuda_gemm_dense(c, &d->a, 0, cb->xn, T, H, cb->gab, 2 * Hv, 0));
+            P("gdn_in_gemm_ab", cuda_gemm_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
         }
         if (!tcv_conv)
             P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel,
@@ -534,9 +534,9 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
                                : tcv  ? cuda_tcv_multi(c, s, n_seg, cb->xn)
                                       : cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
         } else {
-            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
-            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
-            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
+            P("attn_q_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
+            P("attn_kv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
+            P("attn_kv_gemm", cuda_gemm_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
         }
         if ((rc = attention(cb, d, m, c))) return rc;
         if (small)
