@@ -295,6 +295,14 @@ struct cuda_moe_route {
 static inline int cuda_moe_route_grid(const struct cuda_moe_route *r) {
     return r->bound_tiles > 0 && r->bound_tiles < r->max_tiles ? r->bound_tiles : r->max_tiles;
 }
+/* cuda_moe_router_topk, and the route of its T·K pairs (tile_rows slots a tile) built by
+ * the launch's last top-k block instead of a cuda_moe_route_build launch after it: the same
+ * counts, offsets and tiles, each pair in its expert's run (the order within a run is the
+ * atomics', as in every build). route_counter: one more zeroed counter. */
+int cuda_moe_router_topk_route(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
+                               const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
+                               int32_t *ids, float *w, int *counter, int *route_counter, int tile_rows,
+                               struct cuda_moe_route *r);
 /* Sorts the T·K (token, expert) pairs by expert into slots and cuts each expert's run into
  * tiles of at most tile_rows (a power of two, 8..128) slots. */
 int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, int tile_rows,

@@ -1111,6 +1111,38 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
 /* The route of T tokens' K distinct experts of E by one block and by the cooperative launch
  * (cuda_moe.cu): the same counts, offsets and tiles; every pair in its expert's run, its slot
  * naming its token, each slot taken once (the order within a run is the atomics'). */
+/* A route's device words in one allocation: counts [E+1], offsets [E+1], cursor [E],
+ * row_of_slot [S], slot_of_pair [S], tiles [max_tiles·3 + 1]. */
+static size_t route_words(int E, int S, int max_tiles) { return (size_t)(E + 1) * 2 + E + 2 * (size_t)S + (size_t)max_tiles * 3 + 1; }
+static struct cuda_moe_route route_on(int32_t *d, int E, int S, int max_tiles) {
+    struct cuda_moe_route r = {.counts = d, .offsets = d + E + 1, .cursor = d + 2 * (E + 1)};
+    r.row_of_slot = r.cursor + E;
+    r.slot_of_pair = r.row_of_slot + S;
+    r.tiles = r.slot_of_pair + S;
+    r.max_tiles = max_tiles;
+    return r;
+}
+/* b against the reference a (both route_words): the same counts, offsets, tile count and
+ * tiles; every pair of ids in its expert's run of b, its slot naming its token, each slot
+ * taken once. */
+static void route_cmp(const char *what, const int32_t *a, const int32_t *b, const int32_t *ids, int E, int K, int S,
+                      int max_tiles) {
+    const size_t tiles_at = (size_t)(E + 1) * 2 + E + 2 * (size_t)S; /* counts[E] is not written: not compared */
+    const int32_t *cnt = b, *off = b + E + 1, *row = b + 2 * (E + 1) + E, *slot = row + S;
+    const int ntiles = b[tiles_at + (size_t)max_tiles * 3];
+    const int bad = memcmp(a, b, (size_t)E * 4) || memcmp(a + E + 1, b + E + 1, (size_t)(E + 1) * 4) ||
+                    ntiles < 0 || ntiles > max_tiles || ntiles != a[tiles_at + (size_t)max_tiles * 3] || memcmp(a + tiles_at, b + tiles_at, (size_t)ntiles * 3 * 4);
+    char *taken = calloc((size_t)S, 1);
+    int misplaced = 0;
+    for (int i = 0; i < S; i++) {
+        const int e = ids[i], sl = slot[i];
+        if (e < 0 || e >= E || sl < off[e] || sl >= off[e] + cnt[e] || taken[sl] || row[sl] != i / K) misplaced++;
+        else taken[sl] = 1;
+    }
+    CHECK(!bad && !misplaced, "%s: counts/offsets/tiles %s, %d pairs misplaced", what, bad ? "differ" : "same", misplaced);
+    free(taken);
+}
+
 static void test_route(int E, int K, int T, int tile_rows) {
     const int S = T * K, max_tiles = (S + tile_rows - 1) / tile_rows + E;
     int32_t *ids = malloc((size_t)S * 4), *dids;
@@ -1126,16 +1158,12 @@ static void test_route(int E, int K, int T, int tile_rows) {
         }
     DEV(dids, (size_t)S * 4);
     H2D(dids, ids, (size_t)S * 4);
-    const size_t words = (size_t)(E + 1) * 2 + E + 2 * (size_t)S + (size_t)max_tiles * 3 + 1;
+    const size_t words = route_words(E, S, max_tiles);
     int32_t *got[2];
     for (int form = 0; form < 2; form++) {
         int32_t *d;
         DEV(d, words * 4);
-        struct cuda_moe_route r = {.counts = d, .offsets = d + E + 1, .cursor = d + 2 * (E + 1)};
-        r.row_of_slot = r.cursor + E;
-        r.slot_of_pair = r.row_of_slot + S;
-        r.tiles = r.slot_of_pair + S;
-        r.max_tiles = max_tiles;
+        struct cuda_moe_route r = route_on(d, E, S, max_tiles);
         cuda_moe_route_force(form);
         OK(cuda_moe_route_build(&ctx, dids, T, E, K, tile_rows, &r));
         CHECK(cuda_sync(errbuf, sizeof errbuf) == 0, "route E=%d T=%d: %s", E, T, errbuf);
@@ -1144,22 +1172,10 @@ static void test_route(int E, int K, int T, int tile_rows) {
         cuda_free(d);
     }
     cuda_moe_route_force(-1);
-    const int32_t *a = got[0], *b = got[1];
-    const size_t tiles_at = (size_t)(E + 1) * 2 + E + 2 * (size_t)S; /* counts[E] is not written: not compared */
-    const int32_t *cnt = b, *off = b + E + 1, *row = b + 2 * (E + 1) + E, *slot = row + S;
-    const int ntiles = b[tiles_at + (size_t)max_tiles * 3];
-    const int bad = memcmp(a, b, (size_t)E * 4) || memcmp(a + E + 1, b + E + 1, (size_t)(E + 1) * 4) ||
-                    ntiles < 0 || ntiles > max_tiles || ntiles != a[tiles_at + (size_t)max_tiles * 3] || memcmp(a + tiles_at, b + tiles_at, (size_t)ntiles * 3 * 4);
-    char *taken = calloc((size_t)S, 1);
-    int misplaced = 0;
-    for (int i = 0; i < S; i++) {
-        const int e = ids[i], sl = slot[i];
-        if (sl < off[e] || sl >= off[e] + cnt[e] || taken[sl] || row[sl] != i / K) misplaced++;
-        else taken[sl] = 1;
-    }
-    CHECK(!bad && !misplaced, "route E=%d K=%d T=%d tiles of %d: cooperative vs one block: counts/offsets/tiles %s, %d pairs misplaced",
-          E, K, T, tile_rows, bad ? "differ" : "same", misplaced);
-    free(taken); free(got[0]); free(got[1]); free(ids);
+    char what[96];
+    snprintf(what, sizeof what, "route E=%d K=%d T=%d tiles of %d: cooperative vs one block", E, K, T, tile_rows);
+    route_cmp(what, got[0], got[1], ids, E, K, S, max_tiles);
+    free(got[0]); free(got[1]); free(ids);
     cuda_free(dids);
 }
 
@@ -1197,6 +1213,28 @@ static void test_router_batch(int E, int H, int T, int rbits, int sbits) {
         diff += bits_differ(ow, bw + (size_t)t * K, (size_t)K) + bits_differ(oi, bi + (size_t)t * K, (size_t)K);
     }
     CHECK(diff == 0, "router_batch E=%d H=%d T=%d bits %d/%d: %d values differ from each token alone", E, H, T, rbits, sbits, diff);
+    { /* the route built by the router's tail (64-slot tiles, the skinny kernels') against a
+       * route launch on the batch's ids; its logits, ids and weights the batch's bits */
+        const int S = T * K, max_tiles = (S + 63) / 64 + E;
+        const size_t words = route_words(E, S, max_tiles);
+        int32_t *d0, *d1, *h0 = malloc(words * 4), *h1 = malloc(words * 4), *fi = malloc((size_t)S * 4);
+        float *fl = malloc((size_t)T * E * 4), *fw = malloc((size_t)S * 4);
+        DEV(d0, words * 4); DEV(d1, words * 4);
+        struct cuda_moe_route r0 = route_on(d0, E, S, max_tiles), r1 = route_on(d1, E, S, max_tiles);
+        OK(cuda_moe_route_build(&ctx, di, T, E, K, 64, &r0));
+        for (int rep = 0; rep < 2; rep++) /* twice: the route counter must be back at 0 */
+            OK(cuda_moe_router_topk_route(&ctx, &router.d, &sg.d, dx, H, T, dl, E, ds, K, 1, di, dw, dcnt, dcnt + 12, 64, &r1));
+        D2H(h0, d0, words * 4); D2H(h1, d1, words * 4);
+        D2H(fl, dl, (size_t)T * E * 4); D2H(fi, di, (size_t)S * 4); D2H(fw, dw, (size_t)S * 4);
+        const int fd = bits_differ(fl, bl, (size_t)T * E) + bits_differ(fi, bi, (size_t)S) + bits_differ(fw, bw, (size_t)S);
+        CHECK(fd == 0, "router_topk_route E=%d H=%d T=%d: %d logits/ids/weights differ from router_topk's", E, H, T, fd);
+        CHECK(r1.bound_tiles == r0.bound_tiles && r1.tile_rows == 64 && r1.n_slots == S,
+              "router_topk_route E=%d T=%d: host bounds %d/%d", E, T, r1.bound_tiles, r0.bound_tiles);
+        char what[96];
+        snprintf(what, sizeof what, "router_topk_route E=%d H=%d T=%d: route in the router's tail vs its launch", E, H, T);
+        route_cmp(what, h0, h1, bi, E, K, S, max_tiles);
+        cuda_free(d0); cuda_free(d1); free(h0); free(h1); free(fi); free(fl); free(fw);
+    }
     const double e = rel_err(bl, cl, (size_t)T * E);
     CHECK(e <= 1e-5, "router_batch E=%d H=%d T=%d bits %d/%d: rel err %.3g against the CPU", E, H, T, rbits, sbits, e);
     free(x); free(cl); free(bl); free(bs); free(bw); free(bi); free(ol);
