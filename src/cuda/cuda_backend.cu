@@ -512,6 +512,10 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             } else {
                 P("gdn_in_gemv", cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
             }
+        } else if (cuda_gemm_multi_on()) {
+            cuda_gemv_seg s[4];
+            const int n_seg = in_proj_segs(cb, l, s);
+            P("gdn_in_gemm_multi", cuda_gemm_multi(c, s, n_seg, cb->xn, T, H));
         } else {
             P("gdn_in_gemm_qkv", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
             P("gdn_in_gemm_z", cuda_gemm_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
@@ -543,6 +547,10 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             P("attn_qkv_gemv", in_src ? cuda_tcv_multi_norm(c, s, n_seg, &in_ns, NULL)
                                : tcv  ? cuda_tcv_multi(c, s, n_seg, cb->xn)
                                       : cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
+        } else if (cuda_gemm_multi_on()) {
+            cuda_gemv_seg s[4];
+            const int n_seg = in_proj_segs(cb, l, s);
+            P("attn_qkv_gemm_multi", cuda_gemm_multi(c, s, n_seg, cb->xn, T, H));
         } else {
             P("attn_q_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
             P("attn_kv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));

@@ -83,7 +83,7 @@ __device__ __forceinline__ uint32_t wg_dq(uint32_t w, uint32_t sel, uint32_t s2,
 }
 #endif
 
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS, bool MULTI>
 static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BT = WG_BT;
@@ -111,20 +111,29 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
         m0 = blockIdx.y * BT;
         m_end = min(a.M, m0 + BT);
     }
-    const int f0 = blockIdx.x * (SWIGLU ? ROWS / 2 : ROWS);
+    /* The block's matrix and outputs: a dense launch over segments (cuda_gemm_multi) gives
+     * block column bx to segment sg where seg[sg].bx0 <= bx < seg[sg + 1].bx0.
+    * The segment's fields are read from the parameters where used (prologue, epilogue), not
+     * kept in registers across the main loop. */
+    int sg = 0;
+    if (MULTI)
+        while (sg + 1 < a.n_seg && (int)blockIdx.x >= a.seg[sg + 1].bx0) sg++;
+    /* (the other launches' expressions unchanged: ptxas spilled more with locals in between) */
+    auto seg_N = [&]() { return MULTI ? a.seg[sg].m.rows : a.N; };
+    const int f0 = (MULTI ? (int)blockIdx.x - a.seg[sg].bx0 : blockIdx.x) * (SWIGLU ? ROWS / 2 : ROWS);
 
     /* Staged weight row R (0..ROWS - 1): warp R / 16's rows; SwiGLU interleaves each warp's 16 as
      * 8 gate rows then the 8 up rows of the same features. */
     auto row_src = [&](int R, const cuda_qmat *&m, bool &ok) -> size_t {
         int f;
-        m = &a.b0;
+        m = MULTI ? &a.seg[sg].m : &a.b0;
         if (SWIGLU) {
             f = f0 + (R >> 4) * 8 + (R & 7);
             if (R & 8) m = &a.b1;
         } else {
             f = f0 + R;
         }
-        ok = f < a.N;
+        ok = f < seg_N();
         return (size_t)expert * m->rows + (ok ? f : 0);
     };
 
@@ -253,10 +262,10 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int f = f0 + R0 + 8 * h;
-                    if (f >= a.N) continue;
-                    float *dst = a.y + (size_t)r * a.ldy + f;
+                    if (f >= seg_N()) continue;
+                    float *dst = (MULTI ? a.seg[sg].y : a.y) + (size_t)r * (MULTI ? a.seg[sg].ldy : a.ldy) + f;
                     const float v = acc[4 * j + 2 * h + e];
-                    *dst = a.accumulate ? *dst + v : v;
+                    *dst = (MULTI ? a.seg[sg].accumulate : a.accumulate) ? *dst + v : v;
                 }
             }
         }
@@ -279,24 +288,21 @@ extern "C" void cuda_gemm_wg_quad(int mode) { wg_quad_forced = mode < 0 ? -1 : m
 
 /* The opt-in less the kernel's static shared memory (none in a normal build; the trace
  * build's per-block marks take some, and asking for the whole opt-in then fails). */
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS, bool MULTI>
 static cudaError_t wg_attr() {
     cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS>);
+    cudaError_t e = cudaFuncGetAttributes(&fa, gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS, MULTI>);
     if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS>,
+    return cudaFuncSetAttribute(gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS, MULTI>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(wg_optin - fa.sharedSizeBytes));
 }
-template <bool PARTIAL>
+/* every form of one (SwiGLU, partial tiles, segments) kind */
+template <bool SWIGLU, bool PARTIAL, bool MULTI>
 static cudaError_t wg_attrs() {
-    cudaError_t e = wg_attr<WG_STAGES1, false, 1, PARTIAL, 2>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGES1, true, 1, PARTIAL, 2>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGES2, false, 2, PARTIAL, 2>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGES2, true, 2, PARTIAL, 2>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGES3, false, 2, PARTIAL, 2>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGES3, true, 2, PARTIAL, 2>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGESQ, false, 1, PARTIAL, 4>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGESQ, true, 1, PARTIAL, 4>();
+    cudaError_t e = wg_attr<WG_STAGES1, SWIGLU, 1, PARTIAL, 2, MULTI>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES2, SWIGLU, 2, PARTIAL, 2, MULTI>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES3, SWIGLU, 2, PARTIAL, 2, MULTI>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGESQ, SWIGLU, 1, PARTIAL, 4, MULTI>();
     return e;
 }
 
@@ -310,8 +316,11 @@ int gemm_wg_init(char *err, size_t errlen) {
     wg_two = !env_flag("ORCHID_WG_ONE_BLOCK");
     wg_three = !env_flag("ORCHID_WG_NO3");
     wg_quad = env_flag("ORCHID_WG_QUAD");
-    cudaError_t e = wg_attrs<false>();
-    if (e == cudaSuccess) e = wg_attrs<true>();
+    cudaError_t e = wg_attrs<false, false, false>();
+    if (e == cudaSuccess) e = wg_attrs<true, false, false>();
+    if (e == cudaSuccess) e = wg_attrs<false, true, false>();
+    if (e == cudaSuccess) e = wg_attrs<true, true, false>();
+    if (e == cudaSuccess) e = wg_attrs<false, false, true>();
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     const int h = cuda_sm90a_code(err, errlen);
     if (h < 0) return h;
@@ -331,12 +340,19 @@ bool gemm_wg_usable(const gemm_args &a, bool swiglu) {
     return wg_smem_bytes<WG_STAGES1, 2>(a.K) <= wg_optin;
 }
 
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS, bool MULTI>
 static int wg_run(const struct cuda_ctx *c, const gemm_args &a, int tile_blocks, const char *what) {
     typedef wg_shape<STAGES, WGS> S;
     const int fr = SWIGLU ? S::rows / 2 : S::rows; /* features a block */
-    const dim3 grid((a.N + fr - 1) / fr, a.tiles ? tile_blocks : (a.M + WG_BT - 1) / WG_BT);
-    gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS><<<grid, S::threads, wg_smem_bytes<STAGES, WGS>(a.K), cstream(c)>>>(a);
+    gemm_args g = a;
+    int cols = (a.N + fr - 1) / fr;
+    if (MULTI) /* each segment's first block column, for this form's rows a block */
+        for (int s = cols = 0; s < a.n_seg; s++) {
+            g.seg[s].bx0 = cols;
+            cols += (a.seg[s].m.rows + fr - 1) / fr;
+        }
+    const dim3 grid(cols, a.tiles ? tile_blocks : (a.M + WG_BT - 1) / WG_BT);
+    gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS, MULTI><<<grid, S::threads, wg_smem_bytes<STAGES, WGS>(a.K), cstream(c)>>>(g);
     LAUNCH_CHECK(c, what);
 }
 
@@ -344,22 +360,23 @@ static int wg_run(const struct cuda_ctx *c, const gemm_args &a, int tile_blocks,
  * slots issues N = 64 (H200, 8 × 512 pack: gate/up 425 µs a layer against 445 with N = 128
  * for every tile, down 280 against 283). The form: the quad where asked for and it fits,
  * else two blocks an SM in 4 stages, or 3 (K = 4,096), else one block of 5 stages. */
-template <bool SWIGLU, bool PARTIAL>
+template <bool SWIGLU, bool PARTIAL, bool MULTI>
 static int wg_launch_form(const struct cuda_ctx *c, const gemm_args &a, int tb, const char *what) {
     const bool quad = wg_quad_forced >= 0 ? wg_quad_forced == 1 : wg_quad;
-    if (quad && wg_smem_bytes<WG_STAGESQ, 4>(a.K) <= wg_optin) return wg_run<WG_STAGESQ, SWIGLU, 1, PARTIAL, 4>(c, a, tb, what);
+    if (quad && wg_smem_bytes<WG_STAGESQ, 4>(a.K) <= wg_optin) return wg_run<WG_STAGESQ, SWIGLU, 1, PARTIAL, 4, MULTI>(c, a, tb, what);
     /* (1 KB an SM block is the runtime's) */
     if (wg_two && 2 * (wg_smem_bytes<WG_STAGES2, 2>(a.K) + 1024) <= wg_sm_smem)
-        return wg_run<WG_STAGES2, SWIGLU, 2, PARTIAL, 2>(c, a, tb, what);
+        return wg_run<WG_STAGES2, SWIGLU, 2, PARTIAL, 2, MULTI>(c, a, tb, what);
     if (wg_two && wg_three && 2 * (wg_smem_bytes<WG_STAGES3, 2>(a.K) + 1024) <= wg_sm_smem)
-        return wg_run<WG_STAGES3, SWIGLU, 2, PARTIAL, 2>(c, a, tb, what);
-    return wg_run<WG_STAGES1, SWIGLU, 1, PARTIAL, 2>(c, a, tb, what);
+        return wg_run<WG_STAGES3, SWIGLU, 2, PARTIAL, 2, MULTI>(c, a, tb, what);
+    return wg_run<WG_STAGES1, SWIGLU, 1, PARTIAL, 2, MULTI>(c, a, tb, what);
 }
 
 int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_blocks, const char *what) {
     /* grouped: tile_blocks block rows, one a route tile (a block past the route's count exits) */
-    if (a.tiles) return swiglu ? wg_launch_form<true, true>(c, a, tile_blocks, what) : wg_launch_form<false, true>(c, a, tile_blocks, what);
-    return swiglu ? wg_launch_form<true, false>(c, a, 0, what) : wg_launch_form<false, false>(c, a, 0, what);
+    if (a.tiles) return swiglu ? wg_launch_form<true, true, false>(c, a, tile_blocks, what) : wg_launch_form<false, true, false>(c, a, tile_blocks, what);
+    if (a.n_seg > 1 && !swiglu) return wg_launch_form<false, false, true>(c, a, 0, what);
+    return swiglu ? wg_launch_form<true, false, false>(c, a, 0, what) : wg_launch_form<false, false, false>(c, a, 0, what);
 }
 
 CUDA_TRACE_TU(gemm_wg)

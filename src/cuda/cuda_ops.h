@@ -134,6 +134,14 @@ int cuda_gemv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, cons
 /* Forces the tensor-core GEMM (any T; for tests). */
 int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
                     float *y, int ldy, int accumulate);
+/* Dense products of one x by several matrices of its K (a layer's input projections), one
+ * wgmma launch over the segments where that form takes them all and ORCHID_GEMM_MULTI=1 (or
+ * cuda_gemm_multi_force(1): tests; -1 back to the environment); else one cuda_gemm_dense
+ * each. The same bits either way. */
+int cuda_gemm_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
+                    int ldx);
+int cuda_gemm_multi_on(void);
+void cuda_gemm_multi_force(int mode);
 /* the fused one-launch form of cuda_gemm_precise on (default) or off (three launches: the GPU test's bitwise check) */
 void cuda_gemm_precise_fused(int on);
 /* ~fp32-accurate y (+)= x·Wᵀ from x = x_hi + x_lo (bf16 parts): three tensor-core products,

@@ -654,6 +654,49 @@ static void test_gemm_forms_dense(int rows, int cols, int n_mats, int mat, int T
     cuda_free(dx); cuda_free(dy); free(xf); free(y0); free(a); free(b); free(q); free(xb); rq_free(&m);
 }
 
+/* cuda_gemm_multi: one launch over segments (a layer's input projections) against one
+ * cuda_gemm_dense a segment, bit for bit, in the two-warpgroup and the quad wgmma forms;
+ * rows that leave part-filled block columns, one segment accumulating. */
+static void test_gemm_multi(int K, int T, int n, const int *rows) {
+    if (!cuda_gemm_wg_active()) return;
+    struct rq m[4];
+    float *dy[4], *y0[4], *got[2][4];
+    uint16_t *xb = malloc((size_t)T * K * 2), *dx;
+    float *xf = malloc((size_t)T * K * 4);
+    rand_bf16(xf, xb, (size_t)T * K, 1.0f);
+    DEV(dx, (size_t)T * K * 2);
+    H2D(dx, xb, (size_t)T * K * 2);
+    struct cuda_gemv_seg segs[4];
+    for (int s = 0; s < n; s++) {
+        rq_make(&m[s], rows[s], K, 1, 4, 1.0f / sqrtf((float)K));
+        y0[s] = malloc((size_t)T * rows[s] * 4);
+        rand_f32(y0[s], (size_t)T * rows[s], 1.0f);
+        DEV(dy[s], (size_t)T * rows[s] * 4);
+        segs[s] = (struct cuda_gemv_seg){m[s].d, dy[s], rows[s], s == 1};
+        for (int f = 0; f < 2; f++) got[f][s] = malloc((size_t)T * rows[s] * 4);
+    }
+    for (int quad = 0; quad < 2; quad++) {
+        cuda_gemm_wg_quad(quad);
+        for (int f = 0; f < 2; f++) { /* separate launches, then one */
+            cuda_gemm_multi_force(f);
+            for (int s = 0; s < n; s++) H2D(dy[s], y0[s], (size_t)T * rows[s] * 4);
+            OK(cuda_gemm_multi(&ctx, segs, n, dx, T, K));
+            for (int s = 0; s < n; s++) D2H(got[f][s], dy[s], (size_t)T * rows[s] * 4);
+        }
+        int nd = 0;
+        for (int s = 0; s < n; s++) nd += memcmp(got[0][s], got[1][s], (size_t)T * rows[s] * 4) != 0;
+        CHECK(nd == 0, "gemm_multi K=%d T=%d %d segments (%s form): %d segments differ from their own launches", K, T, n,
+              quad ? "quad" : "two-warpgroup", nd);
+    }
+    cuda_gemm_multi_force(-1);
+    cuda_gemm_wg_quad(-1);
+    printf("  gemm_multi K=%d T=%d: %d segments, one launch = separate launches (both wgmma forms)\n", K, T, n);
+    for (int s = 0; s < n; s++) {
+        rq_free(&m[s]); cuda_free(dy[s]); free(y0[s]); free(got[0][s]); free(got[1][s]);
+    }
+    cuda_free(dx); free(xb); free(xf);
+}
+
 static void test_gemm_forms_swiglu(int I, int H, int T) {
     if (!cuda_gemm_wg_active()) return;
     struct rq g, u;
@@ -1682,6 +1725,12 @@ int main(void) {
     test_gemm_forms_dense(8192, 2048, 1, 0, 512, 0);
     test_gemm_forms_dense(32, 2048, 1, 0, 77, 1);
     test_gemm_forms_swiglu(512, 2048, 300);
+    {
+        const int gdn[] = {1000, 300, 32, 32}, attn[] = {520, 64, 64};
+        test_gemm_multi(2048, 300, 4, gdn);
+        test_gemm_multi(2048, 77, 3, attn);
+        test_gemm_multi(4096, 130, 2, gdn);
+    }
     test_gemm_forms_swiglu(200, 2048, 65);
     test_embed_rmsnorm(1000, 2048, 5);
     test_embed_rmsnorm(100, 128, 33);
