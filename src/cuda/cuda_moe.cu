@@ -421,6 +421,19 @@ static int topk_block_on(void) {
     return !off;
 }
 
+/* The router's top-k tail (no route): counter NULL, none. */
+static topk_tail topk_tail_of(int *counter, int K, int renorm, int32_t *ids, float *w) {
+    topk_tail tk;
+    memset(&tk, 0, sizeof tk);
+    tk.counter = counter;
+    tk.K = K;
+    tk.renorm = renorm;
+    tk.ids = ids;
+    tk.w = w;
+    tk.block = topk_block_on();
+    return tk;
+}
+
 /* How a router launch reads x: straight from global memory (one token, RT_PLAIN), staged
  * in shared memory by cp.async (batches: rt_smem decides, RT_STAGED), or normalised from the
  * residual by every block into shared memory (one token, RT_NORM: cuda_norm_src, no tail
@@ -642,8 +655,7 @@ extern "C" int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat 
     if (T <= 0) return 0;
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    topk_tail tk;
-    memset(&tk, 0, sizeof tk);
+    const topk_tail tk = topk_tail_of(NULL, 0, 0, NULL, NULL);
     return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router");
 }
 
@@ -679,14 +691,7 @@ extern "C" int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_
     if (T <= 0) return 0;
     int rc;
     if ((rc = router_topk_check(c, router, sh_gate, T, K))) return rc;
-    topk_tail tk;
-    memset(&tk, 0, sizeof tk);
-    tk.counter = counter;
-    tk.K = K;
-    tk.renorm = renorm;
-    tk.ids = ids;
-    tk.w = w;
-    tk.block = topk_block_on();
+    const topk_tail tk = topk_tail_of(counter, K, renorm, ids, w);
     return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router_topk");
 }
 
@@ -699,14 +704,7 @@ extern "C" int cuda_moe_router_topk_route(const struct cuda_ctx *c, const struct
     if ((rc = router_topk_check(c, router, sh_gate, T, K))) return rc;
     if ((rc = route_prepare(c, T, router->rows, K, tile_rows, r, &shift))) return rc;
     if (!counter || !route_counter) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk_route: no counters");
-    topk_tail tk;
-    memset(&tk, 0, sizeof tk);
-    tk.counter = counter;
-    tk.K = K;
-    tk.renorm = renorm;
-    tk.ids = ids;
-    tk.w = w;
-    tk.block = topk_block_on();
+    topk_tail tk = topk_tail_of(counter, K, renorm, ids, w);
     tk.route_counter = route_counter;
     tk.route_shift = shift;
     tk.route = *r;
@@ -722,14 +720,7 @@ extern "C" int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct 
                       router->cols, K);
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    topk_tail tk;
-    memset(&tk, 0, sizeof tk);
-    tk.counter = counter;
-    tk.K = K;
-    tk.renorm = renorm;
-    tk.ids = ids;
-    tk.w = w;
-    tk.block = topk_block_on();
+    const topk_tail tk = topk_tail_of(counter, K, renorm, ids, w);
     return rt_launch(c, router, sh_gate, NULL, router->cols, 1, logits, router->rows, seg, tk, "moe_router_topk_norm", ns);
 }
 
