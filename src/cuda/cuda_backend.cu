@@ -502,9 +502,9 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     const cuda_tail_norm *post = post_src ? NULL : &post_tail;
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
+        cuda_gemv_seg s[4];
+        const int n_seg = in_proj_segs(cb, l, s);
         if (small) {
-            cuda_gemv_seg s[4];
-            const int n_seg = in_proj_segs(cb, l, s);
             if (tcv_conv) { /* one token: the conv step runs in the projection's epilogue */
                 const cuda_tcv_conv cv = {d->conv, m.seqs, d->ord, cf->conv_kernel, cb->C, cb->conv_out, scan_pdl()};
                 P("gdn_in+conv", in_src ? cuda_tcv_multi_norm(c, s, n_seg, &in_ns, &cv)
@@ -512,15 +512,8 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             } else {
                 P("gdn_in_gemv", cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
             }
-        } else if (cuda_gemm_multi_on()) {
-            cuda_gemv_seg s[4];
-            const int n_seg = in_proj_segs(cb, l, s);
-            P("gdn_in_gemm_multi", cuda_gemm_multi(c, s, n_seg, cb->xn, T, H));
-        } else {
-            P("gdn_in_gemm_qkv", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
-            P("gdn_in_gemm_z", cuda_gemm_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
-            P("gdn_in_gemm_ab", cuda_gemm_dense(c, &d->a, 0, cb->xn, T, H, cb->gab, 2 * Hv, 0));
-            P("gdn_in_gemm_ab", cuda_gemm_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
+        } else { /* one launch over the segments, or one a segment (cuda_gemm_multi) */
+            P("gdn_in_gemm", cuda_gemm_multi(c, s, n_seg, cb->xn, T, H));
         }
         if (!tcv_conv)
             P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel,
@@ -540,21 +533,14 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             else P("gdn_out_proj", cuda_qmatmul(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
         }
     } else {
-        const int qw = 2 * cb->qd;
+        cuda_gemv_seg s[4];
+        const int n_seg = in_proj_segs(cb, l, s);
         if (small) {
-            cuda_gemv_seg s[4];
-            const int n_seg = in_proj_segs(cb, l, s);
             P("attn_qkv_gemv", in_src ? cuda_tcv_multi_norm(c, s, n_seg, &in_ns, NULL)
                                : tcv  ? cuda_tcv_multi(c, s, n_seg, cb->xn)
                                       : cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
-        } else if (cuda_gemm_multi_on()) {
-            cuda_gemv_seg s[4];
-            const int n_seg = in_proj_segs(cb, l, s);
-            P("attn_qkv_gemm_multi", cuda_gemm_multi(c, s, n_seg, cb->xn, T, H));
         } else {
-            P("attn_q_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
-            P("attn_kv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
-            P("attn_kv_gemm", cuda_gemm_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
+            P("attn_qkv_gemm", cuda_gemm_multi(c, s, n_seg, cb->xn, T, H));
         }
         if ((rc = attention(cb, d, m, c))) return rc;
         if (small)

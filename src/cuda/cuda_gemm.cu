@@ -374,9 +374,9 @@ extern "C" int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat 
 static int multi_mode = -1; /* -1: from the environment */
 
 extern "C" void cuda_gemm_multi_force(int mode) { multi_mode = mode < 0 ? -1 : mode != 0; }
-extern "C" int cuda_gemm_multi_on(void) {
+static bool multi_on(void) {
     static const bool env = env_flag("ORCHID_GEMM_MULTI");
-    return multi_mode >= 0 ? multi_mode : env;
+    return multi_mode >= 0 ? multi_mode == 1 : env;
 }
 
 extern "C" int cuda_gemm_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
@@ -384,7 +384,7 @@ extern "C" int cuda_gemm_multi(const struct cuda_ctx *c, const struct cuda_gemv_
     if (T <= 0 || n_segs <= 0) return 0;
     if (n_segs > GEMM_MAX_SEG) return errorf(c->err, c->errlen, ST_INTERNAL, "gemm_multi: %d segments", n_segs);
     gemm_args a = args_for(x, ldx, T, &segs[0].m);
-    bool one = n_segs > 1 && cuda_gemm_multi_on();
+    bool one = n_segs > 1 && multi_on();
     for (int s = 0; s < n_segs && one; s++) {
         const gemm_args t = args_for(x, ldx, T, &segs[s].m);
         one = segs[s].m.cols == a.K && gemm_wg_usable(t, false);

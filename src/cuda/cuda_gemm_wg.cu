@@ -2,8 +2,8 @@
 // (wgmma.mma_async, sm_90a): y[M, N] = x[M, K] · W[N, K]ᵀ with W MLX affine 4-bit, for the
 // dense, SwiGLU and grouped (MoE) products of cuda_gemm.cu, same arguments, same outputs.
 //
-// Roles. The weights are wgmma's A operand, taken from registers: a block holds 128 weight
-// rows, 64 a warpgroup (two warpgroups, 256 threads), and a thread dequantizes exactly the
+// Roles. The weights are wgmma's A operand, taken from registers: a block holds 64 weight
+// rows a warpgroup (two warpgroups, 256 threads; the quad form four, 512), and a thread dequantizes exactly the
 // rows and k positions of its own A fragment (rows g and g + 8 of its warp's 16, k = 2t,
 // 2t + 1, 2t + 8, 2t + 9 of each k16 step: byte t of each code word) from the staged codes,
 // so the bf16 weights never pass through shared memory. The tokens are the B operand: 128
@@ -112,9 +112,9 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
         m_end = min(a.M, m0 + BT);
     }
     /* The block's matrix and outputs: a dense launch over segments (cuda_gemm_multi) gives
-     * block column bx to segment sg where seg[sg].bx0 <= bx < seg[sg + 1].bx0.
-    * The segment's fields are read from the parameters where used (prologue, epilogue), not
-     * kept in registers across the main loop. */
+     * block column bx to segment sg where seg[sg].bx0 <= bx < seg[sg + 1].bx0. The segment's
+     * fields are read from the parameters where used (prologue, epilogue), not kept in
+     * registers across the main loop. */
     int sg = 0;
     if (MULTI)
         while (sg + 1 < a.n_seg && (int)blockIdx.x >= a.seg[sg + 1].bx0) sg++;
@@ -143,7 +143,7 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
     const uint16_t *a_src[NA];
     bool a_ok[NA];
     const int a_ch = tid & 7, a_n0 = tid >> 3;
-    const int a_dst = a_n0 * 128 + ((a_ch ^ (a_n0 & 7)) << 4); /* + 4,096 i: rows 32 i further */
+    const int a_dst = a_n0 * 128 + ((a_ch ^ (a_n0 & 7)) << 4); /* + THREADS · 16 i: rows THREADS / 8 · i further */
 #pragma unroll
     for (int i = 0; i < NA; i++) {
         const int gr = m0 + a_n0 + (THREADS / 8) * i;

@@ -140,7 +140,6 @@ int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat
  * each. The same bits either way. */
 int cuda_gemm_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
                     int ldx);
-int cuda_gemm_multi_on(void);
 void cuda_gemm_multi_force(int mode);
 /* the fused one-launch form of cuda_gemm_precise on (default) or off (three launches: the GPU test's bitwise check) */
 void cuda_gemm_precise_fused(int on);

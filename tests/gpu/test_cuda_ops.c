@@ -1377,12 +1377,8 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
         OK(cuda_moe_down_pairs(&ctx, &down.d, &sd.d, dids, dw, dseg, 1, dact, T, K, dx0, &tail));
     } else {
         const int max_tiles = (T * K + 63) / 64 + E;
-        DEV(droute, ((size_t)(E + 1) * 2 + E + 2 * (size_t)T * K + (size_t)max_tiles * 3 + 1) * 4);
-        struct cuda_moe_route r = {.counts = droute, .offsets = droute + E + 1, .cursor = droute + 2 * (E + 1)};
-        r.row_of_slot = r.cursor + E;
-        r.slot_of_pair = r.row_of_slot + T * K;
-        r.tiles = r.slot_of_pair + T * K;
-        r.max_tiles = max_tiles;
+        DEV(droute, route_words(E, T * K, max_tiles) * 4);
+        struct cuda_moe_route r = route_on(droute, E, T * K, max_tiles);
         uint16_t *dsact; DEV(dsact, (size_t)T * I * 2);
         OK(cuda_moe_route_build(&ctx, dids, T, E, K, grouped >= 2 ? 64 : 128, &r));
         if (grouped >= 2) { /* the batched-decode form: skinny tensor-core kernels */
