@@ -22,7 +22,6 @@ extern "C" {
 #define SMALL_T 16     /* batches up to this many tokens may use the GEMV / pair kernels */
 #define MID_T 64       /* 2..MID_T tokens: the skinny tensor-core kernels (cuda_skinny.cu) */
 #define LOGIT_ROWS 64  /* lm_head rows per pass */
-#define CNT_ROUTE 12 /* cb->counters: the router's route tail (after its rows' 4..11) */
 #define CNT_ATTN 16 /* cb->counters: the first of the attention tails' */
 #define CNT_N 64
 #define MAX_SPLIT 128 /* attention key splits of a decode step (32k context: 256 keys a block) */
@@ -109,7 +108,6 @@ struct cuda_backend {
     int fg_key[4];      /* what it was captured for: n_split, n_out, argmax, sampling */
     int *counters; /* [CNT_N] zeroed: last-block counters of the fused decode launches: [0] post-norm
                     * tail, [2] next-layer norm tail, [4..11] the router's top-k (8 tokens each),
-                    * [CNT_ROUTE] its route tail,
                     * [CNT_ATTN..] the attention's combine barriers (arrivals, generation: a
                     * query tile × KV head each) */
     cuda_moe_route route;
@@ -433,14 +431,6 @@ static bool topk_pairs_on(const struct cuda_backend *cb, const dlayer *d) {
     return !off && cuda_tcv_topk_supported(&d->gate, cb->K, cb->E);
 }
 
-/* 2..64 tokens: the route of the step's pairs built by the router's last top-k block
- * (cuda_moe_router_topk_route), not a launch of its own after it. Opt-in until measured:
- * ORCHID_ROUTER_ROUTE=1 (the same counts, offsets and tiles; the GPU test compares them). */
-static bool router_route_on(void) {
-    static const bool on = env_flag("ORCHID_ROUTER_ROUTE");
-    return on;
-}
-
 /* 2..64 tokens: layer l's input norm is computed by layer l - 1's MoE combine
  * (cuda_moe_combine_norm) when both take the skinny path. ORCHID_NO_COMBINE_NORM=1: its own
  * launch (A/B; the same bits either way). */
@@ -502,9 +492,9 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
     const cuda_tail_norm *post = post_src ? NULL : &post_tail;
     if (d->kind == LAYER_LINEAR) {
         const int Hv = cb->Hv;
-        cuda_gemv_seg s[4];
-        const int n_seg = in_proj_segs(cb, l, s);
         if (small) {
+            cuda_gemv_seg s[4];
+            const int n_seg = in_proj_segs(cb, l, s);
             if (tcv_conv) { /* one token: the conv step runs in the projection's epilogue */
                 const cuda_tcv_conv cv = {d->conv, m.seqs, d->ord, cf->conv_kernel, cb->C, cb->conv_out, scan_pdl()};
                 P("gdn_in+conv", in_src ? cuda_tcv_multi_norm(c, s, n_seg, &in_ns, &cv)
@@ -512,8 +502,11 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             } else {
                 P("gdn_in_gemv", cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
             }
-        } else { /* one launch over the segments, or one a segment (cuda_gemm_multi) */
-            P("gdn_in_gemm", cuda_gemm_multi(c, s, n_seg, cb->xn, T, H));
+        } else {
+            P("gdn_in_gemm", cuda_gemm_dense(c, &d->qkv, 0, cb->xn, T, H, cb->proj, cb->C, 0));
+            P("gdn_in_gemm", cuda_gemm_dense(c, &d->z, 0, cb->xn, T, H, cb->zb, cb->vd, 0));
+            P("gdn_in_gemm", cuda_gemm_dense(c, &d->a, 0, cb->xn, T, H, cb->gab, 2 * Hv, 0));
+            P("gdn_in_gemm", cuda_gemm_dense(c, &d->b, 0, cb->xn, T, H, cb->gab + Hv, 2 * Hv, 0));
         }
         if (!tcv_conv)
             P("conv1d", cuda_conv1d(c, cb->proj, d->conv, m.tok_seq, m.seqs, m.n_seqs, d->ord, T, cb->C, cf->conv_kernel,
@@ -533,14 +526,17 @@ static int run_layer(struct cuda_backend *cb, int l, const dmeta &m, const cuda_
             else P("gdn_out_proj", cuda_qmatmul(c, &d->out, 0, cb->ybf, T, cb->vd, cb->x, H, 1));
         }
     } else {
-        cuda_gemv_seg s[4];
-        const int n_seg = in_proj_segs(cb, l, s);
+        const int qw = 2 * cb->qd;
         if (small) {
+            cuda_gemv_seg s[4];
+            const int n_seg = in_proj_segs(cb, l, s);
             P("attn_qkv_gemv", in_src ? cuda_tcv_multi_norm(c, s, n_seg, &in_ns, NULL)
                                : tcv  ? cuda_tcv_multi(c, s, n_seg, cb->xn)
                                       : cuda_gemv_multi(c, s, n_seg, cb->xn, T, H));
         } else {
-            P("attn_qkv_gemm", cuda_gemm_multi(c, s, n_seg, cb->xn, T, H));
+            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->q, 0, cb->xn, T, H, cb->proj, qw, 0));
+            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->k, 0, cb->xn, T, H, cb->kb, cb->kvd, 0));
+            P("attn_qkv_gemm", cuda_gemm_dense(c, &d->v, 0, cb->xn, T, H, cb->vb, cb->kvd, 0));
         }
         if ((rc = attention(cb, d, m, c))) return rc;
         if (small)
@@ -642,15 +638,9 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         if ((rc = cuda_skinny_dense(&cs, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0))) return rc;
         if ((rc = side_record_join(cb, c))) return rc;
     }
-    if (router_route_on()) {
-        P("router+topk+route", cuda_moe_router_topk_route(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
-                                                          cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4,
-                                                          cb->counters + CNT_ROUTE, 64, &cb->route));
-    } else {
-        P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
-                                              cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
-        P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, 64, &cb->route));
-    }
+    P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
+                                          cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
+    P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, 64, &cb->route));
     P("moe_skinny_swiglu", cuda_skinny_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
     P("moe_skinny_down", cuda_skinny_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
     if (!side) {

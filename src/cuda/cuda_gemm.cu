@@ -364,46 +364,6 @@ extern "C" int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat 
     return dispatch(c, a, false, dim3((m->rows + BN - 1) / BN, (T + BM - 1) / BM), "gemm_dense");
 }
 
-/* Several dense products of the same x (a layer's input projections: q/k/v, z, a, b) in one
- * wgmma launch, each segment's blocks beside the others' — the 32-row a and b products,
- * one block column each, otherwise run as launches of their own, serially, of T / 128
- * blocks. Each segment's outputs are its cuda_gemm_dense's bits (a block's rows and k order
- * do not depend on the launch). Where the wgmma form does not take every segment: one
- * cuda_gemm_dense each. Opt-in until measured: ORCHID_GEMM_MULTI=1 (cuda_gemm_multi_force:
- * the tests). */
-static int multi_mode = -1; /* -1: from the environment */
-
-extern "C" void cuda_gemm_multi_force(int mode) { multi_mode = mode < 0 ? -1 : mode != 0; }
-static bool multi_on(void) {
-    static const bool env = env_flag("ORCHID_GEMM_MULTI");
-    return multi_mode >= 0 ? multi_mode == 1 : env;
-}
-
-extern "C" int cuda_gemm_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x,
-                               int T, int ldx) {
-    if (T <= 0 || n_segs <= 0) return 0;
-    if (n_segs > GEMM_MAX_SEG) return errorf(c->err, c->errlen, ST_INTERNAL, "gemm_multi: %d segments", n_segs);
-    gemm_args a = args_for(x, ldx, T, &segs[0].m);
-    bool one = n_segs > 1 && multi_on();
-    for (int s = 0; s < n_segs && one; s++) {
-        const gemm_args t = args_for(x, ldx, T, &segs[s].m);
-        one = segs[s].m.cols == a.K && gemm_wg_usable(t, false);
-        a.seg[s].m = segs[s].m;
-        a.seg[s].y = segs[s].y;
-        a.seg[s].ldy = segs[s].ldy;
-        a.seg[s].accumulate = segs[s].accumulate;
-        a.seg[s].bx0 = 0; /* set at launch, by the form's rows a block */
-    }
-    if (!one) {
-        int rc = 0;
-        for (int s = 0; s < n_segs && !rc; s++)
-            rc = cuda_gemm_dense(c, &segs[s].m, 0, x, T, ldx, segs[s].y, segs[s].ldy, segs[s].accumulate);
-        return rc;
-    }
-    a.n_seg = n_segs;
-    return gemm_wg_launch(c, a, false, 0, "gemm_multi");
-}
-
 /* y (+)= x·Wᵀ to ~fp32 accuracy on the tensor cores: x = x_hi + x_lo and W = W_hi + W_lo
  * split into bf16 parts, y = x_hi·W_hi + x_lo·W_hi + x_hi·W_lo (the lo·lo term, ~2^-18
  * relative, is dropped). For the router, where a rounding-sized error can flip an expert.

@@ -25,16 +25,7 @@ struct gemm_args {
     int tile_rows; /* grouped: the route's slots a tile (64 or 128) */
     int wlo; /* dequantize the rounding residual w - bf16(w) instead of w (precise passes) */
     const uint16_t *x_lo; /* the fused precise form: x's low part, [M, ldx] as x */
-    /* dense over 2..GEMM_MAX_SEG matrices of the same K in one launch (cuda_gemm_multi, the
-     * wgmma form only): segment s's rows, outputs and first block column (set at launch) */
-    int n_seg;
-    struct {
-        cuda_qmat m;
-        float *y;
-        int ldy, accumulate, bx0;
-    } seg[4];
 };
-#define GEMM_MAX_SEG 4
 
 /* Slots a route tile holds for the prefill GEMMs (cuda_moe_route_build's tile_rows): the
  * wgmma form takes one such tile a block row, the mma.sync form two blocks of 64 rows. The

@@ -2,8 +2,8 @@
 // (wgmma.mma_async, sm_90a): y[M, N] = x[M, K] · W[N, K]ᵀ with W MLX affine 4-bit, for the
 // dense, SwiGLU and grouped (MoE) products of cuda_gemm.cu, same arguments, same outputs.
 //
-// Roles. The weights are wgmma's A operand, taken from registers: a block holds 64 weight
-// rows a warpgroup (two warpgroups, 256 threads; the quad form four, 512), and a thread dequantizes exactly the
+// Roles. The weights are wgmma's A operand, taken from registers: a block holds 128 weight
+// rows, 64 a warpgroup (two warpgroups, 256 threads), and a thread dequantizes exactly the
 // rows and k positions of its own A fragment (rows g and g + 8 of its warp's 16, k = 2t,
 // 2t + 1, 2t + 8, 2t + 9 of each k16 step: byte t of each code word) from the staged codes,
 // so the bf16 weights never pass through shared memory. The tokens are the B operand: 128
@@ -32,30 +32,22 @@
 #include "cuda/cuda_gemm.h"
 #include "cuda/cuda_wgmma.h"
 
+#define WG_THREADS 256
 #define WG_BT 128     /* token rows a block (dense) or route tile (grouped) */
+#define WG_ROWS 128   /* weight rows a block (64 a warpgroup) */
 #define WG_CSTRIDE 48 /* bytes a staged codes row */
 
-/* WGS warpgroups a block, 64 weight rows each, all against the same staged token rows: 2
- * (256 threads, two blocks an SM) or 4 (the quad form, 512 threads, one block an SM: the
- * token tile an SM stages serves 256 weight rows instead of 128, halving the tokens' L2
- * traffic a product — 16 KB of tokens against 6 KB of codes a 128-row stage). */
-template <int STAGES, int WGS>
+template <int STAGES>
 struct wg_shape {
-    static constexpr int threads = 128 * WGS;
-    static constexpr int rows = 64 * WGS;              /* weight rows a block */
     static constexpr int act = WG_BT * 128;           /* 128 tokens × 64 bf16 */
-    static constexpr int codes = rows * WG_CSTRIDE;    /* 6,144 or 12,288 */
+    static constexpr int codes = WG_ROWS * WG_CSTRIDE; /* 6,144 */
     static constexpr int stage = act + codes;
     static constexpr int ring = STAGES * stage;
     static_assert(stage % 1024 == 0, "a stage keeps the next stage's token rows swizzle-aligned");
 };
-/* Scales and biases: [rows][G + 8] bf16 each (the pad keeps 8 rows' reads on distinct
+/* Scales and biases: [WG_ROWS][G + 8] bf16 each (the pad keeps 8 rows' reads on distinct
  * banks and rows 16-byte aligned for cp.async). */
-template <int STAGES, int WGS>
-static inline size_t wg_smem_bytes(int K) {
-    typedef wg_shape<STAGES, WGS> S;
-    return 1024 + (size_t)S::ring + (size_t)S::rows * (K / 64 + 8) * 4;
-}
+static inline size_t wg_smem_bytes(int ring, int K) { return 1024 + (size_t)ring + (size_t)WG_ROWS * (K / 64 + 8) * 4; }
 
 /* Two blocks an SM (4 stages, registers capped at 128: a few bytes spill) where the shared
  * memory allows it (K ≤ 2,048 on the H200), else one block of 5 stages: measured on the
@@ -66,8 +58,6 @@ static inline size_t wg_smem_bytes(int K) {
 #define WG_STAGES2 4
 #define WG_STAGES3 3 /* two blocks an SM for K = 4,096 too, copies one group ahead: H200 pack,
                        * GDN out-projection 262 → 199 µs, attention o 259 → 196 µs */
-#define WG_STAGESQ 5 /* the quad form (one 512-thread block an SM), copies three groups ahead:
-                       * 218 KB of shared memory at K = 4,096 */
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* bf16x2 (q_lo, q_hi) of byte t of w, then s·q + b in one fused bf16x2 fma. The byte's two
@@ -83,20 +73,19 @@ __device__ __forceinline__ uint32_t wg_dq(uint32_t w, uint32_t sel, uint32_t s2,
 }
 #endif
 
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS, bool MULTI>
-static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_args a) {
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
+static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BT = WG_BT;
     TRACE_KERNEL();
-    typedef wg_shape<STAGES, WGS> S;
-    constexpr int THREADS = S::threads, ROWS = S::rows;
+    typedef wg_shape<STAGES> S;
     extern __shared__ __align__(16) uint8_t wg_raw[];
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(wg_raw);
     uint8_t *ring = wg_raw + ((1024 - (raw_s & 1023)) & 1023); /* the swizzle needs 1,024-byte atoms */
     const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
     const int G = a.K >> 6, GS = G + 8;
-    uint16_t *s_sc = reinterpret_cast<uint16_t *>(ring + S::ring); /* [ROWS][GS] */
-    uint16_t *s_bi = s_sc + ROWS * GS;
+    uint16_t *s_sc = reinterpret_cast<uint16_t *>(ring + S::ring); /* [WG_ROWS][GS] */
+    uint16_t *s_bi = s_sc + WG_ROWS * GS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
 
@@ -111,42 +100,33 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
         m0 = blockIdx.y * BT;
         m_end = min(a.M, m0 + BT);
     }
-    /* The block's matrix and outputs: a dense launch over segments (cuda_gemm_multi) gives
-     * block column bx to segment sg where seg[sg].bx0 <= bx < seg[sg + 1].bx0. The segment's
-     * fields are read from the parameters where used (prologue, epilogue), not kept in
-     * registers across the main loop. */
-    int sg = 0;
-    if (MULTI)
-        while (sg + 1 < a.n_seg && (int)blockIdx.x >= a.seg[sg + 1].bx0) sg++;
-    /* (the other launches' expressions unchanged: ptxas spilled more with locals in between) */
-    auto seg_N = [&]() { return MULTI ? a.seg[sg].m.rows : a.N; };
-    const int f0 = (MULTI ? (int)blockIdx.x - a.seg[sg].bx0 : blockIdx.x) * (SWIGLU ? ROWS / 2 : ROWS);
+    const int f0 = blockIdx.x * (SWIGLU ? WG_ROWS / 2 : WG_ROWS);
 
-    /* Staged weight row R (0..ROWS - 1): warp R / 16's rows; SwiGLU interleaves each warp's 16 as
+    /* Staged weight row R (0..127): warp R / 16's rows; SwiGLU interleaves each warp's 16 as
      * 8 gate rows then the 8 up rows of the same features. */
     auto row_src = [&](int R, const cuda_qmat *&m, bool &ok) -> size_t {
         int f;
-        m = MULTI ? &a.seg[sg].m : &a.b0;
+        m = &a.b0;
         if (SWIGLU) {
             f = f0 + (R >> 4) * 8 + (R & 7);
             if (R & 8) m = &a.b1;
         } else {
             f = f0 + R;
         }
-        ok = f < seg_N();
+        ok = f < a.N;
         return (size_t)expert * m->rows + (ok ? f : 0);
     };
 
-    /* This thread's copies a stage: chunk (tid & 7) of token rows (tid >> 3) + (THREADS / 8) i,
-     * and one 16-byte half of codes row tid >> 1. */
-    constexpr int NA = BT * 8 / THREADS;
+    /* This thread's copies a stage: chunk (tid & 7) of token rows (tid >> 3) + 32 i, and one
+     * 16-byte half of codes row tid >> 1. */
+    constexpr int NA = BT / 32;
     const uint16_t *a_src[NA];
     bool a_ok[NA];
     const int a_ch = tid & 7, a_n0 = tid >> 3;
-    const int a_dst = a_n0 * 128 + ((a_ch ^ (a_n0 & 7)) << 4); /* + THREADS · 16 i: rows THREADS / 8 · i further */
+    const int a_dst = a_n0 * 128 + ((a_ch ^ (a_n0 & 7)) << 4); /* + 4,096 i: rows 32 i further */
 #pragma unroll
     for (int i = 0; i < NA; i++) {
-        const int gr = m0 + a_n0 + (THREADS / 8) * i;
+        const int gr = m0 + a_n0 + 32 * i;
         a_ok[i] = gr < m_end;
         const int src = a_ok[i] ? (a.a_rows ? a.a_rows[gr] : gr) : 0;
         a_src[i] = a.x + (size_t)src * a.ldx + a_ch * 8;
@@ -163,7 +143,7 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
         uint8_t *sb = ring + st * S::stage;
 #pragma unroll
         for (int i = 0; i < NA; i++)
-            cpa16z(sb + a_dst + THREADS * 16 * i, a_ok[i] ? (const void *)(a_src[i] + kg * 64) : (const void *)a.x, a_ok[i]);
+            cpa16z(sb + a_dst + 4096 * i, a_ok[i] ? (const void *)(a_src[i] + kg * 64) : (const void *)a.x, a_ok[i]);
         cpa16z(sb + S::act + c_row * WG_CSTRIDE + c_half * 16, c_ok ? (const void *)(c_src + kg * 8) : (const void *)a.x,
                c_ok);
     };
@@ -171,7 +151,7 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
     /* Prologue: every row's scales and biases (with stage 0's copies), then stages up to STAGES − 3. */
     {
         const int cpr = G >> 3; /* 16-byte chunks a row */
-        for (int i = tid; i < ROWS * cpr; i += THREADS) {
+        for (int i = tid; i < WG_ROWS * cpr; i += WG_THREADS) {
             const int R = i / cpr, j = i - R * cpr;
             const cuda_qmat *m;
             bool ok;
@@ -262,10 +242,10 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int f = f0 + R0 + 8 * h;
-                    if (f >= seg_N()) continue;
-                    float *dst = (MULTI ? a.seg[sg].y : a.y) + (size_t)r * (MULTI ? a.seg[sg].ldy : a.ldy) + f;
+                    if (f >= a.N) continue;
+                    float *dst = a.y + (size_t)r * a.ldy + f;
                     const float v = acc[4 * j + 2 * h + e];
-                    *dst = (MULTI ? a.seg[sg].accumulate : a.accumulate) ? *dst + v : v;
+                    *dst = a.accumulate ? *dst + v : v;
                 }
             }
         }
@@ -276,33 +256,31 @@ static __global__ void __launch_bounds__(128 * WGS, MINB) gemm_wg_kernel(gemm_ar
 static bool wg_on = false;     /* set by gemm_wg_init */
 static bool wg_two = false;    /* products may take the two-blocks-an-SM form */
 static bool wg_three = false;  /* ... in 3 stages where 4 do not fit (ORCHID_WG_NO3=1: one block of 5) */
-static bool wg_quad = false;   /* the quad form where it fits (ORCHID_WG_QUAD=1; opt-in until measured) */
-static int wg_quad_forced = -1; /* cuda_gemm_wg_quad: -1 the default above, 0 off, 1 on */
 static size_t wg_sm_smem = 0;  /* shared memory an SM */
 static bool wg_forced_off = false; /* cuda_gemm_force_mma (tests compare the two forms) */
 static size_t wg_optin = 0;
 
 extern "C" void cuda_gemm_force_mma(int on) { wg_forced_off = on != 0; }
 extern "C" int cuda_gemm_wg_active(void) { return wg_on && !wg_forced_off; }
-extern "C" void cuda_gemm_wg_quad(int mode) { wg_quad_forced = mode < 0 ? -1 : mode != 0; }
 
 /* The opt-in less the kernel's static shared memory (none in a normal build; the trace
  * build's per-block marks take some, and asking for the whole opt-in then fails). */
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS, bool MULTI>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
 static cudaError_t wg_attr() {
     cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS, MULTI>);
+    cudaError_t e = cudaFuncGetAttributes(&fa, gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL>);
     if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS, MULTI>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(wg_optin - fa.sharedSizeBytes));
+    return cudaFuncSetAttribute(gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(wg_optin - fa.sharedSizeBytes));
 }
-/* every form of one (SwiGLU, partial tiles, segments) kind */
-template <bool SWIGLU, bool PARTIAL, bool MULTI>
+template <bool PARTIAL>
 static cudaError_t wg_attrs() {
-    cudaError_t e = wg_attr<WG_STAGES1, SWIGLU, 1, PARTIAL, 2, MULTI>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGES2, SWIGLU, 2, PARTIAL, 2, MULTI>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGES3, SWIGLU, 2, PARTIAL, 2, MULTI>();
-    if (e == cudaSuccess) e = wg_attr<WG_STAGESQ, SWIGLU, 1, PARTIAL, 4, MULTI>();
+    cudaError_t e = wg_attr<WG_STAGES1, false, 1, PARTIAL>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES1, true, 1, PARTIAL>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES2, false, 2, PARTIAL>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES2, true, 2, PARTIAL>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES3, false, 2, PARTIAL>();
+    if (e == cudaSuccess) e = wg_attr<WG_STAGES3, true, 2, PARTIAL>();
     return e;
 }
 
@@ -315,12 +293,8 @@ int gemm_wg_init(char *err, size_t errlen) {
     wg_sm_smem = (size_t)caps.per_sm;
     wg_two = !env_flag("ORCHID_WG_ONE_BLOCK");
     wg_three = !env_flag("ORCHID_WG_NO3");
-    wg_quad = env_flag("ORCHID_WG_QUAD");
-    cudaError_t e = wg_attrs<false, false, false>();
-    if (e == cudaSuccess) e = wg_attrs<true, false, false>();
-    if (e == cudaSuccess) e = wg_attrs<false, true, false>();
-    if (e == cudaSuccess) e = wg_attrs<true, true, false>();
-    if (e == cudaSuccess) e = wg_attrs<false, false, true>();
+    cudaError_t e = wg_attrs<false>();
+    if (e == cudaSuccess) e = wg_attrs<true>();
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     const int h = cuda_sm90a_code(err, errlen);
     if (h < 0) return h;
@@ -337,46 +311,37 @@ bool gemm_wg_usable(const gemm_args &a, bool swiglu) {
     if (a.K % 512 != 0 || a.ldx % 8 != 0 || !aligned16(a.x)) return false;
     if (!aligned16(a.b0.codes) || !aligned16(a.b0.scales) || !aligned16(a.b0.biases)) return false;
     if (swiglu && (!aligned16(a.b1.codes) || !aligned16(a.b1.scales) || !aligned16(a.b1.biases))) return false;
-    return wg_smem_bytes<WG_STAGES1, 2>(a.K) <= wg_optin;
+    return wg_smem_bytes(wg_shape<WG_STAGES1>::ring, a.K) <= wg_optin;
 }
 
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int WGS, bool MULTI>
-static int wg_run(const struct cuda_ctx *c, const gemm_args &a, int tile_blocks, const char *what) {
-    typedef wg_shape<STAGES, WGS> S;
-    const int fr = SWIGLU ? S::rows / 2 : S::rows; /* features a block */
-    gemm_args g = a;
-    int cols = (a.N + fr - 1) / fr;
-    if (MULTI) /* each segment's first block column, for this form's rows a block */
-        for (int s = cols = 0; s < a.n_seg; s++) {
-            g.seg[s].bx0 = cols;
-            cols += (a.seg[s].m.rows + fr - 1) / fr;
-        }
-    const dim3 grid(cols, a.tiles ? tile_blocks : (a.M + WG_BT - 1) / WG_BT);
-    gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, WGS, MULTI><<<grid, S::threads, wg_smem_bytes<STAGES, WGS>(a.K), cstream(c)>>>(g);
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
+static int wg_run(const struct cuda_ctx *c, const gemm_args &a, dim3 grid, size_t smem, const char *what) {
+    gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL><<<grid, WG_THREADS, smem, cstream(c)>>>(a);
     LAUNCH_CHECK(c, what);
 }
 
 /* Dense products fill every tile but the last: N is always 128. A grouped tile of at most 64
  * slots issues N = 64 (H200, 8 × 512 pack: gate/up 425 µs a layer against 445 with N = 128
- * for every tile, down 280 against 283). The form: the quad where asked for and it fits,
- * else two blocks an SM in 4 stages, or 3 (K = 4,096), else one block of 5 stages. */
-template <bool SWIGLU, bool PARTIAL, bool MULTI>
-static int wg_launch_form(const struct cuda_ctx *c, const gemm_args &a, int tb, const char *what) {
-    const bool quad = wg_quad_forced >= 0 ? wg_quad_forced == 1 : wg_quad;
-    if (quad && wg_smem_bytes<WG_STAGESQ, 4>(a.K) <= wg_optin) return wg_run<WG_STAGESQ, SWIGLU, 1, PARTIAL, 4, MULTI>(c, a, tb, what);
-    /* (1 KB an SM block is the runtime's) */
-    if (wg_two && 2 * (wg_smem_bytes<WG_STAGES2, 2>(a.K) + 1024) <= wg_sm_smem)
-        return wg_run<WG_STAGES2, SWIGLU, 2, PARTIAL, 2, MULTI>(c, a, tb, what);
-    if (wg_two && wg_three && 2 * (wg_smem_bytes<WG_STAGES3, 2>(a.K) + 1024) <= wg_sm_smem)
-        return wg_run<WG_STAGES3, SWIGLU, 2, PARTIAL, 2, MULTI>(c, a, tb, what);
-    return wg_run<WG_STAGES1, SWIGLU, 1, PARTIAL, 2, MULTI>(c, a, tb, what);
+ * for every tile, down 280 against 283). */
+template <bool PARTIAL>
+static int wg_launch_n(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, dim3 grid, const char *what) {
+    const size_t smem2 = wg_smem_bytes(wg_shape<WG_STAGES2>::ring, a.K);
+    if (wg_two && 2 * (smem2 + 1024) <= wg_sm_smem) /* (1 KB an SM block is the runtime's) */
+        return swiglu ? wg_run<WG_STAGES2, true, 2, PARTIAL>(c, a, grid, smem2, what)
+                      : wg_run<WG_STAGES2, false, 2, PARTIAL>(c, a, grid, smem2, what);
+    const size_t smem3 = wg_smem_bytes(wg_shape<WG_STAGES3>::ring, a.K);
+    if (wg_two && wg_three && 2 * (smem3 + 1024) <= wg_sm_smem)
+        return swiglu ? wg_run<WG_STAGES3, true, 2, PARTIAL>(c, a, grid, smem3, what)
+                      : wg_run<WG_STAGES3, false, 2, PARTIAL>(c, a, grid, smem3, what);
+    const size_t smem1 = wg_smem_bytes(wg_shape<WG_STAGES1>::ring, a.K);
+    return swiglu ? wg_run<WG_STAGES1, true, 1, PARTIAL>(c, a, grid, smem1, what)
+                  : wg_run<WG_STAGES1, false, 1, PARTIAL>(c, a, grid, smem1, what);
 }
 
 int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_blocks, const char *what) {
-    /* grouped: tile_blocks block rows, one a route tile (a block past the route's count exits) */
-    if (a.tiles) return swiglu ? wg_launch_form<true, true, false>(c, a, tile_blocks, what) : wg_launch_form<false, true, false>(c, a, tile_blocks, what);
-    if (a.n_seg > 1 && !swiglu) return wg_launch_form<false, false, true>(c, a, 0, what);
-    return swiglu ? wg_launch_form<true, false, false>(c, a, 0, what) : wg_launch_form<false, false, false>(c, a, 0, what);
+    const int fr = swiglu ? WG_ROWS / 2 : WG_ROWS; /* features a block */
+    const dim3 grid((a.N + fr - 1) / fr, a.tiles ? tile_blocks : (a.M + WG_BT - 1) / WG_BT);
+    return a.tiles ? wg_launch_n<true>(c, a, swiglu, grid, what) : wg_launch_n<false>(c, a, swiglu, grid, what);
 }
 
 CUDA_TRACE_TU(gemm_wg)

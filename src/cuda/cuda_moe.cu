@@ -302,136 +302,17 @@ extern "C" int cuda_moe_topk(const struct cuda_ctx *c, const float *logits, int 
                     "moe_topk");
 }
 
-/* Inclusive prefix sums of two ints over a warp's lanes at once (shuffles). */
-__device__ __forceinline__ void warp_scan2(int &a, int &b, int lane) {
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int ya = __shfl_up_sync(0xffffffffu, a, o), yb = __shfl_up_sync(0xffffffffu, b, o);
-        if (lane >= o) {
-            a += ya;
-            b += yb;
-        }
-    }
-}
-
-/* ---- large-batch routing: histogram, scan, tile list and scatter ----
- * route_kernel does all of it in one block; route_coop_kernel (S > ROUTE_COOP_MIN pairs) in
- * ⌈S / 1024⌉ blocks of a cooperative launch, a pair a thread: each block counts its pairs in
- * shared memory (a pair's rank among its block's pairs of the same expert is the atomic's
- * return), the blocks' counts meet through global memory at one barrier, and every block
- * then scans the totals itself and scatters its pairs to offset + the earlier blocks' counts
- * + rank. The one block took ~42 µs a layer for a pack of 8 × 512 tokens (32,768 pairs, H100
- * trace), on the critical path between the top-k and the grouped gate/up. Within an expert
- * the slots' order is the atomics' in both forms; no product depends on it (a slot's row is
- * computed alone, and the combine reads each pair's own slot). */
-
-/* Offsets of the experts' runs and of their tiles (⌈count / tile rows⌉): exclusive scans of
- * cnt over the experts, thread e < E holding expert e (warp scans by shuffles, then the warp
- * totals — E <= 1024: 32 warps at most — by warp 0; a serial loop over E was ~4 µs of the
- * route's 11 at 64 tokens, H200). off[E] and toff[E]: the totals; the tile count goes to
- * r.tiles[max_tiles · 3] from the count_writer block. Ends with a barrier. */
-__device__ __forceinline__ void route_offsets(const int *cnt, int E, int tile_shift, int *off, int *toff, cuda_moe_route &r,
-                                              bool count_writer) {
-    __shared__ int wsum[32], wtile[32];
-    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-    const int n = tid < E ? cnt[tid] : 0, nt = (n + (1 << tile_shift) - 1) >> tile_shift;
-    int a = n, b = nt;
-    warp_scan2(a, b, lane);
-    if (lane == 31) {
-        wsum[wid] = a;
-        wtile[wid] = b;
-    }
-    __syncthreads();
-    if (wid == 0) {
-        const int nw = (blockDim.x + 31) >> 5;
-        int sa = lane < nw ? wsum[lane] : 0, sb = lane < nw ? wtile[lane] : 0;
-        warp_scan2(sa, sb, lane);
-        wsum[lane] = sa - (lane < nw ? wsum[lane] : 0); /* exclusive: the warps before */
-        wtile[lane] = sb - (lane < nw ? wtile[lane] : 0);
-    }
-    __syncthreads();
-    if (tid < E) {
-        off[tid] = wsum[wid] + a - n;
-        toff[tid] = wtile[wid] + b - nt;
-    }
-    if (tid == E - 1) {
-        off[E] = wsum[wid] + a;
-        toff[E] = wtile[wid] + b;
-        if (count_writer) r.tiles[r.max_tiles * 3] = toff[E];
-    }
-    __syncthreads();
-}
-
-/* The counts, offsets and tile list (expert, m0, m_end) of the route (one block writes them). */
-__device__ __forceinline__ void route_tiles(const int *cnt, const int *off, const int *toff, int E, int tile_shift,
-                                            cuda_moe_route &r) {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        r.counts[e] = cnt[e];
-        r.offsets[e] = off[e];
-        for (int j = 0; j < toff[e + 1] - toff[e]; j++) {
-            const int ti = toff[e] + j;
-            r.tiles[ti * 3] = e;
-            r.tiles[ti * 3 + 1] = off[e] + (j << tile_shift);
-            r.tiles[ti * 3 + 2] = off[e] + cnt[e];
-        }
-    }
-    if (threadIdx.x == 0) r.offsets[E] = off[E];
-}
-
-/* The whole route by one block of at least E threads: counts, offsets, tiles, then every
- * pair's slot (its expert's offset + its rank among that expert's pairs, the atomics'
- * order). cnt, off, toff, cur: the caller's shared arrays of E, E + 1, E + 1 and E ints.
- * ids are read through L2: the router's tail (below) reads what its other blocks' top-ks
- * wrote in the same launch. */
-__device__ __forceinline__ void route_block(const int32_t *ids, int S, int E, int K, int tile_shift, cuda_moe_route &r,
-                                            int *cnt, int *off, int *toff, int *cur) {
-    const int tid = threadIdx.x;
-    for (int e = tid; e < E; e += blockDim.x) {
-        cnt[e] = 0;
-        cur[e] = 0;
-    }
-    __syncthreads();
-    for (int i = tid; i < S; i += blockDim.x) atomicAdd(&cnt[__ldcg(ids + i)], 1);
-    __syncthreads();
-    route_offsets(cnt, E, tile_shift, off, toff, r, true);
-    route_tiles(cnt, off, toff, E, tile_shift, r);
-    for (int i = tid; i < S; i += blockDim.x) {
-        const int e = __ldcg(ids + i);
-        const int slot = off[e] + atomicAdd(&cur[e], 1);
-        r.row_of_slot[slot] = i / K;
-        r.slot_of_pair[i] = slot;
-    }
-}
-
 struct topk_tail {
     int *counter; /* NULL: no top-k */
     int K, renorm;
     int32_t *ids;
     float *w;
     int block; /* one token's top-k by the whole block (topk_block), not one warp */
-    /* the route of all T·K pairs, by the last row's top-k block (route_counter NULL: none;
-     * cuda_moe_router_topk_route): tile_shift as cuda_moe_route_build's */
-    int *route_counter;
-    int route_shift;
-    cuda_moe_route route;
 };
 /* The one-token top-k by a block (ORCHID_TOPK_WARP=1: by one warp, the A/B; the same bits). */
 static int topk_block_on(void) {
     static const bool off = env_flag("ORCHID_TOPK_WARP");
     return !off;
-}
-
-/* The router's top-k tail (no route): counter NULL, none. */
-static topk_tail topk_tail_of(int *counter, int K, int renorm, int32_t *ids, float *w) {
-    topk_tail tk;
-    memset(&tk, 0, sizeof tk);
-    tk.counter = counter;
-    tk.K = K;
-    tk.renorm = renorm;
-    tk.ids = ids;
-    tk.w = w;
-    tk.block = topk_block_on();
-    return tk;
 }
 
 /* How a router launch reads x: straight from global memory (one token, RT_PLAIN), staged
@@ -578,17 +459,11 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
             __shared__ topk_scratch tks;
             topk_block<true>(logits + (size_t)t0 * ld, E, tk.K, tk.renorm, tk.ids + (size_t)t0 * tk.K,
                              tk.w + (size_t)t0 * tk.K, tks);
-        } else {
-            for (int t = t0 + (int)(threadIdx.x >> 5); t < t1; t += blockDim.x >> 5) {
-                const float *lr = logits + (size_t)t * ld;
-                topk_token_cg(lr, E, tk.K, tk.renorm, tk.ids + (size_t)t * tk.K, tk.w + (size_t)t * tk.K, lane);
-            }
+            return;
         }
-        /* the last row's top-k block then routes every pair (E <= 256 = the block's threads):
-         * the route launch's work without its launch, in the same order of steps */
-        if (tk.route_counter && last_block_done(tk.route_counter, nrows)) {
-            __shared__ int rcnt[256], roff[257], rtoff[257], rcur[256];
-            route_block(tk.ids, T * tk.K, E, tk.K, tk.route_shift, tk.route, rcnt, roff, rtoff, rcur);
+        for (int t = t0 + (int)(threadIdx.x >> 5); t < t1; t += blockDim.x >> 5) {
+            const float *lr = logits + (size_t)t * ld;
+            topk_token_cg(lr, E, tk.K, tk.renorm, tk.ids + (size_t)t * tk.K, tk.w + (size_t)t * tk.K, lane);
         }
     }
 }
@@ -655,60 +530,20 @@ extern "C" int cuda_moe_router(const struct cuda_ctx *c, const struct cuda_qmat 
     if (T <= 0) return 0;
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    const topk_tail tk = topk_tail_of(NULL, 0, 0, NULL, NULL);
+    const topk_tail tk = {NULL, 0, 0, NULL, NULL, 0};
     return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router");
-}
-
-/* The host's side of a route build: its checks and its bounds (r's host fields); the tile
- * rows' log2 into *shift. */
-static int route_prepare(const struct cuda_ctx *c, int T, int E, int K, int tile_rows, struct cuda_moe_route *r, int *shift) {
-    if (E > 1024) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_route: %d experts", E);
-    int sh = 3;
-    while (sh < 7 && (1 << sh) < tile_rows) sh++;
-    if ((1 << sh) != tile_rows) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_route: tiles of %d slots", tile_rows);
-    const int need = (T * K + tile_rows - 1) / tile_rows + E;
-    if (need > r->max_tiles) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_route: %d tiles > capacity %d", need, r->max_tiles);
-    r->bound_tiles = need;
-    r->tile_rows = tile_rows;
-    r->n_experts = E;
-    r->n_slots = T * K;
-    *shift = sh;
-    return 0;
-}
-
-static int router_topk_check(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, int T,
-                             int K) {
-    if (T > 64 || router->rows > 256 || K > 32)
-        return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk: %d tokens, %d experts, top-%d", T, router->rows, K);
-    if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
-        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    return 0;
 }
 
 extern "C" int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                                     const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
                                     int32_t *ids, float *w, int *counter) {
     if (T <= 0) return 0;
-    int rc;
-    if ((rc = router_topk_check(c, router, sh_gate, T, K))) return rc;
-    const topk_tail tk = topk_tail_of(counter, K, renorm, ids, w);
+    if (T > 64 || router->rows > 256 || K > 32)
+        return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk: %d tokens, %d experts, top-%d", T, router->rows, K);
+    if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
+        return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
+    const topk_tail tk = {counter, K, renorm, ids, w, topk_block_on()};
     return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router_topk");
-}
-
-extern "C" int cuda_moe_router_topk_route(const struct cuda_ctx *c, const struct cuda_qmat *router,
-                                          const struct cuda_qmat *sh_gate, const float *x, int ldx, int T, float *logits, int ld,
-                                          float *seg, int K, int renorm, int32_t *ids, float *w, int *counter,
-                                          int *route_counter, int tile_rows, struct cuda_moe_route *r) {
-    if (T <= 0) return 0;
-    int rc, shift = 0;
-    if ((rc = router_topk_check(c, router, sh_gate, T, K))) return rc;
-    if ((rc = route_prepare(c, T, router->rows, K, tile_rows, r, &shift))) return rc;
-    if (!counter || !route_counter) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk_route: no counters");
-    topk_tail tk = topk_tail_of(counter, K, renorm, ids, w);
-    tk.route_counter = route_counter;
-    tk.route_shift = shift;
-    tk.route = *r;
-    return rt_launch(c, router, sh_gate, x, ldx, T, logits, ld, seg, tk, "moe_router_topk_route");
 }
 
 extern "C" int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct cuda_qmat *router,
@@ -720,7 +555,7 @@ extern "C" int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct 
                       router->cols, K);
     if ((router->bits != 4 && router->bits != 8) || (sh_gate->bits != 4 && sh_gate->bits != 8))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
-    const topk_tail tk = topk_tail_of(counter, K, renorm, ids, w);
+    const topk_tail tk = {counter, K, renorm, ids, w, topk_block_on()};
     return rt_launch(c, router, sh_gate, NULL, router->cols, 1, logits, router->rows, seg, tk, "moe_router_topk_norm", ns);
 }
 
@@ -940,13 +775,103 @@ extern "C" int cuda_moe_down_pairs(const struct cuda_ctx *c, const struct cuda_q
                     "moe_down_pairs");
 }
 
+/* Inclusive prefix sums of two ints over a warp's lanes at once (shuffles). */
+__device__ __forceinline__ void warp_scan2(int &a, int &b, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int ya = __shfl_up_sync(0xffffffffu, a, o), yb = __shfl_up_sync(0xffffffffu, b, o);
+        if (lane >= o) {
+            a += ya;
+            b += yb;
+        }
+    }
+}
+
+/* ---- large-batch routing: histogram, scan, tile list and scatter ----
+ * route_kernel does all of it in one block; route_coop_kernel (S > ROUTE_COOP_MIN pairs) in
+ * ⌈S / 1024⌉ blocks of a cooperative launch, a pair a thread: each block counts its pairs in
+ * shared memory (a pair's rank among its block's pairs of the same expert is the atomic's
+ * return), the blocks' counts meet through global memory at one barrier, and every block
+ * then scans the totals itself and scatters its pairs to offset + the earlier blocks' counts
+ * + rank. The one block took ~42 µs a layer for a pack of 8 × 512 tokens (32,768 pairs, H100
+ * trace), on the critical path between the top-k and the grouped gate/up. Within an expert
+ * the slots' order is the atomics' in both forms; no product depends on it (a slot's row is
+ * computed alone, and the combine reads each pair's own slot). */
+
+/* Offsets of the experts' runs and of their tiles (⌈count / tile rows⌉): exclusive scans of
+ * cnt over the experts, thread e < E holding expert e (warp scans by shuffles, then the warp
+ * totals — E <= 1024: 32 warps at most — by warp 0; a serial loop over E was ~4 µs of the
+ * route's 11 at 64 tokens, H200). off[E] and toff[E]: the totals; the tile count goes to
+ * r.tiles[max_tiles · 3] from block 0. Ends with a barrier. */
+__device__ __forceinline__ void route_offsets(const int *cnt, int E, int tile_shift, int *off, int *toff, cuda_moe_route &r) {
+    __shared__ int wsum[32], wtile[32];
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int n = tid < E ? cnt[tid] : 0, nt = (n + (1 << tile_shift) - 1) >> tile_shift;
+    int a = n, b = nt;
+    warp_scan2(a, b, lane);
+    if (lane == 31) {
+        wsum[wid] = a;
+        wtile[wid] = b;
+    }
+    __syncthreads();
+    if (wid == 0) {
+        const int nw = (blockDim.x + 31) >> 5;
+        int sa = lane < nw ? wsum[lane] : 0, sb = lane < nw ? wtile[lane] : 0;
+        warp_scan2(sa, sb, lane);
+        wsum[lane] = sa - (lane < nw ? wsum[lane] : 0); /* exclusive: the warps before */
+        wtile[lane] = sb - (lane < nw ? wtile[lane] : 0);
+    }
+    __syncthreads();
+    if (tid < E) {
+        off[tid] = wsum[wid] + a - n;
+        toff[tid] = wtile[wid] + b - nt;
+    }
+    if (tid == E - 1) {
+        off[E] = wsum[wid] + a;
+        toff[E] = wtile[wid] + b;
+        if (blockIdx.x == 0) r.tiles[r.max_tiles * 3] = toff[E];
+    }
+    __syncthreads();
+}
+
+/* The counts, offsets and tile list (expert, m0, m_end) of the route (one block writes them). */
+__device__ __forceinline__ void route_tiles(const int *cnt, const int *off, const int *toff, int E, int tile_shift,
+                                            cuda_moe_route &r) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        r.counts[e] = cnt[e];
+        r.offsets[e] = off[e];
+        for (int j = 0; j < toff[e + 1] - toff[e]; j++) {
+            const int ti = toff[e] + j;
+            r.tiles[ti * 3] = e;
+            r.tiles[ti * 3 + 1] = off[e] + (j << tile_shift);
+            r.tiles[ti * 3 + 2] = off[e] + cnt[e];
+        }
+    }
+    if (threadIdx.x == 0) r.offsets[E] = off[E];
+}
+
 static __global__ void __launch_bounds__(1024) route_kernel(const int32_t *ids, int S, int E, int K, int tile_shift,
                                                             cuda_moe_route r) {
     TRACE_KERNEL();
     __shared__ int cnt[1024], off[1025], toff[1025], cur[1024];
     pdl_trigger();
     pdl_wait();
-    route_block(ids, S, E, K, tile_shift, r, cnt, off, toff, cur);
+    const int tid = threadIdx.x;
+    for (int e = tid; e < E; e += blockDim.x) {
+        cnt[e] = 0;
+        cur[e] = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < S; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    route_offsets(cnt, E, tile_shift, off, toff, r);
+    route_tiles(cnt, off, toff, E, tile_shift, r);
+    for (int i = tid; i < S; i += blockDim.x) {
+        const int e = ids[i];
+        const int slot = off[e] + atomicAdd(&cur[e], 1);
+        r.row_of_slot[slot] = i / K;
+        r.slot_of_pair[i] = slot;
+    }
 }
 
 static __global__ void __launch_bounds__(1024) route_coop_kernel(const int32_t *ids, int S, int E, int K, int tile_shift,
@@ -974,7 +899,7 @@ static __global__ void __launch_bounds__(1024) route_coop_kernel(const int32_t *
         before[e] = bef;
     }
     __syncthreads();
-    route_offsets(cnt, E, tile_shift, off, toff, r, blk == 0);
+    route_offsets(cnt, E, tile_shift, off, toff, r);
     if (blk == 0) route_tiles(cnt, off, toff, E, tile_shift, r);
     if (e_i >= 0) {
         const int slot = off[e_i] + before[e_i] + rank;
@@ -991,8 +916,16 @@ extern "C" int cuda_moe_route_coop_launches(void) { return route_coop_count; }
 
 extern "C" int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, int tile_rows,
                                     struct cuda_moe_route *r) {
-    int shift = 0, rc;
-    if ((rc = route_prepare(c, T, E, K, tile_rows, r, &shift))) return rc;
+    if (E > 1024) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_route: %d experts", E);
+    int shift = 3;
+    while (shift < 7 && (1 << shift) < tile_rows) shift++;
+    if ((1 << shift) != tile_rows) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_route: tiles of %d slots", tile_rows);
+    const int need = (T * K + tile_rows - 1) / tile_rows + E;
+    if (need > r->max_tiles) return errorf(c->err, c->errlen, ST_INTERNAL, "moe_route: %d tiles > capacity %d", need, r->max_tiles);
+    r->bound_tiles = need;
+    r->tile_rows = tile_rows;
+    r->n_experts = E;
+    r->n_slots = T * K;
     const int S = T * K, nb = (S + 1023) / 1024;
     static const bool one = env_flag("ORCHID_ROUTE_ONE_BLOCK");
     if (route_max_blocks > 0 && nb <= route_max_blocks && route_force != 0 && (route_force == 1 || (!one && S > ROUTE_COOP_MIN))) {

@@ -100,10 +100,6 @@ int cuda_gemm_init(char *err, size_t errlen);
  * capability 9 device, ORCHID_NO_WGMMA unset); tests force the mma.sync form to compare. */
 int cuda_gemm_wg_active(void);
 void cuda_gemm_force_mma(int on);
-/* The wgmma form's quad blocks (four warpgroups, 256 weight rows a block, one block an SM):
- * -1 the default (ORCHID_WG_QUAD=1), 0 never, 1 wherever the shared memory fits; tests
- * compare it with the two-warpgroup form bit for bit. */
-void cuda_gemm_wg_quad(int mode);
 int cuda_attn_init(int n_heads, int kv_heads, int head_dim, char *err, size_t errlen);
 
 /* ---- dense / grouped quantized matrix products (cuda_gemv.cu, cuda_gemm.cu) ---- */
@@ -134,13 +130,6 @@ int cuda_gemv_acc_norm(const struct cuda_ctx *c, const struct cuda_qmat *m, cons
 /* Forces the tensor-core GEMM (any T; for tests). */
 int cuda_gemm_dense(const struct cuda_ctx *c, const struct cuda_qmat *m, int mat, const uint16_t *x, int T, int ldx,
                     float *y, int ldy, int accumulate);
-/* Dense products of one x by several matrices of its K (a layer's input projections), one
- * wgmma launch over the segments where that form takes them all and ORCHID_GEMM_MULTI=1 (or
- * cuda_gemm_multi_force(1): tests; -1 back to the environment); else one cuda_gemm_dense
- * each. The same bits either way. */
-int cuda_gemm_multi(const struct cuda_ctx *c, const struct cuda_gemv_seg *segs, int n_segs, const uint16_t *x, int T,
-                    int ldx);
-void cuda_gemm_multi_force(int mode);
 /* the fused one-launch form of cuda_gemm_precise on (default) or off (three launches: the GPU test's bitwise check) */
 void cuda_gemm_precise_fused(int on);
 /* ~fp32-accurate y (+)= x·Wᵀ from x = x_hi + x_lo (bf16 parts): three tensor-core products,
@@ -302,14 +291,6 @@ struct cuda_moe_route {
 static inline int cuda_moe_route_grid(const struct cuda_moe_route *r) {
     return r->bound_tiles > 0 && r->bound_tiles < r->max_tiles ? r->bound_tiles : r->max_tiles;
 }
-/* cuda_moe_router_topk, and the route of its T·K pairs (tile_rows slots a tile) built by
- * the launch's last top-k block instead of a cuda_moe_route_build launch after it: the same
- * counts, offsets and tiles, each pair in its expert's run (the order within a run is the
- * atomics', as in every build). route_counter: one more zeroed counter. */
-int cuda_moe_router_topk_route(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
-                               const float *x, int ldx, int T, float *logits, int ld, float *seg, int K, int renorm,
-                               int32_t *ids, float *w, int *counter, int *route_counter, int tile_rows,
-                               struct cuda_moe_route *r);
 /* Sorts the T·K (token, expert) pairs by expert into slots and cuts each expert's run into
  * tiles of at most tile_rows (a power of two, 8..128) slots. */
 int cuda_moe_route_build(const struct cuda_ctx *c, const int32_t *ids, int T, int E, int K, int tile_rows,
