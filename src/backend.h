@@ -43,6 +43,11 @@ struct fwd_batch {
                                  by the device sampler (model/device_sampling.h) in
                                  out_argmax[i] instead of its argmax. Only for a backend with
                                  device_sampling set */
+    const struct row_score_req *out_score; /* NULL = none; else [n_out]: a row with token >= 0
+                                 is scored (model/device_sampling.h: its logprob of that token
+                                 and its top alternatives) into out_scores[i] — with or without
+                                 its logits or argmax; every backend does it */
+    struct row_score *out_scores; /* host [n_out] when out_score */
 };
 
 struct backend {

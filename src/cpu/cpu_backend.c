@@ -272,11 +272,16 @@ static void add_inplace(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* lm_head for output rows [i0, i1) into dst (i1 - i0 rows of vocab), then their argmax
- * when wanted. */
+/* Whether output row i is scored (fwd_batch.out_score). */
+static bool row_scored(const struct fwd_batch *b, int i) { return b->out_score && b->out_score[i].token >= 0; }
+
+/* lm_head for output rows [i0, i1) into dst (i1 - i0 rows of vocab), then their scores and
+ * argmax when wanted. */
 static void lm_head_rows(struct cpu_backend *cb, const struct fwd_batch *b, int i0, int i1, float *dst) {
     const struct model_config *c = cb->cfg;
     cpu_qmatmul(cb->pool, &cb->w->lm_head, 0, cb->xn + (size_t)i0 * c->hidden, i1 - i0, c->hidden, dst, c->vocab);
+    for (int i = i0; i < i1; i++)
+        if (row_scored(b, i)) row_score_host(dst + (size_t)(i - i0) * c->vocab, c->vocab, &b->out_score[i], &b->out_scores[i]);
     if (!b->out_argmax) return;
     for (int i = i0; i < i1; i++) {
         const int32_t id = sampler_argmax(dst + (size_t)(i - i0) * c->vocab, c->vocab);
@@ -315,7 +320,8 @@ static int cpu_forward(struct backend *base, const struct fwd_batch *b, char *er
     for (int i0 = 0; i0 < b->n_out;) {
         int i1 = i0 + 1;
         if (!b->out_logits[i0]) {
-            if (!b->out_argmax) return errorf(err, errlen, ST_INTERNAL, "cpu forward: output row %d wants nothing", i0);
+            if (!b->out_argmax && !row_scored(b, i0))
+                return errorf(err, errlen, ST_INTERNAL, "cpu forward: output row %d wants nothing", i0);
             while (i1 < b->n_out && i1 - i0 < CPU_ARGMAX_ROWS && !b->out_logits[i1]) i1++;
             lm_head_rows(cb, b, i0, i1, cb->amax_logits);
         } else {

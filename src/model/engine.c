@@ -33,6 +33,9 @@ struct engine {
     float **c_out;
     int32_t **c_amax_dst; /* where each output row's argmax goes (NULL: not wanted) */
     struct row_sampling *c_samp; /* each output row's device sampling (temperature 0: argmax) */
+    struct row_score_req *c_score; /* each output row's score request (token -1: none) */
+    struct row_score *c_scores;    /* the backend's results, then copied to c_score_dst */
+    struct row_score **c_score_dst;
     struct backend_session **c_sessions;
 };
 
@@ -117,8 +120,11 @@ static int engine_open_rest(engine **out, engine *e, const struct engine_options
     e->c_amax = malloc(n * sizeof(int32_t));
     e->c_amax_dst = malloc(n * sizeof(int32_t *));
     e->c_samp = malloc(n * sizeof(struct row_sampling));
+    e->c_score = malloc(n * sizeof(struct row_score_req));
+    e->c_scores = malloc(n * sizeof(struct row_score));
+    e->c_score_dst = malloc(n * sizeof(struct row_score *));
     if (!e->c_tokens || !e->c_pos || !e->c_seq || !e->c_out_rows || !e->c_out || !e->c_sessions || !e->c_amax ||
-        !e->c_amax_dst || !e->c_samp) {
+        !e->c_amax_dst || !e->c_samp || !e->c_score || !e->c_scores || !e->c_score_dst) {
         rc = errorf(err, errlen, ST_NOMEM, "out of memory");
         goto fail;
     }
@@ -136,7 +142,7 @@ void engine_close(engine *e) {
     weights_free(&e->w);
     safetensors_close(e->st);
     free(e->c_tokens); free(e->c_pos); free(e->c_seq); free(e->c_out_rows); free(e->c_out); free(e->c_sessions);
-    free(e->c_amax); free(e->c_amax_dst); free(e->c_samp);
+    free(e->c_amax); free(e->c_amax_dst); free(e->c_samp); free(e->c_score); free(e->c_scores); free(e->c_score_dst);
     free(e->model_dir);
     free(e);
 }
@@ -187,18 +193,21 @@ int session_length(const session *s) { return s->len; }
 int session_capacity(const session *s) { return s->cap; }
 const int32_t *session_tokens(const session *s) { return s->tokens; }
 
-/* Runs the backend over the assembled chunk; hands the output rows' argmax ids to
- * their batch_seq destinations when any row wants one. */
-static int forward_chunk(engine *e, int n, int n_sess, int n_out, bool want_amax, bool want_samp, char *err,
-                         size_t errlen) {
+/* Runs the backend over the assembled chunk; hands the output rows' argmax ids and
+ * scores to their batch_seq destinations when any row wants them. */
+static int forward_chunk(engine *e, int n, int n_sess, int n_out, bool want_amax, bool want_samp, bool want_score,
+                         char *err, size_t errlen) {
     struct fwd_batch b = {.n_tokens = n, .tokens = e->c_tokens, .pos = e->c_pos, .seq = e->c_seq,
                           .sessions = e->c_sessions, .n_seqs = n_sess, .n_out = n_out,
                           .out_rows = e->c_out_rows, .out_logits = e->c_out,
-                          .out_argmax = want_amax ? e->c_amax : NULL, .out_sampling = want_samp ? e->c_samp : NULL};
+                          .out_argmax = want_amax ? e->c_amax : NULL, .out_sampling = want_samp ? e->c_samp : NULL,
+                          .out_score = want_score ? e->c_score : NULL, .out_scores = want_score ? e->c_scores : NULL};
     int rc = e->be->forward(e->be, &b, err, errlen);
-    if (rc || !want_amax) return rc;
-    for (int i = 0; i < n_out; i++)
+    if (rc) return rc;
+    for (int i = 0; want_amax && i < n_out; i++)
         if (e->c_amax_dst[i]) *e->c_amax_dst[i] = e->c_amax[i];
+    for (int i = 0; want_score && i < n_out; i++)
+        if (e->c_score_dst[i]) *e->c_score_dst[i] = e->c_scores[i];
     return 0;
 }
 
@@ -231,19 +240,29 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
                               "(temperature %g, top_p %g, min_p %g, top_k %d, u %g)", i, rs->temperature, rs->top_p,
                               rs->min_p, rs->top_k, rs->u);
         }
+        if (q->score) {
+            if (q->all_logits || !q->scores)
+                return errorf(err, errlen, ST_INVALID, "batch entry %d: scored rows need score destinations and no all_logits", i);
+            for (int k = 0; k < q->n_tokens; k++)
+                if (q->score[k].token >= c->vocab || (q->score[k].token >= 0 && (q->score[k].n_top < 0 ||
+                                                                                 q->score[k].n_top > ROW_SCORE_MAX_TOP)))
+                    return errorf(err, errlen, ST_INVALID, "batch entry %d row %d: score of token %d with %d alternatives "
+                                  "(vocabulary %d, at most %d)", i, k, q->score[k].token, q->score[k].n_top, c->vocab,
+                                  ROW_SCORE_MAX_TOP);
+        }
     }
     const int cap = e->be->max_batch_tokens;
     int n = 0, n_sess = 0, n_out = 0;
-    bool want_amax = false, want_samp = false;
+    bool want_amax = false, want_samp = false, want_score = false;
     struct backend_session *last = NULL;
     for (int i = 0; i < n_seqs; i++) {
         struct batch_seq *q = &seqs[i];
         for (int k = 0; k < q->n_tokens; k++) {
             if (n == cap) { /* flush a full chunk */
-                int rc = forward_chunk(e, n, n_sess, n_out, want_amax, want_samp, err, errlen);
+                int rc = forward_chunk(e, n, n_sess, n_out, want_amax, want_samp, want_score, err, errlen);
                 if (rc) return rc;
                 n = n_sess = n_out = 0;
-                want_amax = want_samp = false;
+                want_amax = want_samp = want_score = false;
                 last = NULL;
             }
             if (q->s->bs != last) {
@@ -254,14 +273,19 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
             e->c_tokens[n] = q->tokens[k];
             e->c_pos[n] = pos;
             e->c_seq[n] = n_sess - 1;
-            if ((q->logits || q->argmax) && (q->all_logits || k == q->n_tokens - 1)) {
+            const bool out = (q->logits || q->argmax) && (q->all_logits || k == q->n_tokens - 1);
+            const bool scored = q->score && q->score[k].token >= 0;
+            if (out || scored) {
                 const int row = q->all_logits ? k : 0;
                 e->c_out_rows[n_out] = n;
-                e->c_out[n_out] = q->logits ? q->logits + (size_t)row * c->vocab : NULL;
-                e->c_amax_dst[n_out] = q->argmax ? q->argmax + row : NULL;
-                want_amax |= q->argmax != NULL;
-                e->c_samp[n_out] = q->sampling ? *q->sampling : (struct row_sampling){0};
-                want_samp |= q->sampling != NULL;
+                e->c_out[n_out] = out && q->logits ? q->logits + (size_t)row * c->vocab : NULL;
+                e->c_amax_dst[n_out] = out && q->argmax ? q->argmax + row : NULL;
+                want_amax |= out && q->argmax != NULL;
+                e->c_samp[n_out] = out && q->sampling ? *q->sampling : (struct row_sampling){0};
+                want_samp |= out && q->sampling != NULL;
+                e->c_score[n_out] = scored ? q->score[k] : (struct row_score_req){-1, 0};
+                e->c_score_dst[n_out] = scored ? q->scores + k : NULL;
+                want_score |= scored;
                 n_out++;
             }
             q->s->tokens[pos] = q->tokens[k];
@@ -269,7 +293,7 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
             n++;
         }
     }
-    return n ? forward_chunk(e, n, n_sess, n_out, want_amax, want_samp, err, errlen) : 0;
+    return n ? forward_chunk(e, n, n_sess, n_out, want_amax, want_samp, want_score, err, errlen) : 0;
 }
 
 int engine_decode_greedy(engine *e, session *s, int32_t first, int n_steps, int32_t *out_ids, double *step_end,

@@ -80,7 +80,11 @@ const int32_t *session_tokens(const session *s);
  * with `logits` NULL only the ids are produced (a device backend then computes them
  * on the device and copies no logits row). `sampling`, when non-NULL (with `argmax`, no
  * `logits`, not `all_logits`; only where engine_device_sampling), makes *argmax the token
- * the device sampler draws (model/device_sampling.h) instead of the argmax. */
+ * the device sampler draws (model/device_sampling.h) instead of the argmax. `score`, when
+ * non-NULL ([n_tokens], not with `all_logits`), scores row k — the row after token k —
+ * where score[k].token >= 0 into scores[k] (model/device_sampling.h: the prompt's own
+ * logprobs, computed by the backend where the logits are), beside whatever the last row
+ * asks for through `logits` / `argmax` / `sampling`. */
 struct batch_seq {
     session *s;
     const int32_t *tokens;
@@ -89,6 +93,8 @@ struct batch_seq {
     bool all_logits;
     int32_t *argmax;
     const struct row_sampling *sampling;
+    const struct row_score_req *score;
+    struct row_score *scores;
 };
 
 /* Runs the model over every new token of every sequence and appends them to

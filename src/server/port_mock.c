@@ -30,6 +30,9 @@
  * ORCHID_MOCK_DEVICE_SAMPLING=1 makes the mock report a device sampler (port.h
  * device_sampling) and honour batch_seq.sampling with the device sampler's host reference
  * (dsmp_reference over its row), so the scheduler's sampled rows are tested without a GPU.
+ * ORCHID_MOCK_ROW_SCORES=1 makes it report row scores (port.h row_scores, as the engine
+ * does) and score batch_seq.score's rows by row_score_host: the scheduler's whole-chunk
+ * prompt logprobs; unset, the 16-row logits path stays covered.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -61,6 +64,7 @@ struct mock_ctx {
     int invariant_tokens; /* > 0: the forward enforces the contract it reports */
     int max_batch_tokens; /* > 0: packed prompt chunks at most this many tokens in all */
     bool device_sampling; /* honours batch_seq.sampling (ORCHID_MOCK_DEVICE_SAMPLING=1) */
+    bool row_scores;      /* honours batch_seq.score (ORCHID_MOCK_ROW_SCORES=1) */
 };
 
 /* ---- text side ---- */
@@ -338,6 +342,13 @@ static int mock_forward(void *ctx, struct batch_seq *seqs, int n_seqs, char *err
         struct mock_seq *s = (struct mock_seq *)seqs[i].s;
         memcpy(s->toks + s->len, seqs[i].tokens, (size_t)seqs[i].n_tokens * sizeof(int32_t));
         s->len += seqs[i].n_tokens;
+        for (int k = 0; seqs[i].score && k < seqs[i].n_tokens; k++) /* batch_seq.score: row k after token k */
+            if (seqs[i].score[k].token >= 0) {
+                if (!m->row_scores) return errorf(err, errlen, ST_UNSUPPORTED, "mock: no row scores");
+                float row[M_VOCAB];
+                mock_logits(s->toks, s->len - seqs[i].n_tokens + k + 1, row);
+                row_score_host(row, M_VOCAB, &seqs[i].score[k], &seqs[i].scores[k]);
+            }
         if (!seqs[i].logits && !seqs[i].argmax) continue;
         /* output rows: the last token, or every new token with all_logits */
         const int n_rows = seqs[i].all_logits ? seqs[i].n_tokens : 1;
@@ -379,6 +390,8 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     if (e && *e) m->max_batch_tokens = atoi(e);
     e = getenv("ORCHID_MOCK_DEVICE_SAMPLING");
     m->device_sampling = e && *e && strcmp(e, "0") != 0;
+    e = getenv("ORCHID_MOCK_ROW_SCORES"); /* prompt logprobs scored by the "model" (the engine's way) */
+    m->row_scores = e && *e && strcmp(e, "0") != 0;
     e = getenv("ORCHID_MOCK_LOAD_MS"); /* simulates a slow model load (tests of /health) */
     if (e && *e && atoi(e) > 0) {
         struct timespec ts = {atoi(e) / 1000, (long)(atoi(e) % 1000) * 1000000L};
@@ -390,6 +403,7 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
              m->step_ms);
     p->vocab = M_VOCAB;
     p->device_sampling = m->device_sampling;
+    p->row_scores = m->row_scores;
     p->max_position = 0;
     p->stop_ids[0] = M_IM_END;
     p->stop_ids[1] = M_EOT;

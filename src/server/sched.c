@@ -121,6 +121,15 @@ static void rec_set(struct tok_rec *rec, const struct sample_result *r) {
     memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
 }
 
+/* A prompt token's record from the model's score of the row before it. */
+static void rec_set_score(struct tok_rec *rec, const struct row_score *r) {
+    rec->id = r->token;
+    rec->logprob = r->logprob;
+    rec->n_top = r->n_top;
+    memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
+    memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
+}
+
 /* A prompt token's record from the row before it (threadpool item). */
 static void score_prompt_row(void *ctx, int i) {
     const struct sched *S = ctx;
@@ -226,6 +235,8 @@ void job_release(struct job *j) {
     free(j->recs);
     free(j->prompt_recs);
     free(j->lp_rows);
+    free(j->score_req);
+    free(j->score_res);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -340,8 +351,15 @@ static int admit(struct sched *S, struct job *j, int si) {
     }
     if (j->prompt_logprobs) {
         j->prompt_recs = calloc((size_t)j->n_prompt, sizeof *j->prompt_recs);
-        j->lp_rows = malloc((size_t)SCHED_PROMPT_LP_ROWS * (size_t)S->port.vocab * sizeof *j->lp_rows);
-        if (!j->prompt_recs || !j->lp_rows) return ST_NOMEM;
+        if (!j->prompt_recs) return ST_NOMEM;
+        if (S->port.row_scores) {
+            j->score_req = malloc((size_t)S->chunk * sizeof *j->score_req);
+            j->score_res = malloc((size_t)S->chunk * sizeof *j->score_res);
+            if (!j->score_req || !j->score_res) return ST_NOMEM;
+        } else {
+            j->lp_rows = malloc((size_t)SCHED_PROMPT_LP_ROWS * (size_t)S->port.vocab * sizeof *j->lp_rows);
+            if (!j->lp_rows) return ST_NOMEM;
+        }
     }
     int L = S->port.seq_length(S->port.ctx, sl->s);
     const int32_t *toks = S->port.seq_tokens(S->port.ctx, sl->s);
@@ -645,6 +663,8 @@ static void *sched_main(void *arg) {
             b->all_logits = false;
             b->tokens = &j->next_tok;
             b->n_tokens = 1;
+            b->score = NULL;
+            b->scores = NULL;
             want_token(S, sl, b);
             S->batch_slot[nb++] = i;
         }
@@ -658,7 +678,7 @@ static void *sched_main(void *arg) {
             int take = left < room ? left : room;
             const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
             if (ck && j->n_fed + take > ck) take = ck - j->n_fed; /* stop there to save it */
-            if (j->prompt_logprobs && take > SCHED_PROMPT_LP_ROWS) take = SCHED_PROMPT_LP_ROWS;
+            if (j->prompt_logprobs && !S->port.row_scores && take > SCHED_PROMPT_LP_ROWS) take = SCHED_PROMPT_LP_ROWS;
             if (take <= 0) continue;
             if (split && S->step_prompt > 0 && step_prompt > 0 && step_prompt + take > S->step_prompt) break;
             if (!split) budget -= take;
@@ -671,8 +691,21 @@ static void *sched_main(void *arg) {
             b->logits = NULL;
             b->argmax = NULL;
             b->sampling = NULL;
+            b->score = NULL;
+            b->scores = NULL;
             sl->lp_last = false;
-            if (j->prompt_logprobs) { /* every row's logits; the last one's sampled from the host */
+            if (j->prompt_logprobs && S->port.row_scores) {
+                /* row r scores prompt token n_fed + r + 1 (the prompt's last row: none; it
+                 * gives the first token as any prompt's does) */
+                for (int r = 0; r < take; r++) {
+                    const int p = j->n_fed + r + 1;
+                    j->score_req[r] = p < j->n_prompt ? (struct row_score_req){j->prompt[p], j->prompt_top}
+                                                      : (struct row_score_req){-1, 0};
+                }
+                b->score = j->score_req;
+                b->scores = j->score_res;
+                if (take == left && j->max_tokens > 0) want_token(S, sl, b);
+            } else if (j->prompt_logprobs) { /* every row's logits; the last one's sampled from the host */
                 b->all_logits = true;
                 b->logits = j->lp_rows;
                 sl->lp_last = take == left && j->max_tokens > 0;
@@ -717,6 +750,9 @@ static void *sched_main(void *arg) {
             if (b->all_logits) /* row r scores prompt token n_fed + r + 1 (the last row: none) */
                 for (int r = 0; r < b->n_tokens && j->n_fed + r + 1 < j->n_prompt; r++)
                     S->lp_items[n_lp++] = (struct lp_item){j, r, j->n_fed + r + 1};
+            if (b->score) /* scored by the model: the records straight from its results */
+                for (int r = 0; r < b->n_tokens && j->n_fed + r + 1 < j->n_prompt; r++)
+                    rec_set_score(&j->prompt_recs[j->n_fed + r + 1], &b->scores[r]);
             if (j->n_fed < j->n_prompt) {
                 const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
                 j->n_fed += b->n_tokens;
@@ -732,7 +768,7 @@ static void *sched_main(void *arg) {
         threadpool_run(S->pool, n_lp, score_prompt_row, S);
         for (int k = 0; k < nb; k++) {
             struct job *j = S->slots[S->batch_slot[k]].job;
-            if (!S->batch[k].all_logits || j->n_fed < j->n_prompt) continue;
+            if (!(S->batch[k].all_logits || S->batch[k].score) || j->n_fed < j->n_prompt) continue;
             pthread_mutex_lock(&j->mu);
             j->prompt_done = true;
             pthread_cond_broadcast(&j->cv);

@@ -66,7 +66,8 @@ struct job {
                                        first end_mark past end_arm (textout_set_end) */
     bool prompt_logprobs; /* the logprobs of the prompt's own tokens too (/v1/completions echo with
                              logprobs): the prompt is prefilled from its first token (no prefix
-                             reuse) in chunks of SCHED_PROMPT_LP_ROWS with every row's logits; a
+                             reuse), each row scored by the model (port.row_scores: whole
+                             chunks) or in chunks of SCHED_PROMPT_LP_ROWS with every row's logits; a
                              stop id it generates gets a record too (lm-evaluation-harness reads
                              the entry after the prompt's as the generated token's) */
     int prompt_top;       /* their alternatives, 0..SAMPLER_MAX_TOP_LOGPROBS */
@@ -78,8 +79,10 @@ struct job {
     int n_fed;          /* prompt tokens in the session */
     int32_t next_tok;   /* sampled, not yet fed */
     double t_last_tok;
-    float *lp_rows;     /* prompt_logprobs: [SCHED_PROMPT_LP_ROWS × vocab] logits of a chunk's rows
-                           (admission to release) */
+    float *lp_rows;     /* prompt_logprobs without port.row_scores: [SCHED_PROMPT_LP_ROWS × vocab]
+                           logits of a chunk's rows (admission to release) */
+    struct row_score_req *score_req; /* prompt_logprobs with port.row_scores: a chunk's rows' */
+    struct row_score *score_res;     /* requests and results, [the scheduler's chunk] each */
 
     /* shared, under mu */
     pthread_mutex_t mu;

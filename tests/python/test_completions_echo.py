@@ -8,7 +8,9 @@ The prompt logprobs are checked against mlx-lm itself: the tiny test model's tea
 logits (tools/reference_logits.py, cached) give log_softmax(row p-1)[token p] for every
 prompt token p; orchid's CPU engine must report the same to 1e-3 (the logits agree to a
 relative 1e-4, test_parity_cpu.py; a log-softmax moves by at most ~2·max|Δlogit|). The
-prompt is longer than SCHED_PROMPT_LP_ROWS (16) so its rows come from several chunks.
+engine scores the prompt's rows itself (batch_seq.score: the whole prompt chunk in one
+forward); the server runs twice, with its default prompt chunk and with 16-token chunks,
+so that a chunk's last row scores the next chunk's first token.
 """
 
 import json
@@ -25,9 +27,9 @@ PROMPT_LEN = 40  # three chunks of at most 16 rows
 TOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def srv():
-    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "512", "--parallel", "3"]) as s:
+@pytest.fixture(scope="module", params=[[], ["--prefill-chunk", "16"]], ids=["chunk512", "chunk16"])
+def srv(request):
+    with Server(mock=False, model=model_dir("tiny"), args=["--max-seq", "512", "--parallel", "3"] + request.param) as s:
         yield s
 
 
