@@ -46,7 +46,7 @@ struct fwd_batch {
     const struct row_score_req *out_score; /* NULL = none; else [n_out]: a row with token >= 0
                                  is scored (model/device_sampling.h: its logprob of that token
                                  and its top alternatives) into out_scores[i] — with or without
-                                 its logits or argmax; every backend does it */
+                                 its logits or argmax; only for a backend with row_scores set */
     struct row_score *out_scores; /* host [n_out] when out_score */
 };
 
@@ -62,6 +62,9 @@ struct backend {
     int invariant_tokens;
     /* 1: forward honours fwd_batch.out_sampling (the token drawn where the logits are). */
     int device_sampling;
+    /* 1: forward honours fwd_batch.out_score (the CPU backend on the host, CUDA on the
+     * device); 0: the engine refuses scored rows (the server then scores logits rows). */
+    int row_scores;
     int (*session_create)(struct backend *b, int max_seq, struct backend_session **out, char *err, size_t errlen);
     void (*session_destroy)(struct backend *b, struct backend_session *s);
     void (*session_reset)(struct backend *b, struct backend_session *s);

@@ -444,7 +444,7 @@ int cpu_backend_create(struct backend **out, const struct model_config *c, const
     *out = NULL;
     struct cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) return errorf(err, errlen, ST_NOMEM, "out of memory");
-    cb->base = (struct backend){.name = "cpu", .max_batch_tokens = CPU_MAX_BATCH, .session_create = cpu_session_create,
+    cb->base = (struct backend){.name = "cpu", .max_batch_tokens = CPU_MAX_BATCH, .row_scores = 1, .session_create = cpu_session_create,
                                 .session_destroy = cpu_session_destroy, .session_reset = cpu_session_reset,
                                 .forward = cpu_forward, .state_bytes = cpu_state_bytes, .state_save = cpu_state_save,
                                 .state_load = cpu_state_load, .kv_bytes_per_token = cpu_kv_bytes_per_token,

@@ -102,6 +102,7 @@ struct cuda_backend {
     struct cuda_xstage xn_stage; /* xn's rows staged by the 2..MID_T combine + norm (mid_xstage) */
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
+    struct row_score *d_scores, *h_scores; /* [CUDA_MAX_BATCH] scored output rows (cuda_row_scores), device / pinned */
     struct cuda_saver *saver; /* checkpoint saves beside the decode stream (async_save_on; NULL: none yet) */
     bool saver_failed;        /* its staging could not be had: saves stay synchronous */
     cudaGraphExec_t fg; /* the one-token forward's graph (fwd_graph; NULL: none captured) */
@@ -703,15 +704,33 @@ static int split_for(const struct cuda_backend *cb, int kv_len) {
 
 static size_t al16(size_t x) { return (x + 15) & ~(size_t)15; }
 
+/* Scored output rows of a forward (fwd_batch.out_score): the requests on the device
+ * (metadata) and, from the host's copy, the most alternatives a pass of rows asks. */
+struct fwd_scores {
+    const struct row_score_req *d_req; /* NULL: none */
+    const struct row_score_req *h_req;
+};
+static int pass_max_top(const fwd_scores &sc, int i0, int n) {
+    int t = 0;
+    for (int i = i0; i < i0 + n; i++)
+        if (sc.h_req[i].token >= 0 && sc.h_req[i].n_top > t) t = sc.h_req[i].n_top;
+    return t;
+}
+
 /* One lm_head pass of a forward: rows [i0, i0 + n) of the outputs (d_or: their token rows)
- * normalised, their logits, and with argmax their ids, with smp (the sampled rows'
+ * normalised, their logits, with scores the scored rows' (before the sampler, which writes
+ * over a sampled row's logits), and with argmax their ids, with smp (the sampled rows'
  * requests) their drawn tokens over them. */
 static int fwd_outputs(struct cuda_backend *cb, const cuda_ctx *c, int i0, int n, const int32_t *d_or, bool argmax,
-                       const struct row_sampling *smp) {
+                       const struct row_sampling *smp, const fwd_scores *sc = NULL) {
     int rc;
     if ((rc = cuda_rmsnorm(c, cb->x, cb->final_norm, n, cb->H, cb->cfg->rms_eps, d_or + i0, cb->xo))) return rc;
     if ((rc = cuda_qmatmul(c, &cb->lm_head, 0, cb->xo, n, cb->H, cb->logits, cb->V, 0))) return rc;
     prof_mark(cb, "lm_head");
+    if (sc && sc->d_req) {
+        if ((rc = cuda_row_scores(c, cb->logits, n, cb->V, sc->d_req + i0, pass_max_top(*sc, i0, n), cb->d_scores + i0))) return rc;
+        prof_mark(cb, "row_scores");
+    }
     /* argmax on the device (sampler_argmax's rule): only ids cross PCIe for rows whose
      * logits are not wanted (out_logits[i] == NULL) */
     if (argmax && (rc = cuda_argmax(c, cb->logits, n, cb->V, cb->amax_ids + i0, cb->amax_scratch))) return rc;
@@ -793,8 +812,12 @@ static int fwd_finish(struct cuda_backend *cb, const struct fwd_batch *b, char *
     if (b->out_argmax && b->n_out)
         CUDA_TRY(cudaMemcpyAsync(cb->h_amax_ids, cb->amax_ids, (size_t)b->n_out * 4, cudaMemcpyDeviceToHost, cb->stream), err,
                  errlen, "cuda forward: argmax download");
+    if (b->out_score && b->n_out)
+        CUDA_TRY(cudaMemcpyAsync(cb->h_scores, cb->d_scores, (size_t)b->n_out * sizeof(struct row_score), cudaMemcpyDeviceToHost,
+                                 cb->stream), err, errlen, "cuda forward: row scores download");
     CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, "cuda forward");
     if (b->out_argmax && b->n_out) memcpy(b->out_argmax, cb->h_amax_ids, (size_t)b->n_out * 4);
+    if (b->out_score && b->n_out) memcpy(b->out_scores, cb->h_scores, (size_t)b->n_out * sizeof *b->out_scores);
     if (cb->prof_on) prof_collect(cb);
     if (cb->trace_path) return trace_write(cb, err, errlen);
     return 0;
@@ -821,6 +844,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     size_t o_tile = o_seq + al16((size_t)b->n_seqs * sizeof(cuda_seq));
     char *h = cb->h_meta;
     const bool sampling = b->out_sampling && b->out_argmax && b->n_out > 0;
+    const bool scoring = b->out_score && b->n_out > 0;
     memcpy(h + o_tok, b->tokens, T * 4);
     memcpy(h + o_pos, b->pos, T * 4);
     memcpy(h + o_ts, b->seq, T * 4);
@@ -853,9 +877,11 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
         t += n;
     }
     const size_t o_smp = al16(o_tile + (size_t)n_tiles * sizeof(cuda_attn_tile)); /* sampled rows' requests */
-    const size_t bytes = o_smp + (sampling ? (size_t)b->n_out * sizeof(struct row_sampling) : 0);
+    const size_t o_sc = al16(o_smp + (sampling ? (size_t)b->n_out * sizeof(struct row_sampling) : 0)); /* scored rows' */
+    const size_t bytes = o_sc + (scoring ? (size_t)b->n_out * sizeof(struct row_score_req) : 0);
     if (bytes > cb->meta_cap) return errorf(err, errlen, ST_INTERNAL, "cuda forward: metadata of %zu bytes", bytes);
     if (sampling) memcpy(h + o_smp, b->out_sampling, (size_t)b->n_out * sizeof(struct row_sampling));
+    if (scoring) memcpy(h + o_sc, b->out_score, (size_t)b->n_out * sizeof(struct row_score_req));
     cuda_ctx c = {(cuda_stream_t)cb->stream, err, errlen};
     CUDA_TRY(cudaMemcpyAsync(cb->d_meta, h, bytes, cudaMemcpyHostToDevice, cb->stream), err, errlen, "cuda forward: metadata upload");
     dmeta m;
@@ -872,9 +898,11 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.tiles = (const cuda_attn_tile *)(cb->d_meta + o_tile);
     const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
     for (int i = 0; i < b->n_out && !b->out_argmax; i++)
-        if (!b->out_logits[i]) return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
+        if (!b->out_logits[i] && !(scoring && b->out_score[i].token >= 0))
+            return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
     const struct row_sampling *smp = sampling ? (const struct row_sampling *)(cb->d_meta + o_smp) : NULL;
-    const bool graphed = fwd_graph_on() && T == 1 && b->n_out <= 1 && !cb->prof_on && !cb->trace_path;
+    const fwd_scores sc = {scoring ? (const struct row_score_req *)(cb->d_meta + o_sc) : NULL, b->out_score};
+    const bool graphed = fwd_graph_on() && T == 1 && b->n_out <= 1 && !scoring && !cb->prof_on && !cb->trace_path;
     if (graphed) {
         m.n_split = fg_split(cb, m.n_split);
         int rc = fwd_graph(cb, m, b->n_out, b->out_argmax != NULL, smp, d_or, &c);
@@ -903,7 +931,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     }
     for (int i0 = 0; i0 < b->n_out; i0 += LOGIT_ROWS) {
         const int n = b->n_out - i0 < LOGIT_ROWS ? b->n_out - i0 : LOGIT_ROWS;
-        if ((rc = fwd_outputs(cb, &c, i0, n, d_or, b->out_argmax != NULL, smp))) return rc;
+        if ((rc = fwd_outputs(cb, &c, i0, n, d_or, b->out_argmax != NULL, smp, &sc))) return rc;
         if (i0 + n < b->n_out && (rc = fwd_download(cb, b, i0, n, err, errlen))) return rc; /* the next pass reuses logits */
     }
     return fwd_finish(cb, b, err, errlen);
@@ -1183,12 +1211,13 @@ static void cuda_destroy(struct backend *base) {
     void *bufs[] = {cb->warena, cb->d_meta, cb->x, cb->xn32, cb->xlo, cb->proj, cb->zb, cb->kb, cb->vb, cb->gab, cb->conv_out, cb->y,
                     cb->rlog, cb->seg, cb->mw, cb->ed, cb->sd, cb->part, cb->logits, cb->xn, cb->ybf, cb->act, cb->sact,
                     cb->xo, cb->ids, cb->amax_scratch, cb->amax_ids, cb->route.counts, cb->counters,
-                    cb->gdn_qk, cb->gdn_gates, cb->xn_stage.perm, cb->xn_stage.gsum};
+                    cb->gdn_qk, cb->gdn_gates, cb->xn_stage.perm, cb->xn_stage.gsum, cb->d_scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
     if (cb->fg) cudaGraphExecDestroy(cb->fg);
     cuda_saver_destroy(cb->saver); /* its ring and copy stream (it drains what is left) */
     if (cb->h_meta) cudaFreeHost(cb->h_meta);
     if (cb->h_amax_ids) cudaFreeHost(cb->h_amax_ids);
+    if (cb->h_scores) cudaFreeHost(cb->h_scores);
     for (int i = 0; i <= PROF_MAX; i++)
         if (cb->prof_ev[i]) cudaEventDestroy(cb->prof_ev[i]);
     for (int i = 0; i < 2; i++)
@@ -1285,6 +1314,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     cb->base.max_batch_tokens = CUDA_MAX_BATCH;
     cb->base.invariant_tokens = MID_T; /* one-token sequences up to here take the invariant kernels */
     cb->base.device_sampling = 1;      /* cuda_sample.cu */
+    cb->base.row_scores = !env_flag("ORCHID_NO_ROW_SCORES"); /* cuda_score.cu (off: the server scores logits rows) */
     cb->base.session_create = cuda_session_create;
     cb->base.session_destroy = cuda_session_destroy;
     cb->base.session_reset = cuda_session_reset;
@@ -1415,6 +1445,12 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
         cb->h_amax_ids = NULL;
         FAIL(errorf(err, errlen, ST_NOMEM, "cuda backend: cudaMallocHost of the argmax ids failed"));
     }
+    FAIL(cuda_malloc((void **)&cb->d_scores, (size_t)CUDA_MAX_BATCH * sizeof(struct row_score), "row scores", err, errlen));
+    if (cudaMallocHost((void **)&cb->h_scores, (size_t)CUDA_MAX_BATCH * sizeof(struct row_score)) != cudaSuccess) {
+        cudaGetLastError();
+        cb->h_scores = NULL;
+        FAIL(errorf(err, errlen, ST_NOMEM, "cuda backend: cudaMallocHost of the row scores failed"));
+    }
     FAIL(cuda_malloc((void **)&cb->counters, CNT_N * sizeof(int), "counters", err, errlen));
     if ((e = cudaMemset(cb->counters, 0, CNT_N * sizeof(int))) != cudaSuccess)
         FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: counters: %s", cudaGetErrorString(e)));
@@ -1429,7 +1465,8 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     cb->route.slot_of_pair = cb->route.row_of_slot + T * K;
     cb->route.tiles = cb->route.slot_of_pair + T * K;
     cb->route.max_tiles = max_tiles;
-    cb->meta_cap = 8 * T * 4 + T * sizeof(cuda_seq) + T * sizeof(cuda_attn_tile) + T * sizeof(struct row_sampling) + 256;
+    cb->meta_cap = 8 * T * 4 + T * sizeof(cuda_seq) + T * sizeof(cuda_attn_tile) + T * sizeof(struct row_sampling) +
+                   T * sizeof(struct row_score_req) + 256;
     FAIL(cuda_malloc((void **)&cb->d_meta, cb->meta_cap, "batch metadata", err, errlen));
     if (cudaMallocHost((void **)&cb->h_meta, cb->meta_cap) != cudaSuccess) {
         cudaGetLastError();

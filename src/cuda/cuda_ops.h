@@ -264,6 +264,12 @@ int cuda_moe_router_topk(const struct cuda_ctx *c, const struct cuda_qmat *route
 int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
                               const struct cuda_norm_src *ns, float *logits, float *seg, int K, int renorm, int32_t *ids,
                               float *w, int *counter);
+struct row_score_req;
+struct row_score;
+/* Row scores (model/device_sampling.h) of n logits rows [n][V]: row i scored by req[i]
+ * (token < 0: skipped) into out[i]; max_top ≥ every scored row's n_top (cuda_score.cu). */
+int cuda_row_scores(const struct cuda_ctx *c, const float *logits, int n, int V, const struct row_score_req *req,
+                    int max_top, struct row_score *out);
 /* cuda_moe_router_topk of 2..64 tokens whose x is the RMSNorm of ns->x (the residual,
  * [T][H]) by ns->gain, computed by every router block from its staged rows with the norm
  * launch's bits (cuda_rmsnorm2); ns->xn gets the bf16 rows [T][H] (the expert products'

@@ -152,6 +152,7 @@ const char *engine_backend_name(const engine *e) { return e->be->name; }
 int engine_invariant_tokens(const engine *e) { return e->be->invariant_tokens; }
 int engine_max_batch_tokens(const engine *e) { return e->be->max_batch_tokens; }
 bool engine_device_sampling(const engine *e) { return e->be->device_sampling != 0; }
+bool engine_row_scores(const engine *e) { return e->be->row_scores != 0; }
 const char *engine_model_dir(const engine *e) { return e->model_dir; }
 double engine_load_seconds(const engine *e) { return e->load_seconds; }
 
@@ -241,6 +242,8 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
                               rs->min_p, rs->top_k, rs->u);
         }
         if (q->score) {
+            if (!e->be->row_scores)
+                return errorf(err, errlen, ST_UNSUPPORTED, "batch entry %d: the %s backend does not score rows", i, e->be->name);
             if (q->all_logits || !q->scores)
                 return errorf(err, errlen, ST_INVALID, "batch entry %d: scored rows need score destinations and no all_logits", i);
             for (int k = 0; k < q->n_tokens; k++)

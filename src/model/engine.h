@@ -55,6 +55,8 @@ int engine_invariant_tokens(const engine *e);
 int engine_max_batch_tokens(const engine *e);
 /* Whether batch_seq.sampling is honoured (the backend samples where the logits are). */
 bool engine_device_sampling(const engine *e);
+/* Whether engine_forward honours batch_seq.score (the backend scores rows itself). */
+bool engine_row_scores(const engine *e);
 const char *engine_model_dir(const engine *e);
 double engine_load_seconds(const engine *e);
 size_t engine_tensor_count(const engine *e);  /* tensors in the checkpoint, skipped ones included */

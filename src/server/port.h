@@ -40,7 +40,7 @@ struct model_port {
                               prompt chunks of more than N tokens packed whole */
     int max_batch_tokens;  /* engine_max_batch_tokens: tokens one backend call takes (0: no bound) */
     int device_sampling;   /* engine_device_sampling: forward honours batch_seq.sampling */
-    int row_scores;        /* forward honours batch_seq.score (the engine: every backend) */
+    int row_scores;        /* forward honours batch_seq.score (engine_row_scores) */
     struct sampler_params sampling; /* what a request's omitted sampling fields default to: the
                                        checkpoint's generation_config.json (port_engine.c), else greedy */
 

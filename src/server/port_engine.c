@@ -234,7 +234,7 @@ int port_open_engine(struct model_port *mp, const struct port_options *opt, char
     mp->invariant_tokens = engine_invariant_tokens(p->e);
     mp->max_batch_tokens = engine_max_batch_tokens(p->e);
     mp->device_sampling = engine_device_sampling(p->e);
-    mp->row_scores = 1;
+    mp->row_scores = engine_row_scores(p->e);
     mp->sampling = sampler_params_default();
     char note[256] = "greedy (--generation-config none)";
     if (!opt->no_generation_config) load_generation_config(opt->model_dir, &mp->sampling, note, sizeof note);

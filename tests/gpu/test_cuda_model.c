@@ -89,6 +89,42 @@ static void test_e2e(const char *where, int n_prompt, int n_greedy) {
     }
     printf("  %s: prompt %d tokens, top-1 agreement %d/%d, logits rel err mean %.3g worst %.3g\n", where, n_prompt, agree,
            n_prompt, sum / n_prompt, worst);
+    if (!rc && n_prompt >= 2 && n_prompt <= gpu->max_batch_tokens) { /* the prompt's rows scored on the device */
+        const int n_out = n_prompt - 1;
+        int32_t *pos = malloc((size_t)n_prompt * 4), *seq = calloc((size_t)n_prompt, 4), *rows = malloc((size_t)n_out * 4);
+        float **dst = calloc((size_t)n_out, sizeof *dst);
+        struct row_score_req *req = malloc((size_t)n_out * sizeof *req);
+        struct row_score *got = malloc((size_t)n_out * sizeof *got), want;
+        for (int i = 0; i < n_prompt; i++) pos[i] = i;
+        for (int i = 0; i < n_out; i++) {
+            rows[i] = i;
+            req[i] = (struct row_score_req){prompt[i + 1], i % 3 ? 5 : 20};
+        }
+        req[n_out / 2].token = -1; /* a row in the middle not scored */
+        struct backend_session *ss[1] = {sg2};
+        const struct fwd_batch b = {.n_tokens = n_prompt, .tokens = prompt, .pos = pos, .seq = seq, .sessions = ss, .n_seqs = 1,
+                                    .n_out = n_out, .out_rows = rows, .out_logits = dst, .out_score = req, .out_scores = got};
+        gpu->session_reset(gpu, sg2);
+        rc = gpu->forward(gpu, &b, err, sizeof err);
+        CHECK(rc == 0, "%s cuda scored prefill: %s", where, err);
+        int bad = 0;
+        for (int i = 0; !rc && i < n_out; i++) {
+            if (req[i].token < 0) continue;
+            row_score_host(lg + (size_t)i * V, V, &req[i], &want); /* the CUDA backend's own logits of that row */
+            int d = got[i].token != want.token || got[i].n_top != want.n_top ||
+                    fabsf(got[i].logprob - want.logprob) > 2e-6f * fmaxf(1.0f, fabsf(want.logprob));
+            for (int k = 0; !d && k < want.n_top; k++)
+                d = got[i].top_ids[k] != want.top_ids[k] ||
+                    fabsf(got[i].top_logprobs[k] - want.top_logprobs[k]) > 2e-6f * fmaxf(1.0f, fabsf(want.top_logprobs[k]));
+            if (d && bad < 3)
+                printf("    scored row %d: token %d logprob %.7g vs %.7g, top id %d vs %d\n", i, got[i].token, got[i].logprob,
+                       want.logprob, got[i].n_top ? got[i].top_ids[0] : -1, want.n_top ? want.top_ids[0] : -1);
+            bad += d;
+        }
+        CHECK(bad == 0, "%s: %d of %d prompt rows scored on the device differ from their logits' host scores", where, bad, n_out);
+        free(pos); free(seq); free(rows); free(dst); free(req); free(got);
+        rc = 0;
+    }
     const double mean_err = sum / n_prompt;
     /* greedy continuation: CPU host loop vs CUDA graph loop */
     const int32_t first = argmax_row(lc + (size_t)(n_prompt - 1) * V, V);

@@ -1151,6 +1151,79 @@ static void test_route(int E, int K, int T, int tile_rows) {
     cuda_free(dids);
 }
 
+/* ---- prompt rows scored on the device (cuda_row_scores) against row_score_host
+ * (sampler_row_logprobs's numbers): ids, their order and counts exact; logprobs to an fp32
+ * rounding or two (the device's double sum runs in another order); rows of ties, NaN,
+ * -inf, +inf, all -inf and all NaN but two; a row not scored is left alone ---- */
+static int score_close(float a, float b) {
+    if (a != a || b != b) return a != a && b != b;
+    if (isinf(a) || isinf(b)) return a == b;
+    return fabsf(a - b) <= 2e-6f * fmaxf(1.0f, fabsf(b));
+}
+static void test_row_scores(int V) {
+    enum { NR = 9 };
+    const int tops[NR] = {0, 1, 5, 20, 3, 20, 2, 4, 20};
+    float *l = malloc((size_t)NR * V * 4);
+    struct row_score_req req[NR];
+    for (int r = 0; r < NR; r++) {
+        float *row = l + (size_t)r * V;
+        for (int i = 0; i < V; i++) row[i] = 3.0f * rng_normal();
+        if (r == 1) for (int i = 0; i < V; i++) row[i] = roundf(row[i] * 2.0f) * 0.5f; /* many ties */
+        if (r == 2) for (int i = 0; i < V; i++) row[i] = rng_uniform() < 0.1f ? NAN : rng_uniform() < 0.05f ? -INFINITY : row[i];
+        if (r == 3) { for (int i = 2; i < V; i++) row[i] = NAN; }              /* two non-NaN: fewer than 20 */
+        if (r == 4) row[V / 3] = INFINITY;
+        if (r == 5) for (int i = 0; i < V; i++) row[i] = -INFINITY;
+        if (r == 7) for (int i = 0; i < V; i++) row[i] = (float)(i % 7);          /* ties among the largest */
+        req[r] = (struct row_score_req){(int32_t)(rng_u64() % (uint64_t)V), tops[r]};
+    }
+    req[2].token = 0;
+    l[(size_t)2 * V] = NAN; /* a NaN target: -inf */
+    req[6].token = -1;      /* not scored */
+    float *dl;
+    struct row_score_req *dreq;
+    struct row_score *dout, got[NR], want;
+    DEV(dl, (size_t)NR * V * 4); DEV(dreq, sizeof req); DEV(dout, sizeof got);
+    H2D(dl, l, (size_t)NR * V * 4); H2D(dreq, req, sizeof req);
+    memset(got, 0xab, sizeof got);
+    H2D(dout, got, sizeof got);
+    OK(cuda_row_scores(&ctx, dl, NR, V, dreq, 20, dout));
+    D2H(got, dout, sizeof got);
+    for (int r = 0; r < NR; r++) {
+        if (req[r].token < 0) {
+            unsigned char sentinel[sizeof got[0]];
+            memset(sentinel, 0xab, sizeof sentinel);
+            CHECK(!memcmp(&got[r], sentinel, sizeof sentinel), "row_scores V=%d: the unscored row %d was written", V, r);
+            continue;
+        }
+        row_score_host(l + (size_t)r * V, V, &req[r], &want);
+        int bad = got[r].token != want.token || got[r].n_top != want.n_top || !score_close(got[r].logprob, want.logprob);
+        for (int k = 0; !bad && k < want.n_top; k++)
+            bad = got[r].top_ids[k] != want.top_ids[k] || !score_close(got[r].top_logprobs[k], want.top_logprobs[k]);
+        CHECK(!bad, "row_scores V=%d row %d (top %d): token %d/%d n_top %d/%d logprob %.9g/%.9g first id %d/%d", V, r, req[r].n_top,
+              got[r].token, want.token, got[r].n_top, want.n_top, got[r].logprob, want.logprob, got[r].n_top > 0 ? got[r].top_ids[0] : -1,
+              want.n_top > 0 ? want.top_ids[0] : -1);
+    }
+    /* the smaller instances (max_top 0, 1, 5) give the same as the largest for their rows */
+    for (int mt = 0; mt <= 5; mt += mt ? 4 : 1) {
+        struct row_score_req q[NR];
+        for (int r = 0; r < NR; r++) q[r] = (struct row_score_req){req[r].token, req[r].n_top < mt ? req[r].n_top : mt};
+        struct row_score g2[NR];
+        H2D(dreq, q, sizeof q);
+        OK(cuda_row_scores(&ctx, dl, NR, V, dreq, mt, dout));
+        D2H(g2, dout, sizeof g2);
+        int bad = 0;
+        for (int r = 0; r < NR; r++) {
+            if (q[r].token < 0) continue;
+            bad += g2[r].n_top != (q[r].n_top < got[r].n_top ? q[r].n_top : got[r].n_top) ||
+                   memcmp(&g2[r].logprob, &got[r].logprob, 4) ||
+                   memcmp(g2[r].top_ids, got[r].top_ids, (size_t)g2[r].n_top * 4);
+        }
+        CHECK(bad == 0, "row_scores V=%d max_top %d: %d rows differ from the 20-alternative instance", V, mt, bad);
+    }
+    cuda_free(dl); cuda_free(dreq); cuda_free(dout);
+    free(l);
+}
+
 /* ---- the router of 2..64 tokens normalising its own input (cuda_moe_router_topk_prenorm)
  * against the norm launch (cuda_rmsnorm2) and the router on its fp32 rows, bitwise: logits,
  * shared gate, ids, weights, and the bf16 rows it leaves for the expert products. Residual
@@ -1731,6 +1804,8 @@ int main(void) {
         test_gdn(2, 4, 64, 64, 2, d2);
     }
     /* 2..32 tokens: a row a warp (8 a block); 33..64: two (16 a block) */
+    test_row_scores(248320);
+    test_row_scores(1000);
     test_router_batch(256, 2048, 64, 8, 8);
     test_router_prenorm(256, 2048, 64, 8, 1.0f);
     test_router_prenorm(256, 2048, 37, 4, 30.0f);
