@@ -37,6 +37,9 @@
 #   echo      bench/echo_check.py: /v1/completions echo + logprobs (the prompt's own logprobs) of
 #             the last arm's server on the carried tiny model (--backend cuda) against the
 #             same binary's CPU backend; ECHO_ARGS more flags
+#   echotime  bench/echo_time.py against each arm's server on the synthetic checkpoint: prompts
+#             scored (echo + logprobs, max_tokens 0) one at a time and 8 at once, tok/s;
+#             ECHOTIME_ARGS more flags (e.g. '--prompt-tokens 2048')
 #   same      bench/serve_same.py (batch invariance end to end: requests together and alone,
 #             bitwise) against each arm's server on the same synthetic checkpoint; SAME_ARGS
 #             (e.g. '--lengths 17,600,4100 --max-seq 8192 --expect-same')
@@ -187,6 +190,15 @@ for phase in $PHASES; do
             --model "$ORCHID_GPU_TINY" --backend cuda --log-dir "$res" ${ECHO_ARGS:-} >"$l" 2>&1
         note "echo ${names[$last]} (exit $?): $(grep -E '^echo check' "$l" | tail -1)"
         grep -m8 -E '^(MISMATCH|note)' "$l" >>"$summary"
+        ;;
+    echotime)
+        synth_model || continue
+        for i in "${!packs[@]}"; do
+            j=$res/echotime_${names[$i]}.json
+            arm "$i" timeout 600 python3 bench/echo_time.py --orchid "$root/${packs[$i]}/bin/orchid" --model "$m" \
+                --backend "$SERVE_BACKEND" --log-dir "$res" --json "$j" ${ECHOTIME_ARGS:-} >"$j.log" 2>&1
+            note "echotime ${names[$i]} (exit $?): $(grep -E '^echo time' "$j.log" | tail -1)"
+        done
         ;;
     same)
         synth_model || continue

@@ -275,13 +275,27 @@ static void add_inplace(float *x, const float *y, size_t n) {
 /* Whether output row i is scored (fwd_batch.out_score). */
 static bool row_scored(const struct fwd_batch *b, int i) { return b->out_score && b->out_score[i].token >= 0; }
 
+/* Scoring rows [i0, i0 + n) of a pass on the pool, a row an item. */
+struct score_pass {
+    const struct fwd_batch *b;
+    const float *dst;
+    int i0, vocab;
+};
+static void score_item(void *ctx, int k) {
+    const struct score_pass *p = ctx;
+    const int i = p->i0 + k;
+    if (row_scored(p->b, i)) row_score_host(p->dst + (size_t)k * p->vocab, p->vocab, &p->b->out_score[i], &p->b->out_scores[i]);
+}
+
 /* lm_head for output rows [i0, i1) into dst (i1 - i0 rows of vocab), then their scores and
  * argmax when wanted. */
 static void lm_head_rows(struct cpu_backend *cb, const struct fwd_batch *b, int i0, int i1, float *dst) {
     const struct model_config *c = cb->cfg;
     cpu_qmatmul(cb->pool, &cb->w->lm_head, 0, cb->xn + (size_t)i0 * c->hidden, i1 - i0, c->hidden, dst, c->vocab);
-    for (int i = i0; i < i1; i++)
-        if (row_scored(b, i)) row_score_host(dst + (size_t)(i - i0) * c->vocab, c->vocab, &b->out_score[i], &b->out_scores[i]);
+    if (b->out_score) {
+        struct score_pass sp = {b, dst, i0, c->vocab};
+        threadpool_run(cb->pool, i1 - i0, score_item, &sp);
+    }
     if (!b->out_argmax) return;
     for (int i = i0; i < i1; i++) {
         const int32_t id = sampler_argmax(dst + (size_t)(i - i0) * c->vocab, c->vocab);

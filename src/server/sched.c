@@ -112,22 +112,22 @@ static void sample_item(void *ctx, int i) {
     sampler_sample(sl->job->smp, sl->logits, &sl->res);
 }
 
-/* A token's record from its sample result (the text span left to the caller). */
+/* A token's record (the text span left to the caller). */
+static void rec_fill(struct tok_rec *rec, int32_t id, float logprob, int n_top, const int32_t *top_ids, const float *top_lps) {
+    rec->id = id;
+    rec->logprob = logprob;
+    rec->n_top = n_top;
+    memcpy(rec->top_ids, top_ids, (size_t)n_top * sizeof *rec->top_ids);
+    memcpy(rec->top_lps, top_lps, (size_t)n_top * sizeof *rec->top_lps);
+}
+/* ... from its sample result */
 static void rec_set(struct tok_rec *rec, const struct sample_result *r) {
-    rec->id = r->token;
-    rec->logprob = r->logprob;
-    rec->n_top = r->n_top;
-    memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
-    memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
+    rec_fill(rec, r->token, r->logprob, r->n_top, r->top_ids, r->top_logprobs);
 }
 
 /* A prompt token's record from the model's score of the row before it. */
 static void rec_set_score(struct tok_rec *rec, const struct row_score *r) {
-    rec->id = r->token;
-    rec->logprob = r->logprob;
-    rec->n_top = r->n_top;
-    memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
-    memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
+    rec_fill(rec, r->token, r->logprob, r->n_top, r->top_ids, r->top_logprobs);
 }
 
 /* A prompt token's record from the row before it (threadpool item). */
