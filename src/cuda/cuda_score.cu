@@ -32,6 +32,19 @@ __device__ __forceinline__ bool rs_before(float v, int id, float w, int jd) {
     return v > w || (v == w && id < jd);
 }
 
+/* The warp's best (v, id) in rs_before's order, in every lane. */
+__device__ __forceinline__ void rs_warp_best(float &bv, int &bi) {
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, s);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, s);
+        if (rs_before(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 template <int NT>
 static __global__ void __launch_bounds__(RS_THREADS) row_score_kernel(const float *logits, int V,
                                                                       const row_score_req *req, row_score *out) {
@@ -107,15 +120,7 @@ static __global__ void __launch_bounds__(RS_THREADS) row_score_kernel(const floa
         /* the block's best head: a warp's by shuffles, then the warps' in warp 0 */
         float bv = tv[0];
         int bi = ti[0];
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, s);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, s);
-            if (rs_before(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        rs_warp_best(bv, bi);
         __syncthreads(); /* the previous round's s_bv / s_bi read by all */
         if (lane == 0) {
             s_f[warp] = bv;
@@ -125,15 +130,7 @@ static __global__ void __launch_bounds__(RS_THREADS) row_score_kernel(const floa
         if (warp == 0) {
             bv = s_f[lane];
             bi = s_i[lane];
-#pragma unroll
-            for (int s = 16; s > 0; s >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, s);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, s);
-                if (rs_before(ov, oi, bv, bi)) {
-                    bv = ov;
-                    bi = oi;
-                }
-            }
+            rs_warp_best(bv, bi);
             if (lane == 0) {
                 s_bv = bv;
                 s_bi = bi;
