@@ -4,8 +4,8 @@ lm-evaluation-harness's loglikelihood requests) on one backend against the CPU r
 backend, end to end through two `orchid serve` processes on the same checkpoint. The CPU
 path is checked against mlx-lm itself by tests/python/test_completions_echo.py; this is
 the same question for CUDA, where prompt rows come out of the prefill kernels and are scored
-on the GPU (cuda_score.cu; ORCHID_NO_ROW_SCORES=1: in chunks of SCHED_PROMPT_LP_ROWS with
-every row's logits, scored on the host), beside other requests. Standard library only
+on the GPU (cuda_score.cu, ORCHID_ROW_SCORES=1) or in chunks of SCHED_PROMPT_LP_ROWS with
+every row's logits, scored on the host, beside other requests. Standard library only
 (bench/serve_load.py's Server and request helpers), so it runs on the device machine.
 
 Checks, per prompt (token-id prompts of lengths around the 16-row chunk edges and longer):
