@@ -417,14 +417,6 @@ static int scan_pdl(void) {
     static const bool off = env_flag("ORCHID_SCAN_NOPDL");
     return !off;
 }
-/* 2..64 tokens: the post-mixer norm computed by the router launch's blocks from the
- * residual (cuda_moe_router_topk_prenorm) instead of a norm launch before it; the shared
- * expert then forks after the router. Opt-in until measured: ORCHID_ROUTER_NORM=1 (the
- * same bits: the GPU test compares the two). */
-static bool router_norm_on(void) {
-    static const bool on = env_flag("ORCHID_ROUTER_NORM");
-    return on;
-}
 /* Layer l's input norm is computed by its first projection: layer l - 1's down pairs (tcv)
  * then leave out their tail. */
 static bool in_norm_src(const struct cuda_backend *cb, int l, int T) {
@@ -636,16 +628,7 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         if ((rc = attention(cb, d, m, c))) return rc;
         P("attn_o_skinny", cuda_skinny_dense(c, &d->o, 0, cb->ybf, T, cb->qd, cb->x, H, 1));
     }
-    /* the post-mixer norm: a launch of its own, or by the router's blocks from the residual
-     * (router_norm_on: the same bits; xn then comes from the router launch) */
-    const bool rnorm = router_norm_on() && cuda_moe_router_prenorm_ok(&d->router, &d->sh_eg, T);
-    if (rnorm) {
-        const cuda_norm_src ns = {cb->x, d->post_norm, cf->rms_eps, cb->xn};
-        P("router+norm+topk", cuda_moe_router_topk_prenorm(c, &d->router, &d->sh_eg, &ns, T, cb->rlog, E, cb->seg, K,
-                                                           cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
-    } else {
-        P("post_rmsnorm", cuda_rmsnorm2(c, cb->x, d->post_norm, T, H, cf->rms_eps, NULL, cb->xn, cb->xn32));
-    }
+    P("post_rmsnorm", cuda_rmsnorm2(c, cb->x, d->post_norm, T, H, cf->rms_eps, NULL, cb->xn, cb->xn32));
     /* the shared expert needs only xn: on the side stream, beside the router's chain of small
      * launches (router, route) that leave most SMs idle; its kernels' results do not depend
      * on what runs beside them (their reductions have a fixed order) */
@@ -656,9 +639,8 @@ static int run_layer_mid(struct cuda_backend *cb, int l, const dmeta &m, const c
         if ((rc = cuda_skinny_dense(&cs, &d->sh_down, 0, cb->sact, T, cb->Is, cb->sd, H, 0))) return rc;
         if ((rc = side_record_join(cb, c))) return rc;
     }
-    if (!rnorm)
-        P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
-                                              cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
+    P("router+topk", cuda_moe_router_topk(c, &d->router, &d->sh_eg, cb->xn32, H, T, cb->rlog, E, cb->seg, K,
+                                          cf->norm_topk_prob, cb->ids, cb->mw, cb->counters + 4));
     P("moe_route_build", cuda_moe_route_build(c, cb->ids, T, E, K, 64, &cb->route));
     P("moe_skinny_swiglu", cuda_skinny_grouped_swiglu(c, &d->gate, &d->up, cb->xn, H, &cb->route, cb->act));
     P("moe_skinny_down", cuda_skinny_grouped_down(c, &d->down, cb->act, &cb->route, cb->ed));
@@ -1346,16 +1328,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     if (c->hidden % 64 || c->n_experts > 256 || c->n_experts_per_tok > 32)
         FAIL(errorf(err, errlen, ST_UNSUPPORTED, "cuda backend: hidden %d, %d experts top-%d", c->hidden, c->n_experts,
                     c->n_experts_per_tok));
-    /* Stream priorities (ORCHID_STREAM_PRIO=1, opt-in until measured): the forward's stream
-     * the highest, the side stream (the shared expert beside the router's chain) the lowest,
-     * so that where both have blocks waiting the block scheduler dispatches the critical
-     * path's first; running blocks are never preempted, and no result depends on it. */
-    int prio_main = 0, prio_side = 0;
-    if (env_flag("ORCHID_STREAM_PRIO") && cudaDeviceGetStreamPriorityRange(&prio_side, &prio_main) != cudaSuccess) {
-        cudaGetLastError();
-        prio_main = prio_side = 0;
-    }
-    e = cudaStreamCreateWithPriority(&cb->stream, cudaStreamNonBlocking, prio_main);
+    e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: cudaStreamCreate failed: %s", cudaGetErrorString(e)));
     for (int i = 0; i < 2; i++)
         if ((e = cudaEventCreateWithFlags(&cb->ev[i], cudaEventDisableTiming)) != cudaSuccess)
@@ -1363,7 +1336,7 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     {
         const char *ns = getenv("ORCHID_NO_SIDE_STREAM");
         if (!(ns && *ns && strcmp(ns, "0") != 0)) {
-            if ((e = cudaStreamCreateWithPriority(&cb->side, cudaStreamNonBlocking, prio_side)) != cudaSuccess ||
+            if ((e = cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking)) != cudaSuccess ||
                 (e = cudaEventCreateWithFlags(&cb->fork_ev, cudaEventDisableTiming)) != cudaSuccess ||
                 (e = cudaEventCreateWithFlags(&cb->join_ev, cudaEventDisableTiming)) != cudaSuccess)
                 FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: side stream: %s", cudaGetErrorString(e)));

@@ -319,46 +319,8 @@ static int topk_block_on(void) {
  * in shared memory by cp.async (batches: rt_smem decides, RT_STAGED), or normalised from the
  * residual by every block into shared memory (one token, RT_NORM: cuda_norm_src, no tail
  * before it). The one-token launches keep their own instances: a kernel carrying both
- * forms measured −1 % on batch-1 decode. RT_SNORM: a batch's residual rows staged as
- * RT_STAGED's and normalised in place by rt_snorm_rows (the post-mixer norm's own launch
- * gone from the 2..64-token chain; cuda_moe_router_topk_prenorm). */
-enum { RT_PLAIN = 0, RT_STAGED = 1, RT_NORM = 2, RT_SNORM = 3 };
-
-/* RMSNorm of the nt ≤ 8 staged rows of xs in place, warp t taking row t, with
- * rmsnorm_kernel's bits: that kernel's thread L (256 a row) sums x[L], x[L + 256], ... by
- * fma, block_sum adds each warp's 32 (warp_sum) and then the 8 warp sums in the first warp
- * (warp_sum over lanes 0..7, zeros past them). Here lane l carries the threads 32·w + l (w
- * = 0..7): their 8 sums, 8 warp_sums (each the same butterfly: every lane holds warp w's
- * sum), then lane l < 8 takes warp l's and the last warp_sum runs as block_sum's does. The
- * normalised value (x·inv)·gain as that kernel's; xn (non-NULL in one block of the row of
- * blocks) gets its bf16 rows. gs: the gains, staged. */
-__device__ __forceinline__ void rt_snorm_rows(float *xs, const float *gs, int H, int nt, float eps, uint16_t *xn) {
-    const int t = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (t < nt) {
-        float wsum[8];
-#pragma unroll
-        for (int w = 0; w < 8; w++) {
-            float ss = 0.0f;
-            for (int i = 32 * w + lane; i < H; i += 256) {
-                const float v = *rt_xs_at(xs, H, t, i);
-                ss = __fmaf_rn(v, v, ss);
-            }
-            wsum[w] = warp_sum(ss);
-        }
-        float mine = 0.0f;
-#pragma unroll
-        for (int w = 0; w < 8; w++)
-            if (lane == w) mine = wsum[w];
-        const float inv = rsqrtf(warp_sum(mine) / (float)H + eps);
-        for (int i = lane; i < H; i += 32) {
-            float *p = const_cast<float *>(rt_xs_at(xs, H, t, i));
-            const float o = *p * inv * gs[i];
-            *p = o;
-            if (xn) xn[(size_t)t * H + i] = f2bf(o);
-        }
-    }
-    __syncthreads();
-}
+ * forms measured −1 % on batch-1 decode. */
+enum { RT_PLAIN = 0, RT_STAGED = 1, RT_NORM = 2 };
 template <int MODE, int R = 1>
 static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cuda_qmat sg, const float *x, int ldx, int T,
                                                             float *logits, int ld, float *seg, topk_tail tk, cuda_norm_src ns) {
@@ -370,14 +332,13 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
      * 1-D grid of every row's rt_staged_cols(E, R) router blocks (column-major in a row),
      * then one block a row for the shared gate's row — dispatched last and out of the
      * top-k's count (the combine reads seg launches later), so no row's top-k waits for it */
-    constexpr bool STG = MODE == RT_STAGED || MODE == RT_SNORM;
-    const int ncols = STG ? rt_staged_cols(E, R) : (int)gridDim.x;
+    const int ncols = MODE == RT_STAGED ? rt_staged_cols(E, R) : (int)gridDim.x;
     const int nrows = (T + RT_TOK - 1) / RT_TOK;
-    const bool sg_blk = STG && (int)blockIdx.x >= ncols * nrows;
-    const int trow = !STG ? (int)blockIdx.y : sg_blk ? (int)blockIdx.x - ncols * nrows : (int)blockIdx.x / ncols;
-    const int col = !STG ? (int)blockIdx.x : (int)blockIdx.x % ncols;
+    const bool sg_blk = MODE == RT_STAGED && (int)blockIdx.x >= ncols * nrows;
+    const int trow = MODE != RT_STAGED ? (int)blockIdx.y : sg_blk ? (int)blockIdx.x - ncols * nrows : (int)blockIdx.x / ncols;
+    const int col = MODE != RT_STAGED ? (int)blockIdx.x : (int)blockIdx.x % ncols;
     const int t0 = trow * RT_TOK, nt = min(RT_TOK, T - t0);
-    if (STG) {
+    if (MODE == RT_STAGED) {
         /* a router block's warp w sums rows 8·R·col + R·w + i (those past E: E − 1's weights,
          * not stored); a shared-gate block's warp 0 sums its row */
         const int H = router.cols;
@@ -400,10 +361,6 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
                 }
             }
         }
-        /* RT_SNORM: the gains (constants) after the tokens' buffer, before the wait */
-        float *gs = rt_xs + (size_t)RT_TOK * rt_xstride(H);
-        if (MODE == RT_SNORM)
-            for (int f = 4 * (int)threadIdx.x; f < H; f += 4 * (int)blockDim.x) cpa16(gs + f, ns.gain + f);
         pdl_wait();
         for (int t = 0; t < nt; t++)
             for (int f = 4 * (int)threadIdx.x; f < H; f += 4 * (int)blockDim.x)
@@ -411,8 +368,6 @@ static __global__ void __launch_bounds__(256) router_kernel(cuda_qmat router, cu
         cpa_commit();
         cpa_wait<0>();
         __syncthreads();
-        if (MODE == RT_SNORM) /* the row of blocks' first router block writes the bf16 rows */
-            rt_snorm_rows(rt_xs, gs, H, nt, ns.eps, col == 0 && !sg_blk ? ns.xn + (size_t)t0 * H : nullptr);
         trace_mark(TRACE_MARK4); /* the tokens staged */
         float acc[R][RT_TOK];
 #pragma unroll
@@ -557,10 +512,6 @@ extern "C" int cuda_moe_init(char *err, size_t errlen) {
     cudaError_t e = cudaFuncSetAttribute(router_kernel<RT_STAGED, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(router_kernel<RT_STAGED, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(router_kernel<RT_SNORM, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(router_kernel<RT_SNORM, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, RT_SMEM_MAX);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "moe: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
     /* the cooperative route: a block an SM at most (1,024 threads: one fits anywhere), its
      * per-block counts and barrier in device memory, zeroed once (the barrier leaves it so) */
@@ -606,36 +557,6 @@ extern "C" int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct 
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_router: %d/%d-bit weights", router->bits, sh_gate->bits);
     const topk_tail tk = {counter, K, renorm, ids, w, topk_block_on()};
     return rt_launch(c, router, sh_gate, NULL, router->cols, 1, logits, router->rows, seg, tk, "moe_router_topk_norm", ns);
-}
-
-/* The staged launch with the norm (RT_SNORM): the tokens' buffer, then H gains. */
-static size_t rt_snorm_smem(int H) { return ((size_t)RT_TOK * rt_xstride(H) + (size_t)H) * 4; }
-
-extern "C" int cuda_moe_router_prenorm_ok(const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, int T) {
-    const int H = router->cols;
-    return T >= 2 && T <= 64 && router->rows <= 256 && sh_gate->cols == H && H % 32 == 0 &&
-           rt_snorm_smem(H) <= RT_SMEM_MAX && (router->bits == 4 || router->bits == 8) && (sh_gate->bits == 4 || sh_gate->bits == 8);
-}
-
-extern "C" int cuda_moe_router_topk_prenorm(const struct cuda_ctx *c, const struct cuda_qmat *router,
-                                            const struct cuda_qmat *sh_gate, const struct cuda_norm_src *ns, int T,
-                                            float *logits, int ld, float *seg, int K, int renorm, int32_t *ids, float *w,
-                                            int *counter) {
-    if (T <= 0) return 0;
-    if (!cuda_moe_router_prenorm_ok(router, sh_gate, T) || K > 32 || !ns || !ns->x || !ns->gain || !ns->xn ||
-        ((uintptr_t)ns->x & 15) || ((uintptr_t)ns->gain & 15))
-        return errorf(c->err, c->errlen, ST_INTERNAL, "moe_router_topk_prenorm: %d tokens, %d experts of %d columns, top-%d", T,
-                      router->rows, router->cols, K);
-    const topk_tail tk = {counter, K, renorm, ids, w, topk_block_on()};
-    const int H = router->cols, nrows = (T + RT_TOK - 1) / RT_TOK, R = T >= RT_ROWS2_MIN && rt_rows2_on() ? 2 : 1;
-    const dim3 grid(rt_staged_cols(router->rows, R) * nrows + nrows);
-    if (R == 2)
-        LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_SNORM, 2>, grid, dim3(256), rt_snorm_smem(H), cstream(c), *router, *sh_gate,
-                                    ns->x, H, T, logits, ld, seg, tk, *ns),
-                        "moe_router_topk_prenorm");
-    LAUNCH_CHECK_RC(c, launch_k(router_kernel<RT_SNORM, 1>, grid, dim3(256), rt_snorm_smem(H), cstream(c), *router, *sh_gate,
-                                ns->x, H, T, logits, ld, seg, tk, *ns),
-                    "moe_router_topk_prenorm");
 }
 
 /* ---- small-batch pairs path ---- */

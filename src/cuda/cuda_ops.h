@@ -270,14 +270,6 @@ struct row_score;
  * (token < 0: skipped) into out[i]; max_top ≥ every scored row's n_top (cuda_score.cu). */
 int cuda_row_scores(const struct cuda_ctx *c, const float *logits, int n, int V, const struct row_score_req *req,
                     int max_top, struct row_score *out);
-/* cuda_moe_router_topk of 2..64 tokens whose x is the RMSNorm of ns->x (the residual,
- * [T][H]) by ns->gain, computed by every router block from its staged rows with the norm
- * launch's bits (cuda_rmsnorm2); ns->xn gets the bf16 rows [T][H] (the expert products'
- * input). cuda_moe_router_prenorm_ok: whether the shapes take it. */
-int cuda_moe_router_prenorm_ok(const struct cuda_qmat *router, const struct cuda_qmat *sh_gate, int T);
-int cuda_moe_router_topk_prenorm(const struct cuda_ctx *c, const struct cuda_qmat *router, const struct cuda_qmat *sh_gate,
-                                 const struct cuda_norm_src *ns, int T, float *logits, int ld, float *seg, int K, int renorm,
-                                 int32_t *ids, float *w, int *counter);
 /* Small-batch MoE (T*(K+1) pairs): act[p, I] for routed pairs and the shared expert (pair K of each token). */
 int cuda_moe_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                           const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,

@@ -100,10 +100,12 @@ static void test_e2e(const char *where, int n_prompt, int n_greedy) {
             rows[i] = i;
             req[i] = (struct row_score_req){prompt[i + 1], i % 3 ? 5 : 20};
         }
-        req[n_out / 2].token = -1; /* a row in the middle not scored */
+        req[n_out / 2].token = -1; /* a row in the middle not scored: it wants its argmax only */
+        int32_t *amax = malloc((size_t)n_out * 4);
         struct backend_session *ss[1] = {sg2};
         const struct fwd_batch b = {.n_tokens = n_prompt, .tokens = prompt, .pos = pos, .seq = seq, .sessions = ss, .n_seqs = 1,
-                                    .n_out = n_out, .out_rows = rows, .out_logits = dst, .out_score = req, .out_scores = got};
+                                    .n_out = n_out, .out_rows = rows, .out_logits = dst, .out_argmax = amax, .out_score = req,
+                                    .out_scores = got};
         gpu->session_reset(gpu, sg2);
         rc = gpu->forward(gpu, &b, err, sizeof err);
         CHECK(rc == 0, "%s cuda scored prefill: %s", where, err);
@@ -122,7 +124,9 @@ static void test_e2e(const char *where, int n_prompt, int n_greedy) {
             bad += d;
         }
         CHECK(bad == 0, "%s: %d of %d prompt rows scored on the device differ from their logits' host scores", where, bad, n_out);
-        free(pos); free(seq); free(rows); free(dst); free(req); free(got);
+        const int a_mid = argmax_row(lg + (size_t)(n_out / 2) * V, V);
+        CHECK(rc || amax[n_out / 2] == a_mid, "%s: the unscored row's argmax %d, its logits' %d", where, amax[n_out / 2], a_mid);
+        free(pos); free(seq); free(rows); free(dst); free(req); free(got); free(amax);
         rc = 0;
     }
     const double mean_err = sum / n_prompt;

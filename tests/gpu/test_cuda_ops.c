@@ -1224,65 +1224,6 @@ static void test_row_scores(int V) {
     free(l);
 }
 
-/* ---- the router of 2..64 tokens normalising its own input (cuda_moe_router_topk_prenorm)
- * against the norm launch (cuda_rmsnorm2) and the router on its fp32 rows, bitwise: logits,
- * shared gate, ids, weights, and the bf16 rows it leaves for the expert products. Residual
- * scales 1 and 30; hidden sizes at, below and past 256 values a virtual lane ---- */
-static void test_router_prenorm(int E, int H, int T, int rbits, float scale) {
-    if (!cuda_moe_router_prenorm_ok(&(struct cuda_qmat){.rows = E, .cols = H, .bits = rbits},
-                                    &(struct cuda_qmat){.rows = 1, .cols = H, .bits = 8}, T)) {
-        CHECK(0, "router_prenorm E=%d H=%d T=%d: shapes not taken", E, H, T);
-        return;
-    }
-    const int K = E < 8 ? E : 8;
-    const float eps = 1e-6f;
-    struct rq router, sg;
-    rq_make(&router, E, H, 1, rbits, 1.0f / sqrtf((float)H));
-    rq_make(&sg, 1, H, 1, 8, 1.0f / sqrtf((float)H));
-    float *x = malloc((size_t)T * H * 4), *gain = malloc((size_t)H * 4);
-    rand_f32(x, (size_t)T * H, scale);
-    for (int i = 0; i < H; i++) gain[i] = 1.0f + 0.2f * rng_normal();
-    float *dx, *dg, *dxn32, *dl[2], *ds[2], *dw[2];
-    uint16_t *dxn[2];
-    int32_t *di[2];
-    int *dcnt;
-    DEV(dx, (size_t)T * H * 4); DEV(dg, (size_t)H * 4); DEV(dxn32, (size_t)T * H * 4); DEV(dcnt, 16 * sizeof(int));
-    for (int j = 0; j < 2; j++) {
-        DEV(dl[j], (size_t)T * E * 4); DEV(ds[j], (size_t)T * 4); DEV(dw[j], (size_t)T * K * 4); DEV(di[j], (size_t)T * K * 4);
-        DEV(dxn[j], (size_t)T * H * 2);
-    }
-    if (cuda_memset0(dcnt, 16 * sizeof(int), errbuf, sizeof errbuf) || cuda_memset0(dxn[1], (size_t)T * H * 2, errbuf, sizeof errbuf)) {
-        CHECK(0, "memset: %s", errbuf);
-        return;
-    }
-    H2D(dx, x, (size_t)T * H * 4); H2D(dg, gain, (size_t)H * 4);
-    OK(cuda_rmsnorm2(&ctx, dx, dg, T, H, eps, NULL, dxn[0], dxn32));
-    OK(cuda_moe_router_topk(&ctx, &router.d, &sg.d, dxn32, H, T, dl[0], E, ds[0], K, 1, di[0], dw[0], dcnt));
-    const struct cuda_norm_src ns = {dx, dg, eps, dxn[1]};
-    OK(cuda_moe_router_topk_prenorm(&ctx, &router.d, &sg.d, &ns, T, dl[1], E, ds[1], K, 1, di[1], dw[1], dcnt));
-    float *l[2], *sv[2], *wv[2];
-    int32_t *iv[2];
-    for (int j = 0; j < 2; j++) {
-        l[j] = malloc((size_t)T * E * 4); sv[j] = malloc((size_t)T * 4); wv[j] = malloc((size_t)T * K * 4);
-        iv[j] = malloc((size_t)T * K * 4);
-        D2H(l[j], dl[j], (size_t)T * E * 4); D2H(sv[j], ds[j], (size_t)T * 4); D2H(wv[j], dw[j], (size_t)T * K * 4);
-        D2H(iv[j], di[j], (size_t)T * K * 4);
-    }
-    const int dlog = bits_differ(l[0], l[1], (size_t)T * E) + bits_differ(sv[0], sv[1], (size_t)T);
-    const int dtop = bits_differ(iv[0], iv[1], (size_t)T * K) + bits_differ(wv[0], wv[1], (size_t)T * K);
-    CHECK(dlog == 0 && dtop == 0, "router_prenorm E=%d H=%d T=%d bits %d x%.0f: %d logits and %d top-k values differ from rmsnorm + router_topk",
-          E, H, T, rbits, scale, dlog, dtop);
-    const int d = dev_bf16_differ(dxn[0], dxn[1], (size_t)T * H);
-    CHECK(d == 0, "router_prenorm E=%d H=%d T=%d: the bf16 rows differ from rmsnorm's in %d of %d", E, H, T, d, T * H);
-    for (int j = 0; j < 2; j++) {
-        free(l[j]); free(sv[j]); free(wv[j]); free(iv[j]);
-        cuda_free(dl[j]); cuda_free(ds[j]); cuda_free(dw[j]); cuda_free(di[j]); cuda_free(dxn[j]);
-    }
-    cuda_free(dx); cuda_free(dg); cuda_free(dxn32); cuda_free(dcnt);
-    free(x); free(gain);
-    rq_free(&router); rq_free(&sg);
-}
-
 /* ---- the router of 2..64 tokens (rows of blocks of 8 tokens, RT_ROWS rows a warp) against
  * each token alone (the one-token form: bit for bit, logits, shared gate, ids and weights)
  * and the CPU's logits (1e-5), for router / shared-gate codes of 4 or 8 bits and expert
@@ -1807,12 +1748,6 @@ int main(void) {
     test_row_scores(248320);
     test_row_scores(1000);
     test_router_batch(256, 2048, 64, 8, 8);
-    test_router_prenorm(256, 2048, 64, 8, 1.0f);
-    test_router_prenorm(256, 2048, 37, 4, 30.0f);
-    test_router_prenorm(256, 2048, 9, 8, 1.0f);
-    test_router_prenorm(40, 512, 2, 8, 30.0f);
-    test_router_prenorm(24, 2112, 50, 8, 1.0f); /* 2,112: a 9th value for the first 64 virtual lanes; two rounds of chunks */
-    test_router_prenorm(8, 128, 5, 4, 1.0f);     /* H < 256: virtual lanes past the row sum nothing */
     test_router_batch(256, 2048, 37, 4, 8);
     test_router_batch(256, 2048, 16, 8, 8);
     test_router_batch(40, 512, 9, 8, 4);
