@@ -69,7 +69,7 @@ def pct(xs, p):
 class Server:
     """An `orchid serve` child process (or a given URL)."""
 
-    def __init__(self, args, port, extra, log_name, url=None):
+    def __init__(self, args, port, extra, log_name, url=None, env=None):
         self.proc = None
         self.log = None
         if url:
@@ -81,7 +81,7 @@ class Server:
         self.log = open(os.path.join(args.log_dir, log_name), "w")
         print("starting: " + " ".join(cmd), file=sys.stderr, flush=True)
         self.t_start = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.wait_ready(args.ready_timeout)
         print("  ready after %.1f s" % (time.time() - self.t_start), file=sys.stderr, flush=True)
 
