@@ -14,7 +14,8 @@
  * attends causally by position, so one code path serves prefill and decode.
  * Scratch is sized once at creation for max_batch_tokens; the token loop
  * allocates nothing. Rows that want only their argmax (out_logits[i] == NULL) are
- * computed into a scratch of CPU_ARGMAX_ROWS rows; the argmax is sampler_argmax.
+ * computed into a scratch of CPU_ARGMAX_ROWS rows (scored rows too, row_score_host on the pool); the
+ * argmax is sampler_argmax.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -28,7 +29,8 @@
 #include "runtime/threadpool.h"
 
 #define CPU_MAX_BATCH 128
-#define CPU_ARGMAX_ROWS 4 /* lm_head rows computed together for argmax-only outputs */
+#define CPU_ARGMAX_ROWS 16 /* lm_head rows computed together for outputs without logits (argmax, scores): a scored
+                            * prompt chunk reads the lm_head once every 16 rows, as the 16-row logits path did */
 
 /* Per-sequence state. Layer-indexed arrays use the attention/GDN ordinal of the layer. */
 struct backend_session {
