@@ -47,8 +47,11 @@ struct fwd_batch {
                                  is scored (model/device_sampling.h: its logprob of that token
                                  and its top alternatives) into out_scores[i] — with or without
                                  its logits or argmax; only for a backend with row_scores set */
-    struct row_score *out_scores; /* host [n_out] when out_score */
+    struct sample_result *out_scores; /* host [n_out] when out_score */
 };
+
+/* Whether output row i of b is scored. */
+static inline int fwd_row_scored(const struct fwd_batch *b, int i) { return b->out_score && b->out_score[i].token >= 0; }
 
 struct backend {
     const char *name;

@@ -14,7 +14,7 @@
  * attends causally by position, so one code path serves prefill and decode.
  * Scratch is sized once at creation for max_batch_tokens; the token loop
  * allocates nothing. Rows that want only their argmax (out_logits[i] == NULL) are
- * computed into a scratch of CPU_ARGMAX_ROWS rows (scored rows too, row_score_host on the pool); the
+ * computed into a scratch of CPU_ARGMAX_ROWS rows (scored rows too, sampler_row_logprobs on the pool); the
  * argmax is sampler_argmax.
  */
 #include <math.h>
@@ -274,9 +274,6 @@ static void add_inplace(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* Whether output row i is scored (fwd_batch.out_score). */
-static bool row_scored(const struct fwd_batch *b, int i) { return b->out_score && b->out_score[i].token >= 0; }
-
 /* Scoring rows [i0, i0 + n) of a pass on the pool, a row an item. */
 struct score_pass {
     const struct fwd_batch *b;
@@ -286,7 +283,9 @@ struct score_pass {
 static void score_item(void *ctx, int k) {
     const struct score_pass *p = ctx;
     const int i = p->i0 + k;
-    if (row_scored(p->b, i)) row_score_host(p->dst + (size_t)k * p->vocab, p->vocab, &p->b->out_score[i], &p->b->out_scores[i]);
+    if (fwd_row_scored(p->b, i))
+        sampler_row_logprobs(p->dst + (size_t)k * p->vocab, p->vocab, p->b->out_score[i].token, p->b->out_score[i].n_top,
+                             &p->b->out_scores[i]);
 }
 
 /* lm_head for output rows [i0, i1) into dst (i1 - i0 rows of vocab), then their scores and
@@ -336,7 +335,7 @@ static int cpu_forward(struct backend *base, const struct fwd_batch *b, char *er
     for (int i0 = 0; i0 < b->n_out;) {
         int i1 = i0 + 1;
         if (!b->out_logits[i0]) {
-            if (!b->out_argmax && !row_scored(b, i0))
+            if (!b->out_argmax && !fwd_row_scored(b, i0))
                 return errorf(err, errlen, ST_INTERNAL, "cpu forward: output row %d wants nothing", i0);
             while (i1 < b->n_out && i1 - i0 < CPU_ARGMAX_ROWS && !b->out_logits[i1]) i1++;
             lm_head_rows(cb, b, i0, i1, cb->amax_logits);

@@ -102,7 +102,7 @@ struct cuda_backend {
     struct cuda_xstage xn_stage; /* xn's rows staged by the 2..MID_T combine + norm (mid_xstage) */
     int32_t *ids, *out_rows, *amax_scratch, *amax_ids;
     int32_t *h_amax_ids; /* pinned [CUDA_MAX_BATCH]: forward's argmax ids (amax_ids: the device side) */
-    struct row_score *d_scores, *h_scores; /* [CUDA_MAX_BATCH] scored output rows (cuda_row_scores), device / pinned */
+    struct sample_result *d_scores, *h_scores; /* [CUDA_MAX_BATCH] scored output rows (cuda_row_scores), device / pinned */
     struct cuda_saver *saver; /* checkpoint saves beside the decode stream (async_save_on; NULL: none yet) */
     bool saver_failed;        /* its staging could not be had: saves stay synchronous */
     cudaGraphExec_t fg; /* the one-token forward's graph (fwd_graph; NULL: none captured) */
@@ -795,7 +795,7 @@ static int fwd_finish(struct cuda_backend *cb, const struct fwd_batch *b, char *
         CUDA_TRY(cudaMemcpyAsync(cb->h_amax_ids, cb->amax_ids, (size_t)b->n_out * 4, cudaMemcpyDeviceToHost, cb->stream), err,
                  errlen, "cuda forward: argmax download");
     if (b->out_score && b->n_out)
-        CUDA_TRY(cudaMemcpyAsync(cb->h_scores, cb->d_scores, (size_t)b->n_out * sizeof(struct row_score), cudaMemcpyDeviceToHost,
+        CUDA_TRY(cudaMemcpyAsync(cb->h_scores, cb->d_scores, (size_t)b->n_out * sizeof(struct sample_result), cudaMemcpyDeviceToHost,
                                  cb->stream), err, errlen, "cuda forward: row scores download");
     CUDA_TRY(cudaStreamSynchronize(cb->stream), err, errlen, "cuda forward");
     if (b->out_argmax && b->n_out) memcpy(b->out_argmax, cb->h_amax_ids, (size_t)b->n_out * 4);
@@ -880,7 +880,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.tiles = (const cuda_attn_tile *)(cb->d_meta + o_tile);
     const int32_t *d_or = (const int32_t *)(cb->d_meta + o_or);
     for (int i = 0; i < b->n_out && !b->out_argmax; i++)
-        if (!b->out_logits[i] && !(scoring && b->out_score[i].token >= 0))
+        if (!b->out_logits[i] && !fwd_row_scored(b, i))
             return errorf(err, errlen, ST_INTERNAL, "cuda forward: output row %d wants nothing", i);
     const struct row_sampling *smp = sampling ? (const struct row_sampling *)(cb->d_meta + o_smp) : NULL;
     const fwd_scores sc = {scoring ? (const struct row_score_req *)(cb->d_meta + o_sc) : NULL, b->out_score};
@@ -1420,8 +1420,8 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
         cb->h_amax_ids = NULL;
         FAIL(errorf(err, errlen, ST_NOMEM, "cuda backend: cudaMallocHost of the argmax ids failed"));
     }
-    FAIL(cuda_malloc((void **)&cb->d_scores, (size_t)CUDA_MAX_BATCH * sizeof(struct row_score), "row scores", err, errlen));
-    if (cudaMallocHost((void **)&cb->h_scores, (size_t)CUDA_MAX_BATCH * sizeof(struct row_score)) != cudaSuccess) {
+    FAIL(cuda_malloc((void **)&cb->d_scores, (size_t)CUDA_MAX_BATCH * sizeof(struct sample_result), "row scores", err, errlen));
+    if (cudaMallocHost((void **)&cb->h_scores, (size_t)CUDA_MAX_BATCH * sizeof(struct sample_result)) != cudaSuccess) {
         cudaGetLastError();
         cb->h_scores = NULL;
         FAIL(errorf(err, errlen, ST_NOMEM, "cuda backend: cudaMallocHost of the row scores failed"));

@@ -265,11 +265,11 @@ int cuda_moe_router_topk_norm(const struct cuda_ctx *c, const struct cuda_qmat *
                               const struct cuda_norm_src *ns, float *logits, float *seg, int K, int renorm, int32_t *ids,
                               float *w, int *counter);
 struct row_score_req;
-struct row_score;
+struct sample_result;
 /* Row scores (model/device_sampling.h) of n logits rows [n][V]: row i scored by req[i]
  * (token < 0: skipped) into out[i]; max_top ≥ every scored row's n_top (cuda_score.cu). */
 int cuda_row_scores(const struct cuda_ctx *c, const float *logits, int n, int V, const struct row_score_req *req,
-                    int max_top, struct row_score *out);
+                    int max_top, struct sample_result *out);
 /* Small-batch MoE (T*(K+1) pairs): act[p, I] for routed pairs and the shared expert (pair K of each token). */
 int cuda_moe_gateup_pairs(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                           const struct cuda_qmat *sh_gate, const struct cuda_qmat *sh_up, const int32_t *ids,

@@ -1,8 +1,8 @@
 // cuda/cuda_score.cu — prompt rows scored where their logits are (model/device_sampling.h,
-// struct row_score): /v1/completions echo with logprobs wants, for every prompt token, its
+// struct row_score_req in, struct sample_result out): /v1/completions echo with logprobs wants, for every prompt token, its
 // logprob under the row before it and that row's top alternatives. Without this each row's
 // 1 MB of logits crossed PCIe and was scored on the host, 16 rows a forward; here a row
-// sends back one struct row_score (~170 bytes) and the whole prompt chunk is one forward.
+// sends back one struct sample_result (~170 bytes) and the whole prompt chunk is one forward.
 //
 // One block of 1,024 threads a scored row (rows whose request has token < 0 return at
 // once). Thread t reads ids t, t + 1024, ... (coalesced). Pass 1: the maximum m of the
@@ -11,7 +11,7 @@
 // lower id, NaN never) in registers — a sorted list it inserts into in id order, so among
 // equal values its earlier id stays first. Then n_top rounds of a block-wide best of the
 // threads' list heads (the same order), the owner of the winner popping its head. The
-// numbers are row_score_host's (sampler_row_logprobs): lse = m + log(sum) in double
+// numbers are sampler_row_logprobs's: lse = m + log(sum) in double
 // (±inf rows: lse = m), logprob = (float)(l_token − lse) (NaN: −inf), alternatives
 // (float)(l − lse). The sum's order differs from the host's serial one, so lse may differ
 // in its last bits (a logprob by an fp32 rounding at most); ids and their order are exact.
@@ -47,7 +47,7 @@ __device__ __forceinline__ void rs_warp_best(float &bv, int &bi) {
 
 template <int NT>
 static __global__ void __launch_bounds__(RS_THREADS) row_score_kernel(const float *logits, int V,
-                                                                      const row_score_req *req, row_score *out) {
+                                                                      const row_score_req *req, sample_result *out) {
     __shared__ float s_f[RS_WARPS];
     __shared__ double s_d[RS_WARPS];
     __shared__ int s_i[RS_WARPS];
@@ -113,7 +113,7 @@ static __global__ void __launch_bounds__(RS_THREADS) row_score_kernel(const floa
         for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
         lse = (double)m + log(t);
     }
-    row_score *o = out + blockIdx.x;
+    sample_result *o = out + blockIdx.x;
     const int n_top = NT > 0 ? min(q.n_top, NT) : 0;
     int filled = 0;
     for (int r = 0; r < n_top; r++) {
@@ -165,15 +165,15 @@ static __global__ void __launch_bounds__(RS_THREADS) row_score_kernel(const floa
 }
 
 extern "C" int cuda_row_scores(const struct cuda_ctx *c, const float *logits, int n, int V, const struct row_score_req *req,
-                               int max_top, struct row_score *out) {
+                               int max_top, struct sample_result *out) {
     if (n <= 0) return 0;
-    if (max_top < 0 || max_top > ROW_SCORE_MAX_TOP)
-        return errorf(c->err, c->errlen, ST_INTERNAL, "row_scores: %d alternatives (0..%d)", max_top, ROW_SCORE_MAX_TOP);
+    if (max_top < 0 || max_top > SAMPLER_MAX_TOP_LOGPROBS)
+        return errorf(c->err, c->errlen, ST_INTERNAL, "row_scores: %d alternatives (0..%d)", max_top, SAMPLER_MAX_TOP_LOGPROBS);
     const dim3 grid((unsigned)n), block(RS_THREADS);
     if (max_top == 0) LAUNCH_CHECK_RC(c, launch_k(row_score_kernel<0>, grid, block, 0, cstream(c), logits, V, req, out), "row_scores");
     if (max_top == 1) LAUNCH_CHECK_RC(c, launch_k(row_score_kernel<1>, grid, block, 0, cstream(c), logits, V, req, out), "row_scores");
     if (max_top <= 5) LAUNCH_CHECK_RC(c, launch_k(row_score_kernel<5>, grid, block, 0, cstream(c), logits, V, req, out), "row_scores");
-    LAUNCH_CHECK_RC(c, launch_k(row_score_kernel<ROW_SCORE_MAX_TOP>, grid, block, 0, cstream(c), logits, V, req, out), "row_scores");
+    LAUNCH_CHECK_RC(c, launch_k(row_score_kernel<SAMPLER_MAX_TOP_LOGPROBS>, grid, block, 0, cstream(c), logits, V, req, out), "row_scores");
 }
 
 CUDA_TRACE_TU(score)

@@ -9,10 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/sampler.h"
-
-_Static_assert(ROW_SCORE_MAX_TOP == SAMPLER_MAX_TOP_LOGPROBS, "a row score holds the sampler's alternatives");
-
 struct dsmp_item {
     uint32_t key; /* bits of p (> 0): their order is p's order */
     int32_t id;
@@ -82,14 +78,4 @@ int32_t dsmp_reference(const float *logits, int V, const struct row_sampling *rs
         if (acc > r) return i;
     }
     return amax; /* not reached: the finalists' weights sum to mass > r */
-}
-
-void row_score_host(const float *logits, int vocab, const struct row_score_req *q, struct row_score *out) {
-    struct sample_result r;
-    sampler_row_logprobs(logits, vocab, q->token, q->n_top, &r);
-    out->token = r.token;
-    out->logprob = r.logprob;
-    out->n_top = r.n_top;
-    memcpy(out->top_ids, r.top_ids, (size_t)r.n_top * sizeof *out->top_ids);
-    memcpy(out->top_logprobs, r.top_logprobs, (size_t)r.n_top * sizeof *out->top_logprobs);
 }

@@ -136,30 +136,31 @@ DSMP_FN uint64_t dsmp_draw(double u, uint64_t mass) {
  * /v1/completions echo with logprobs scores every prompt token: the logprob of token p
  * under the row before it, and that row's most likely alternatives. A backend computes them
  * from each scored row's logits itself (CUDA: cuda_row_scores, cuda_score.cu) and hands
- * back ~170 bytes a row instead of the 1 MB row: the whole prompt chunk goes through one
- * forward, not 16 rows at a time. The numbers are sampler_row_logprobs's: lse = m + log Σ
- * exp(l_i − m) over the non-NaN l in double (m their maximum; −inf / +inf rows: lse = m),
- * logprob = (float)(l_token − lse) (NaN: −inf), the n_top largest l (value descending,
- * ties to the lower id, NaN never) with (float)(l − lse). row_score_host is that function
- * (the CPU backend's and the oracle of the GPU test); the device sums in another order, so
- * its double lse may differ in the last bits and a logprob by an fp32 rounding. */
-#define ROW_SCORE_MAX_TOP 20
+ * back one struct sample_result a row (~170 bytes) instead of the 1 MB row: the whole
+ * prompt chunk goes through one forward, not 16 rows at a time. The numbers are
+ * sampler_row_logprobs's: lse = m + log Σ exp(l_i − m) over the non-NaN l in double (m
+ * their maximum; −inf / +inf rows: lse = m), logprob = (float)(l_token − lse) (NaN: −inf),
+ * the n_top largest l (value descending, ties to the lower id, NaN never) with (float)(l −
+ * lse). sampler_row_logprobs is the CPU backend's scorer and the oracle of the GPU test; the
+ * device sums in another order, so its double lse may differ in the last bits and a logprob
+ * by an fp32 rounding. */
+#define SAMPLER_MAX_TOP_LOGPROBS 20
 struct row_score_req {
     int32_t token; /* the token to score (in the vocabulary); < 0: the row is not scored */
-    int32_t n_top; /* alternatives wanted, 0..ROW_SCORE_MAX_TOP */
+    int32_t n_top; /* alternatives wanted, 0..SAMPLER_MAX_TOP_LOGPROBS */
 };
-struct row_score {
+/* A token with its logprob and its row's alternatives: the host sampler's result and a
+ * scored row's alike. */
+struct sample_result {
     int32_t token;
-    float logprob;
-    int32_t n_top; /* filled: n_top of the request, fewer where the row has fewer non-NaN logits */
-    int32_t top_ids[ROW_SCORE_MAX_TOP];
-    float top_logprobs[ROW_SCORE_MAX_TOP];
+    float logprob;                                /* when params.logprobs; always for a scored row */
+    int n_top;                                    /* number of alternatives filled */
+    int32_t top_ids[SAMPLER_MAX_TOP_LOGPROBS];    /* most likely first */
+    float top_logprobs[SAMPLER_MAX_TOP_LOGPROBS];
 };
 
 #ifndef __CUDACC__
 #include <stddef.h>
-/* A scored row on the host (the numbers above). */
-void row_score_host(const float *logits, int vocab, const struct row_score_req *q, struct row_score *out);
 /* Bytes of scratch dsmp_reference needs for a row of V logits. */
 size_t dsmp_reference_scratch(int V);
 /* The draw above, computed plainly on the host (sorting): the oracle the device kernel is

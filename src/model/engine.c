@@ -34,8 +34,8 @@ struct engine {
     int32_t **c_amax_dst; /* where each output row's argmax goes (NULL: not wanted) */
     struct row_sampling *c_samp; /* each output row's device sampling (temperature 0: argmax) */
     struct row_score_req *c_score; /* each output row's score request (token -1: none) */
-    struct row_score *c_scores;    /* the backend's results, then copied to c_score_dst */
-    struct row_score **c_score_dst;
+    struct sample_result *c_scores;    /* the backend's results, then copied to c_score_dst */
+    struct sample_result **c_score_dst;
     struct backend_session **c_sessions;
 };
 
@@ -121,8 +121,8 @@ static int engine_open_rest(engine **out, engine *e, const struct engine_options
     e->c_amax_dst = malloc(n * sizeof(int32_t *));
     e->c_samp = malloc(n * sizeof(struct row_sampling));
     e->c_score = malloc(n * sizeof(struct row_score_req));
-    e->c_scores = malloc(n * sizeof(struct row_score));
-    e->c_score_dst = malloc(n * sizeof(struct row_score *));
+    e->c_scores = malloc(n * sizeof(struct sample_result));
+    e->c_score_dst = malloc(n * sizeof(struct sample_result *));
     if (!e->c_tokens || !e->c_pos || !e->c_seq || !e->c_out_rows || !e->c_out || !e->c_sessions || !e->c_amax ||
         !e->c_amax_dst || !e->c_samp || !e->c_score || !e->c_scores || !e->c_score_dst) {
         rc = errorf(err, errlen, ST_NOMEM, "out of memory");
@@ -248,10 +248,10 @@ int engine_forward(engine *e, struct batch_seq *seqs, int n_seqs, char *err, siz
                 return errorf(err, errlen, ST_INVALID, "batch entry %d: scored rows need score destinations and no all_logits", i);
             for (int k = 0; k < q->n_tokens; k++)
                 if (q->score[k].token >= c->vocab || (q->score[k].token >= 0 && (q->score[k].n_top < 0 ||
-                                                                                 q->score[k].n_top > ROW_SCORE_MAX_TOP)))
+                                                                                 q->score[k].n_top > SAMPLER_MAX_TOP_LOGPROBS)))
                     return errorf(err, errlen, ST_INVALID, "batch entry %d row %d: score of token %d with %d alternatives "
                                   "(vocabulary %d, at most %d)", i, k, q->score[k].token, q->score[k].n_top, c->vocab,
-                                  ROW_SCORE_MAX_TOP);
+                                  SAMPLER_MAX_TOP_LOGPROBS);
         }
     }
     const int cap = e->be->max_batch_tokens;

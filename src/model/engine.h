@@ -96,7 +96,7 @@ struct batch_seq {
     int32_t *argmax;
     const struct row_sampling *sampling;
     const struct row_score_req *score;
-    struct row_score *scores;
+    struct sample_result *scores;
 };
 
 /* Runs the model over every new token of every sequence and appends them to

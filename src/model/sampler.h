@@ -35,7 +35,6 @@
 
 #include "model/device_sampling.h"
 
-#define SAMPLER_MAX_TOP_LOGPROBS 20
 #define SAMPLER_MAX_LOGIT_BIAS 300 /* entries of logit_bias (OpenAI documents no limit) */
 #define SAMPLER_MAX_BIAS 100.0f    /* |bias| bound, OpenAI's [-100, 100] */
 
@@ -63,13 +62,8 @@ struct sampler_params {
 /* Defaults: greedy, no filters, no penalties, no logprobs, no logit_bias. */
 struct sampler_params sampler_params_default(void);
 
-struct sample_result {
-    int32_t token;
-    float logprob;                                /* when params.logprobs */
-    int n_top;                                    /* number of alternatives filled */
-    int32_t top_ids[SAMPLER_MAX_TOP_LOGPROBS];    /* most likely first */
-    float top_logprobs[SAMPLER_MAX_TOP_LOGPROBS];
-};
+/* struct sample_result and SAMPLER_MAX_TOP_LOGPROBS: model/device_sampling.h (a backend
+ * fills the same struct when it scores a row). */
 
 typedef struct sampler sampler;
 

@@ -31,7 +31,7 @@
  * device_sampling) and honour batch_seq.sampling with the device sampler's host reference
  * (dsmp_reference over its row), so the scheduler's sampled rows are tested without a GPU.
  * ORCHID_MOCK_ROW_SCORES=1 makes it report row scores (port.h row_scores, as the engine
- * does) and score batch_seq.score's rows by row_score_host: the scheduler's whole-chunk
+ * does) and score batch_seq.score's rows by sampler_row_logprobs: the scheduler's whole-chunk
  * prompt logprobs; unset, the 16-row logits path stays covered.
  */
 #include <pthread.h>
@@ -347,7 +347,7 @@ static int mock_forward(void *ctx, struct batch_seq *seqs, int n_seqs, char *err
                 if (!m->row_scores) return errorf(err, errlen, ST_UNSUPPORTED, "mock: no row scores");
                 float row[M_VOCAB];
                 mock_logits(s->toks, s->len - seqs[i].n_tokens + k + 1, row);
-                row_score_host(row, M_VOCAB, &seqs[i].score[k], &seqs[i].scores[k]);
+                sampler_row_logprobs(row, M_VOCAB, seqs[i].score[k].token, seqs[i].score[k].n_top, &seqs[i].scores[k]);
             }
         if (!seqs[i].logits && !seqs[i].argmax) continue;
         /* output rows: the last token, or every new token with all_logits */

@@ -112,22 +112,14 @@ static void sample_item(void *ctx, int i) {
     sampler_sample(sl->job->smp, sl->logits, &sl->res);
 }
 
-/* A token's record (the text span left to the caller). */
-static void rec_fill(struct tok_rec *rec, int32_t id, float logprob, int n_top, const int32_t *top_ids, const float *top_lps) {
-    rec->id = id;
-    rec->logprob = logprob;
-    rec->n_top = n_top;
-    memcpy(rec->top_ids, top_ids, (size_t)n_top * sizeof *rec->top_ids);
-    memcpy(rec->top_lps, top_lps, (size_t)n_top * sizeof *rec->top_lps);
-}
-/* ... from its sample result */
+/* A token's record from its sample result, or a prompt token's from the model's score of
+ * the row before it (the text span left to the caller). */
 static void rec_set(struct tok_rec *rec, const struct sample_result *r) {
-    rec_fill(rec, r->token, r->logprob, r->n_top, r->top_ids, r->top_logprobs);
-}
-
-/* A prompt token's record from the model's score of the row before it. */
-static void rec_set_score(struct tok_rec *rec, const struct row_score *r) {
-    rec_fill(rec, r->token, r->logprob, r->n_top, r->top_ids, r->top_logprobs);
+    rec->id = r->token;
+    rec->logprob = r->logprob;
+    rec->n_top = r->n_top;
+    memcpy(rec->top_ids, r->top_ids, (size_t)r->n_top * sizeof *rec->top_ids);
+    memcpy(rec->top_lps, r->top_logprobs, (size_t)r->n_top * sizeof *rec->top_lps);
 }
 
 /* A prompt token's record from the row before it (threadpool item). */
@@ -752,7 +744,7 @@ static void *sched_main(void *arg) {
                     S->lp_items[n_lp++] = (struct lp_item){j, r, j->n_fed + r + 1};
             if (b->score) /* scored by the model: the records straight from its results */
                 for (int r = 0; r < b->n_tokens && j->n_fed + r + 1 < j->n_prompt; r++)
-                    rec_set_score(&j->prompt_recs[j->n_fed + r + 1], &b->scores[r]);
+                    rec_set(&j->prompt_recs[j->n_fed + r + 1], &b->scores[r]);
             if (j->n_fed < j->n_prompt) {
                 const int ck = S->port.cache_save ? next_checkpoint(S, j) : 0;
                 j->n_fed += b->n_tokens;

@@ -82,7 +82,7 @@ struct job {
     float *lp_rows;     /* prompt_logprobs without port.row_scores: [SCHED_PROMPT_LP_ROWS × vocab]
                            logits of a chunk's rows (admission to release) */
     struct row_score_req *score_req; /* prompt_logprobs with port.row_scores: a chunk's rows' */
-    struct row_score *score_res;     /* requests and results, [the scheduler's chunk] each */
+    struct sample_result *score_res;     /* requests and results, [the scheduler's chunk] each */
 
     /* shared, under mu */
     pthread_mutex_t mu;

@@ -27,6 +27,7 @@
 #include "gpu_common.h"
 #include "model/engine.h"
 #include "model/prefix_cache.h"
+#include "model/sampler.h"
 
 #define SENS_EPS 4e-3f
 #define SENS_REPS 8 /* perturbation draws of the reference sensitivity (cpu_sensitivity) */
@@ -94,7 +95,7 @@ static void test_e2e(const char *where, int n_prompt, int n_greedy) {
         int32_t *pos = malloc((size_t)n_prompt * 4), *seq = calloc((size_t)n_prompt, 4), *rows = malloc((size_t)n_out * 4);
         float **dst = calloc((size_t)n_out, sizeof *dst);
         struct row_score_req *req = malloc((size_t)n_out * sizeof *req);
-        struct row_score *got = malloc((size_t)n_out * sizeof *got), want;
+        struct sample_result *got = malloc((size_t)n_out * sizeof *got), want;
         for (int i = 0; i < n_prompt; i++) pos[i] = i;
         for (int i = 0; i < n_out; i++) {
             rows[i] = i;
@@ -112,7 +113,7 @@ static void test_e2e(const char *where, int n_prompt, int n_greedy) {
         int bad = 0;
         for (int i = 0; !rc && i < n_out; i++) {
             if (req[i].token < 0) continue;
-            row_score_host(lg + (size_t)i * V, V, &req[i], &want); /* the CUDA backend's own logits of that row */
+            sampler_row_logprobs(lg + (size_t)i * V, V, req[i].token, req[i].n_top, &want); /* the backend's own logits */
             int d = got[i].token != want.token || got[i].n_top != want.n_top ||
                     fabsf(got[i].logprob - want.logprob) > 2e-6f * fmaxf(1.0f, fabsf(want.logprob));
             for (int k = 0; !d && k < want.n_top; k++)

@@ -16,6 +16,7 @@
  * Ends with "N passed, N failed". */
 #include "check.h"
 #include "gpu_common.h"
+#include "model/sampler.h"
 
 static struct cuda_ctx ctx;
 static const char *attn_mode = "tensor-core";
@@ -1151,7 +1152,7 @@ static void test_route(int E, int K, int T, int tile_rows) {
     cuda_free(dids);
 }
 
-/* ---- prompt rows scored on the device (cuda_row_scores) against row_score_host
+/* ---- prompt rows scored on the device (cuda_row_scores) against sampler_row_logprobs
  * (sampler_row_logprobs's numbers): ids, their order and counts exact; logprobs to an fp32
  * rounding or two (the device's double sum runs in another order); rows of ties, NaN,
  * -inf, +inf, all -inf and all NaN but two; a row not scored is left alone ---- */
@@ -1181,7 +1182,7 @@ static void test_row_scores(int V) {
     req[6].token = -1;      /* not scored */
     float *dl;
     struct row_score_req *dreq;
-    struct row_score *dout, got[NR], want;
+    struct sample_result *dout, got[NR], want;
     DEV(dl, (size_t)NR * V * 4); DEV(dreq, sizeof req); DEV(dout, sizeof got);
     H2D(dl, l, (size_t)NR * V * 4); H2D(dreq, req, sizeof req);
     memset(got, 0xab, sizeof got);
@@ -1195,7 +1196,7 @@ static void test_row_scores(int V) {
             CHECK(!memcmp(&got[r], sentinel, sizeof sentinel), "row_scores V=%d: the unscored row %d was written", V, r);
             continue;
         }
-        row_score_host(l + (size_t)r * V, V, &req[r], &want);
+        sampler_row_logprobs(l + (size_t)r * V, V, req[r].token, req[r].n_top, &want);
         int bad = got[r].token != want.token || got[r].n_top != want.n_top || !score_close(got[r].logprob, want.logprob);
         for (int k = 0; !bad && k < want.n_top; k++)
             bad = got[r].top_ids[k] != want.top_ids[k] || !score_close(got[r].top_logprobs[k], want.top_logprobs[k]);
@@ -1207,7 +1208,7 @@ static void test_row_scores(int V) {
     for (int mt = 0; mt <= 5; mt += mt ? 4 : 1) {
         struct row_score_req q[NR];
         for (int r = 0; r < NR; r++) q[r] = (struct row_score_req){req[r].token, req[r].n_top < mt ? req[r].n_top : mt};
-        struct row_score g2[NR];
+        struct sample_result g2[NR];
         H2D(dreq, q, sizeof q);
         OK(cuda_row_scores(&ctx, dl, NR, V, dreq, mt, dout));
         D2H(g2, dout, sizeof g2);

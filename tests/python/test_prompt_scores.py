@@ -2,8 +2,8 @@
 row_scores, batch_seq.score: the engine's way — every backend scores the rows where its
 logits are, a whole prompt chunk a forward) against the scheduler's other path (each row's
 logits to the host, SCHED_PROMPT_LP_ROWS rows a forward, scored there). The mock model does
-either (ORCHID_MOCK_ROW_SCORES=1 or not), with the same numbers (both row_score_host /
-sampler_row_logprobs over the same logits), so every answer must be identical: prompts
+either (ORCHID_MOCK_ROW_SCORES=1 or not), with the same numbers (both sampler_row_logprobs
+over the same logits), so every answer must be identical: prompts
 shorter and longer than 16 tokens and than the prompt chunk, top logprobs 0..5, max_tokens 0
 and > 0 (the prompt's last row then gives the first generated token), a batch of prompts,
 beside plain requests in the same steps.
