@@ -5,9 +5,9 @@ end against one `orchid serve` process (started here, or --url). Token-id prompt
 --prompt-tokens ids; --requests of them one at a time, then --concurrent at once; reports
 each set's wall time and prompt tokens scored a second, and checks every reply has a
 logprob for each prompt token after the first. Standard library only (serve_load.py's
-Server and request helpers), so it runs on the device machine; run it against a build with
-and without the device's row scores (ORCHID_ROW_SCORES=1; without it the logits rows go to
-the host, 16 a forward) for the A/B.
+Server and request helpers), so it runs on the device machine; run it against the CUDA
+server with and without its row scores (ORCHID_NO_ROW_SCORES=1: the logits rows go to the
+host, 16 a forward) for the A/B.
 
   bench/echo_time.py --orchid build/orchid --model DIR [--backend cuda] [--json out.json]
 """

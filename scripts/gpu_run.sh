@@ -29,14 +29,17 @@
 #             every arm: kernels matching NCU_KERNEL (a regex, default skinny_pipe), NCU_SKIP
 #             (default 40: past the first forward) then NCU_COUNT (default 2) launches, the
 #             sections NCU_SECTIONS (default SpeedOfLight MemoryWorkloadAnalysis WarpStateStats
-#             SchedulerStats), NCU_ARGS more bench flags (e.g. '--pack 8': prefill launches); clocks
+#             SchedulerStats; '' = none), NCU_FLAGS more ncu flags (e.g. '--set full
+#             --kernel-name-base demangled': template arguments in the regex's name), NCU_ARGS
+#             more bench flags (e.g. '--pack 8': prefill launches); clocks
 #             left alone, the program killed once they are taken, NCU_TIMEOUT (default 240) s;
 #             the report's text into res/ncu_ARM.txt
 #   stream    bench_stream --mb STREAM_MB (default 256) of the first arm's pack: the DRAM read rate each way of loading
 #             (per SM and all SMs) — the ceiling the weight-streaming kernels are held to
 #   echo      bench/echo_check.py: /v1/completions echo + logprobs (the prompt's own logprobs) of
 #             the last arm's server on the carried tiny model (--backend cuda) against the
-#             same binary's CPU backend; ECHO_ARGS more flags
+#             same binary's CUDA server with ORCHID_NO_ROW_SCORES=1 (rows' logits scored on the
+#             host), both in 16-row forwards (the same logits); ECHO_ARGS replaces those flags
 #   echotime  bench/echo_time.py against each arm's server on the synthetic checkpoint: prompts
 #             scored (echo + logprobs, max_tokens 0) one at a time and 8 at once, tok/s;
 #             ECHOTIME_ARGS more flags (e.g. '--prompt-tokens 2048')
@@ -47,6 +50,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?gpu_run: OUT must name the results folder (the device tool sets it)}"
+mkdir -p "$OUT"
 PHASES=${PHASES:-tests contract batch}
 CONTEXTS=${CONTEXTS:-512}
 ROUNDS=${ROUNDS:-2}
@@ -143,11 +147,11 @@ for phase in $PHASES; do
         ;;
     ncu)
         secs=""
-        for sct in ${NCU_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis WarpStateStats SchedulerStats}; do secs="$secs --section $sct"; done
+        for sct in ${NCU_SECTIONS-SpeedOfLight MemoryWorkloadAnalysis WarpStateStats SchedulerStats}; do secs="$secs --section $sct"; done
         for i in "${!packs[@]}"; do
             l=$res/ncu_${names[$i]}.txt
             arm "$i" timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --kill yes -k "regex:${NCU_KERNEL:-skinny_pipe}" \
-                --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-2}" $secs \
+                --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-2}" $secs ${NCU_FLAGS:-} \
                 "$root/${packs[$i]}/bin/bench_batch_decode" --ctx 512 --batches "${NCU_BATCH:-64}" ${NCU_ARGS:-} >"$l" 2>&1
             note "ncu ${names[$i]} (exit $?): $(grep -E 'Duration|DRAM Throughput|Memory Throughput' "$l" | tr -s ' ' | tr '\n' ';' | head -c 600)"
         done
@@ -187,7 +191,7 @@ for phase in $PHASES; do
         [ -n "${ORCHID_GPU_TINY:-}" ] || { note "echo: no tiny model"; continue; }
         l=$res/echo_${names[$last]}.log
         arm "$last" timeout 600 python3 bench/echo_check.py --orchid "$root/${packs[$last]}/bin/orchid" \
-            --model "$ORCHID_GPU_TINY" --backend cuda --log-dir "$res" ${ECHO_ARGS:-} >"$l" 2>&1
+            --model "$ORCHID_GPU_TINY" --backend cuda --log-dir "$res" ${ECHO_ARGS:---ref-backend cuda --ref-env ORCHID_NO_ROW_SCORES=1 --prefill-chunk 16} >"$l" 2>&1
         note "echo ${names[$last]} (exit $?): $(grep -E '^echo check' "$l" | tail -1)"
         grep -m8 -E '^(MISMATCH|note)' "$l" >>"$summary"
         ;;

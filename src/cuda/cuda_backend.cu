@@ -1296,9 +1296,10 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     cb->base.max_batch_tokens = CUDA_MAX_BATCH;
     cb->base.invariant_tokens = MID_T; /* one-token sequences up to here take the invariant kernels */
     cb->base.device_sampling = 1;      /* cuda_sample.cu */
-    /* cuda_score.cu; opt-in until its GPU tests have run on a card (off: the server scores
-     * logits rows, 16 a forward) */
-    cb->base.row_scores = env_flag("ORCHID_ROW_SCORES");
+    /* cuda_score.cu (checked on the H100, session 40: equal to the host's scores of the same
+     * logits). ORCHID_NO_ROW_SCORES=1 turns it off: the server then takes logits rows, 16 a
+     * forward, and scores them on the host (the echo check's reference path). */
+    cb->base.row_scores = !env_flag("ORCHID_NO_ROW_SCORES");
     cb->base.session_create = cuda_session_create;
     cb->base.session_destroy = cuda_session_destroy;
     cb->base.session_reset = cuda_session_reset;
