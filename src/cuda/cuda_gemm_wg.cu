@@ -29,6 +29,16 @@
 //   at most this group is in flight.
 // Codes are staged 48 bytes a row (32 + 16 pad: a warp's 16-byte reads of 8 rows touch
 // distinct banks); scales and biases of the block's rows for all K come once, at the start.
+//
+// The copies a step issues are cheap by construction (Nsight Compute, H100, the grouped
+// gate/up of an 8 × 512 pack: ~230 instructions a warp a group, ~80 of them the copies'
+// address and predicate arithmetic that ptxas recomputed every step for want of registers,
+// the issue slots then as busy as the tensor pipe): each token row's element offset is
+// looked up once, at the start, into a 128-entry table in shared memory (a thread's four
+// rows in one 16-byte read; a row past the tile's end names the tile's last row, and in a
+// route tile copies zeros); weight rows past N copy a real row's codes
+// (their scales and biases are zero-filled, and their outputs are never stored). The wgmma descriptors are the
+// ring's first plus each stage's offset.
 #include "cuda/cuda_gemm.h"
 #include "cuda/cuda_wgmma.h"
 
@@ -46,8 +56,12 @@ struct wg_shape {
     static_assert(stage % 1024 == 0, "a stage keeps the next stage's token rows swizzle-aligned");
 };
 /* Scales and biases: [WG_ROWS][G + 8] bf16 each (the pad keeps 8 rows' reads on distinct
- * banks and rows 16-byte aligned for cp.async). */
-static inline size_t wg_smem_bytes(int ring, int K) { return 1024 + (size_t)ring + (size_t)WG_ROWS * (K / 64 + 8) * 4; }
+ * banks and rows 16-byte aligned for cp.async), then the token rows' element offsets:
+ * int32 [32][4], entry (n & 31, n >> 5) for tile row n (thread tid's rows tid / 8 + 32 i). */
+#define WG_TOK_BYTES (WG_BT * 4)
+static inline size_t wg_smem_bytes(int ring, int K) {
+    return 1024 + (size_t)ring + (size_t)WG_ROWS * (K / 64 + 8) * 4 + WG_TOK_BYTES;
+}
 
 /* Two blocks an SM (4 stages, registers capped at 128: a few bytes spill) where the shared
  * memory allows it (K ≤ 2,048 on the H200), else one block of 5 stages: measured on the
@@ -60,6 +74,38 @@ static inline size_t wg_smem_bytes(int ring, int K) { return 1024 + (size_t)ring
                        * GDN out-projection 262 → 199 µs, attention o 259 → 196 µs */
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* A value ptxas must keep in a register: it cannot see through the empty asm, so it cannot
+ * recompute the value from the thread index at each use (which it did, every step). */
+__device__ __forceinline__ uint32_t wg_keep(uint32_t v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
+template <typename T>
+__device__ __forceinline__ const T *wg_keep(const T *p) {
+    uint64_t v = (uint64_t)p;
+    asm volatile("" : "+l"(v));
+    return (const T *)v;
+}
+/* Shared-memory reads and copies by 32-bit shared addresses (ordered after the step's
+ * barrier: volatile, with the memory clobber). */
+__device__ __forceinline__ uint4 wg_lds128(uint32_t s) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(s) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint32_t wg_lds16(uint32_t s) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(s) : "memory");
+    return v;
+}
+__device__ __forceinline__ void wg_cpa16(uint32_t s, const void *g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
+}
+/* n bytes (16, or 0: nothing read, 16 zero bytes written) */
+__device__ __forceinline__ void wg_cpa16n(uint32_t s, const void *g, uint32_t n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n) : "memory");
+}
+
 /* bf16x2 (q_lo, q_hi) of byte t of w, then s·q + b in one fused bf16x2 fma. The byte's two
  * codes land in the two halves (prmt: byte t of w and of w >> 4), 0x4300 | q = 128 + q
  * exactly, minus 128 exactly, then the fma: every step but the last is exact. */
@@ -86,6 +132,7 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
     const int G = a.K >> 6, GS = G + 8;
     uint16_t *s_sc = reinterpret_cast<uint16_t *>(ring + S::ring); /* [WG_ROWS][GS] */
     uint16_t *s_bi = s_sc + WG_ROWS * GS;
+    int32_t *s_tok = reinterpret_cast<int32_t *>(s_bi + WG_ROWS * GS); /* 16-byte aligned: GS % 8 == 0 */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
 
@@ -117,36 +164,49 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
         return (size_t)expert * m->rows + (ok ? f : 0);
     };
 
-    /* This thread's copies a stage: chunk (tid & 7) of token rows (tid >> 3) + 32 i, and one
-     * 16-byte half of codes row tid >> 1. */
-    constexpr int NA = BT / 32;
-    const uint16_t *a_src[NA];
-    bool a_ok[NA];
+    /* This thread's copies a stage: chunk (tid & 7) of token rows (tid >> 3) + 32 i (their
+     * offsets from s_tok), and one 16-byte half of codes row tid >> 1 (a row past N: row_src's
+     * row 0 of the matrix, whose products are never stored). */
     const int a_ch = tid & 7, a_n0 = tid >> 3;
     const int a_dst = a_n0 * 128 + ((a_ch ^ (a_n0 & 7)) << 4); /* + 4,096 i: rows 32 i further */
-#pragma unroll
-    for (int i = 0; i < NA; i++) {
-        const int gr = m0 + a_n0 + 32 * i;
-        a_ok[i] = gr < m_end;
-        const int src = a_ok[i] ? (a.a_rows ? a.a_rows[gr] : gr) : 0;
-        a_src[i] = a.x + (size_t)src * a.ldx + a_ch * 8;
+    if (tid < BT) {
+        const int gr = min(m0 + tid, m_end - 1); /* the tile's last row stands in past its end */
+        s_tok[(tid & 31) * 4 + (tid >> 5)] = (a.a_rows ? a.a_rows[gr] : gr) * a.ldx;
     }
     const int c_row = tid >> 1, c_half = tid & 1;
     const uint32_t *c_src;
-    bool c_ok;
     {
         const cuda_qmat *m;
-        const size_t r = row_src(c_row, m, c_ok);
-        c_src = m->codes + r * (size_t)(a.K / 8) + c_half * 4;
+        bool ok;
+        const size_t r = row_src(c_row, m, ok);
+        c_src = wg_keep(m->codes + r * (size_t)(a.K / 8) + c_half * 4);
     }
+    const uint32_t tok_tab = wg_keep((uint32_t)__cvta_generic_to_shared(s_tok + a_n0 * 4));
+    const uint32_t tok_dst = wg_keep(ring_s + a_dst), code_dst = wg_keep(ring_s + S::act + c_row * WG_CSTRIDE + c_half * 16);
+    const uint16_t *x_ch = wg_keep(a.x + a_ch * 8);
+    /* A route tile is often part-filled: its rows past the end copy zeros, reading nothing
+     * (reading the last row again in every pad row made the grouped products ~5-10 % slower,
+     * H100 session 40). A dense product's last tile alone is short: it reads. */
+    const int tok_rows = wg_keep((uint32_t)(m_end - m0 - a_n0)); /* row a_n0 + 32 i is real when 32 i < this */
+    __syncthreads(); /* s_tok */
     auto issue = [&](int kg, int st) {
-        uint8_t *sb = ring + st * S::stage;
-#pragma unroll
-        for (int i = 0; i < NA; i++)
-            cpa16z(sb + a_dst + 4096 * i, a_ok[i] ? (const void *)(a_src[i] + kg * 64) : (const void *)a.x, a_ok[i]);
-        cpa16z(sb + S::act + c_row * WG_CSTRIDE + c_half * 16, c_ok ? (const void *)(c_src + kg * 8) : (const void *)a.x,
-               c_ok);
+        const uint4 o = wg_lds128(tok_tab); /* element offsets of this thread's four rows */
+        const uint32_t k0 = (uint32_t)kg * 64u; /* 32-bit sums (gemm_wg_usable: < 2^31), one wide multiply-add each */
+        const uint32_t d = tok_dst + st * S::stage;
+        if (PARTIAL) {
+            wg_cpa16n(d, x_ch + (o.x + k0), tok_rows > 0 ? 16 : 0);
+            wg_cpa16n(d + 4096, x_ch + (o.y + k0), tok_rows > 32 ? 16 : 0);
+            wg_cpa16n(d + 8192, x_ch + (o.z + k0), tok_rows > 64 ? 16 : 0);
+            wg_cpa16n(d + 12288, x_ch + (o.w + k0), tok_rows > 96 ? 16 : 0);
+        } else {
+            wg_cpa16(d, x_ch + (o.x + k0));
+            wg_cpa16(d + 4096, x_ch + (o.y + k0));
+            wg_cpa16(d + 8192, x_ch + (o.z + k0));
+            wg_cpa16(d + 12288, x_ch + (o.w + k0));
+        }
+        wg_cpa16(code_dst + st * S::stage, c_src + kg * 8);
     };
+    static_assert(BT == 128, "issue: four token rows a thread");
 
     /* Prologue: every row's scales and biases (with stage 0's copies), then stages up to STAGES − 3. */
     {
@@ -173,6 +233,12 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
     uint32_t af0[16], af1[16];
     const uint32_t sel = (uint32_t)t | ((uint32_t)(t + 4) << 8);
     const int R0 = warp * 16 + g; /* this thread's first staged row; the second is R0 + 8 */
+    const uint64_t desc0 = wg_desc(ring_s); /* shared addresses < 2^18: a stage's offset never carries out of the field */
+    /* this thread's staged codes (row R0; R0 + 8 is 8 rows further) and scales (row R0 and
+     * R0 + 8; the biases WG_ROWS rows further), as shared addresses */
+    const uint32_t code_row = wg_keep(ring_s + S::act + R0 * WG_CSTRIDE);
+    const uint32_t sc_row0 = wg_keep((uint32_t)__cvta_generic_to_shared(s_sc + R0 * GS));
+    const uint32_t row8_off = 8 * GS * 2, bi_off = WG_ROWS * GS * 2; /* uniform */
 
     auto step = [&](int kg, uint32_t(&af)[16]) {
         cpa_wait<STAGES - 3>();
@@ -184,13 +250,13 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
             cpa_commit();
         }
         const int st = kg % STAGES;
-        const uint8_t *cs = ring + st * S::stage + S::act;
-        const uint4 w0 = *reinterpret_cast<const uint4 *>(cs + R0 * WG_CSTRIDE);
-        const uint4 w1 = *reinterpret_cast<const uint4 *>(cs + R0 * WG_CSTRIDE + 16);
-        const uint4 v0 = *reinterpret_cast<const uint4 *>(cs + (R0 + 8) * WG_CSTRIDE);
-        const uint4 v1 = *reinterpret_cast<const uint4 *>(cs + (R0 + 8) * WG_CSTRIDE + 16);
-        const uint32_t s0 = s_sc[R0 * GS + kg], b0 = s_bi[R0 * GS + kg];
-        const uint32_t s1 = s_sc[(R0 + 8) * GS + kg], b1 = s_bi[(R0 + 8) * GS + kg];
+        const uint32_t cs = code_row + st * S::stage;
+        const uint4 w0 = wg_lds128(cs);
+        const uint4 w1 = wg_lds128(cs + 16);
+        const uint4 v0 = wg_lds128(cs + 8 * WG_CSTRIDE);
+        const uint4 v1 = wg_lds128(cs + 8 * WG_CSTRIDE + 16);
+        const uint32_t s0 = wg_lds16(sc_row0 + 2 * kg), b0 = wg_lds16(sc_row0 + bi_off + 2 * kg);
+        const uint32_t s1 = wg_lds16(sc_row0 + row8_off + 2 * kg), b1 = wg_lds16(sc_row0 + row8_off + bi_off + 2 * kg);
         const uint32_t s0x = s0 | (s0 << 16), b0x = b0 | (b0 << 16), s1x = s1 | (s1 << 16), b1x = b1 | (b1 << 16);
         const uint32_t wr[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
         const uint32_t vr[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
@@ -202,10 +268,9 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
             af[4 * kk + 3] = wg_dq(vr[2 * kk + 1], sel, s1x, b1x); /* row g + 8, k 2t+8, 2t+9 */
         }
         uint64_t desc[4]; /* defined before the fence too: ptxas serialises wgmma whose inputs are computed between them */
-        const uint32_t bs = ring_s + st * S::stage;
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            desc[kk] = wg_desc(bs + kk * 32);
+            desc[kk] = desc0 + (uint32_t)(st * (S::stage >> 4) + kk * 2); /* the start address field, bits 0..13 */
             asm volatile("" : "+l"(desc[kk])::"memory");
         }
         reg_fence(af);
@@ -309,6 +374,9 @@ bool gemm_wg_usable(const gemm_args &a, bool swiglu) {
     if (a.tiles && a.tile_rows != WG_BT) return false; /* a route of 64-slot tiles: the mma.sync form */
     /* a row's scales in whole 16-byte chunks; token rows in 16-byte chunks */
     if (a.K % 512 != 0 || a.ldx % 8 != 0 || !aligned16(a.x)) return false;
+    /* token rows' element offsets in int32 (s_tok): a grouped product's rows are slots, or tokens fewer than its slots */
+    const size_t rows = a.tiles ? (size_t)a.max_tiles * WG_BT : (size_t)a.M;
+    if (rows * (size_t)a.ldx > (size_t)INT32_MAX) return false;
     if (!aligned16(a.b0.codes) || !aligned16(a.b0.scales) || !aligned16(a.b0.biases)) return false;
     if (swiglu && (!aligned16(a.b1.codes) || !aligned16(a.b1.scales) || !aligned16(a.b1.biases))) return false;
     return wg_smem_bytes(wg_shape<WG_STAGES1>::ring, a.K) <= wg_optin;
