@@ -30,8 +30,11 @@
 #             (default 40: past the first forward) then NCU_COUNT (default 2) launches, the
 #             sections NCU_SECTIONS (default SpeedOfLight MemoryWorkloadAnalysis WarpStateStats
 #             SchedulerStats; '' = none), NCU_FLAGS more ncu flags (e.g. '--set full
-#             --kernel-name-base demangled': template arguments in the regex's name), NCU_ARGS
-#             more bench flags (e.g. '--pack 8': prefill launches); clocks
+#             --kernel-name-base mangled' with NCU_KERNEL='gemm_wg_kernelILi.ELb1': template
+#             arguments in the regex, mangled — ncu's demangled names read "(bool)1"), NCU_ARGS
+#             more bench flags (e.g. '--pack 8': prefill launches), NCU_CTX the bench's --ctx
+#             (default 512); NCU_REPORT=1: also the raw metrics (stall samples, pipes) and the
+#             per-SASS-instruction counts as CSV (res/ncu_ARM_raw.csv, _sass.csv); clocks
 #             left alone, the program killed once they are taken, NCU_TIMEOUT (default 240) s;
 #             the report's text into res/ncu_ARM.txt
 #   stream    bench_stream --mb STREAM_MB (default 256) of the first arm's pack: the DRAM read rate each way of loading
@@ -150,10 +153,18 @@ for phase in $PHASES; do
         for sct in ${NCU_SECTIONS-SpeedOfLight MemoryWorkloadAnalysis WarpStateStats SchedulerStats}; do secs="$secs --section $sct"; done
         for i in "${!packs[@]}"; do
             l=$res/ncu_${names[$i]}.txt
+            rep=()
+            [ "${NCU_REPORT:-0}" = 1 ] && rep=(-o "$res/ncu_${names[$i]}")
             arm "$i" timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --kill yes -k "regex:${NCU_KERNEL:-skinny_pipe}" \
-                --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-2}" $secs ${NCU_FLAGS:-} \
-                "$root/${packs[$i]}/bin/bench_batch_decode" --ctx 512 --batches "${NCU_BATCH:-64}" ${NCU_ARGS:-} >"$l" 2>&1
+                --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-2}" $secs ${NCU_FLAGS:-} "${rep[@]}" \
+                "$root/${packs[$i]}/bin/bench_batch_decode" --ctx "${NCU_CTX:-512}" --batches "${NCU_BATCH:-64}" ${NCU_ARGS:-} >"$l" 2>&1
             note "ncu ${names[$i]} (exit $?): $(grep -E 'Duration|DRAM Throughput|Memory Throughput' "$l" | tr -s ' ' | tr '\n' ';' | head -c 600)"
+            if [ ${#rep[@]} -gt 0 ] && [ -f "${rep[1]}.ncu-rep" ]; then # the report's pages as text, the report itself dropped (MBs)
+                ncu -i "${rep[1]}.ncu-rep" --page details >"$l" 2>&1
+                ncu -i "${rep[1]}.ncu-rep" --page raw --csv >"${rep[1]}_raw.csv" 2>&1
+                ncu -i "${rep[1]}.ncu-rep" --page source --csv --print-source sass >"${rep[1]}_sass.csv" 2>&1
+                rm -f "${rep[1]}.ncu-rep"
+            fi
         done
         ;;
     batch)
