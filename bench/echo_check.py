@@ -46,7 +46,7 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_load import Server, model_id, request  # noqa: E402
+from serve_load import Server, add_server_args, model_id, request  # noqa: E402
 
 
 def complete(url, prompt, **kw):
@@ -106,9 +106,7 @@ def compare_choice(name, got, ref, n_prompt, tol, problems, notes, gen_tol=None)
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--orchid", default="build/orchid")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--backend", default="cuda")
+    add_server_args(ap, port=8141, max_seq=1024)
     ap.add_argument("--ref-backend", default="cpu")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="an environment variable for the tested server only (repeatable)")
@@ -116,15 +114,11 @@ def main():
                     help="an environment variable for the reference server only (repeatable)")
     ap.add_argument("--prefill-chunk", type=int, default=0,
                     help="the tested server's --prefill-chunk (0: its default; 16: the reference's forwards)")
-    ap.add_argument("--port", type=int, default=8141)
-    ap.add_argument("--max-seq", type=int, default=1024)
     ap.add_argument("--lengths", default="1,2,15,16,17,33,40,100,300")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--tol", type=float, default=5e-3, help="absolute logprob tolerance (nats)")
     ap.add_argument("--beside-gen-tol", type=float, default=0.05,
                     help="tolerance of generated rows decoded beside other requests against alone (nats)")
-    ap.add_argument("--ready-timeout", type=int, default=300)
-    ap.add_argument("--log-dir", default=".")
     args = ap.parse_args()
     rnd = random.Random(11)
     lengths = [int(x) for x in args.lengths.split(",") if x]

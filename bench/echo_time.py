@@ -20,7 +20,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_load import Server, model_id, request  # noqa: E402
+from serve_load import Server, add_server_args, model_id, request  # noqa: E402
 
 
 def score(url, ids, top):
@@ -35,20 +35,14 @@ def score(url, ids, top):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--orchid", default="build/orchid")
-    ap.add_argument("--model")
-    ap.add_argument("--backend", default="cuda")
+    add_server_args(ap, port=18431, max_seq=4096, model="", ready_timeout=600)
     ap.add_argument("--url", help="an already running server instead")
-    ap.add_argument("--port", type=int, default=18431)
-    ap.add_argument("--max-seq", type=int, default=4096)
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--concurrent", type=int, default=8)
     ap.add_argument("--top", type=int, default=1, help="logprobs (alternatives) a token")
     ap.add_argument("--vocab", type=int, default=151643, help="ids drawn below this")
-    ap.add_argument("--ready-timeout", type=int, default=600)
-    ap.add_argument("--log-dir", default=".")
     ap.add_argument("--json")
     args = ap.parse_args()
     rng = random.Random(5)

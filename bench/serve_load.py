@@ -66,6 +66,18 @@ def pct(xs, p):
     return xs[i] + (xs[j] - xs[i]) * (k - i)
 
 
+def add_server_args(ap, port, max_seq, model=None, backend="cuda", ready_timeout=300):
+    """The flags Server reads (--orchid, --model, --backend, --port, --max-seq,
+    --ready-timeout, --log-dir), with this script's defaults; model None: required."""
+    ap.add_argument("--orchid", default="build/orchid")
+    ap.add_argument("--model", default=model, required=model is None)
+    ap.add_argument("--backend", default=backend)
+    ap.add_argument("--port", type=int, default=port)
+    ap.add_argument("--max-seq", type=int, default=max_seq)
+    ap.add_argument("--ready-timeout", type=int, default=ready_timeout)
+    ap.add_argument("--log-dir", default=".")
+
+
 class Server:
     """An `orchid serve` child process (or a given URL)."""
 
@@ -413,11 +425,7 @@ def fmt(x, f="%.1f"):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--orchid", default="build/orchid")
-    ap.add_argument("--model", default="models/tiny")
-    ap.add_argument("--backend", default="cuda")
-    ap.add_argument("--port", type=int, default=8123)
-    ap.add_argument("--max-seq", type=int, default=8192)
+    add_server_args(ap, port=8123, max_seq=8192, model="models/tiny")
     ap.add_argument("--url", help="a running server (cache on, batched); skips starting one")
     ap.add_argument("--url-nocache", help="a running server with --prefix-cache-mb 0 (for the replay's cache-off column)")
     ap.add_argument("--serial-url", help="a running server with --parallel 1")
@@ -439,8 +447,6 @@ def main():
     ap.add_argument("--top-p", type=float, default=None, help="top_p of every request (default: not sent)")
     ap.add_argument("--top-k", type=int, default=None, help="top_k of every request (default: not sent)")
     ap.add_argument("--seed", type=int, default=None, help="seed of every request (default: not sent)")
-    ap.add_argument("--ready-timeout", type=int, default=300)
-    ap.add_argument("--log-dir", default=".")
     ap.add_argument("--json", default="serve_load.json")
     ap.add_argument("--server-args", default="", help="more flags for every server started (e.g. '--batch-invariant off')")
     args = ap.parse_args()

@@ -27,7 +27,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_load import Server, model_id, request  # noqa: E402
+from serve_load import Server, add_server_args, model_id, request  # noqa: E402
 
 
 def complete(url, prompt, gen, temperature=0.0, seed=0):
@@ -48,11 +48,7 @@ def complete(url, prompt, gen, temperature=0.0, seed=0):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--orchid", default="build/orchid")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--backend", default="cuda")
-    ap.add_argument("--port", type=int, default=8131)
-    ap.add_argument("--max-seq", type=int, default=2048)
+    add_server_args(ap, port=8131, max_seq=2048)
     ap.add_argument("--invariant", default="on", choices=("on", "off"))
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--lengths", default="17,90,33,250,8,120,61,400,5,70,45,160",
@@ -61,8 +57,6 @@ def main():
     ap.add_argument("--stagger-ms", type=int, default=40)
     ap.add_argument("--expect-same", action="store_true")
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampled requests instead of greedy")
-    ap.add_argument("--ready-timeout", type=int, default=300)
-    ap.add_argument("--log-dir", default=".")
     args = ap.parse_args()
     rnd = random.Random(7)
     lengths = [int(x) for x in args.lengths.split(",") if x][: args.requests]
