@@ -24,10 +24,17 @@
 // of what else is packed (a block sees only its own sequence's tokens), but dependent on
 // where the prefill call starts (chunks count from the call's first token).
 //
-// Block = 256 threads over 64 value rows of one head of one sequence (grid: heads × row
-// blocks, sequences); the state's 64 × 128 slice lives in the mma accumulators of the S
-// update (32 floats a thread) for the whole run and, split, in shared memory as the B
+// Block = 256 threads over R = 64 value rows of one head of one sequence (grid: heads × row
+// blocks, sequences); the state's R × 128 slice lives in the mma accumulators of the S
+// update (R / 2 floats a thread) for the whole run and, split, in shared memory as the B
 // operand of the next chunk's products. ~209 KB of shared memory: one block an SM.
+// A lone long sequence (a prompt prefilled alone) gives R = 64 only 2 blocks a head, 64 for
+// the 32 heads, half the card's 132 SMs, each walking every chunk in a chain (H100, session
+// 40: 1,069 µs a GDN layer for one 4,096-token prompt, 27 % of its prefill); where the
+// R = 64 grid fills at most half the SMs, blocks take R = 32 rows (twice the blocks; the
+// per-head work — K, Q planes, A, P, the solve's chain — repeated in each, the per-row work
+// halved). A value row's arithmetic is the same in both (its own Z, solve column, O and
+// state row, k in the same order): the same bits, which the GPU test checks.
 #include <math.h>
 
 #include "cuda/cuda_internal.h"
@@ -35,7 +42,7 @@
 
 #define GC_C 64    /* tokens a chunk */
 #define GC_DK 128  /* key dim this form takes */
-#define GC_R 64    /* value rows a block */
+#define GC_R 64    /* value rows a block (R = 32: a lone sequence's form) */
 #define GC_THREADS 256
 #define GC_LD 136  /* u16 row stride of the [·][128] planes: rows 4 banks apart, fragment loads conflict-free */
 #define GC_LDC 72  /* u16 row stride of the [·][64] planes (the same property) */
@@ -43,13 +50,14 @@
 
 /* Shared memory of a block. Planes are [hi, lo] bf16 pairs of an fp32 matrix. 214,016
  * bytes (the H100 / H200 give a block 227 KB). */
+template <int R>
 struct gc_smem {
     uint16_t k[2][GC_C][GC_LD];    /* K [t][d] */
     uint16_t q[2][GC_C][GC_LD];    /* Q [t][d] */
     uint16_t kt[2][GC_DK][GC_LDC]; /* (e^{γ_63 − γ} ⊙ K)ᵀ [d][j] */
-    uint16_t s[2][GC_R][GC_LD];    /* S [r][d] at the chunk's start */
+    uint16_t s[2][R][GC_LD];       /* S [r][d] at the chunk's start */
     uint16_t p[2][GC_C][GC_LDC];   /* P [t][j] */
-    uint16_t vn[2][GC_R][GC_LDC];  /* V'ᵀ [r][j] */
+    uint16_t vn[2][R][GC_LDC];     /* V'ᵀ [r][j] */
     float a[GC_C][GC_LDF];         /* A [t][j] (fp32, strictly lower) */
     float u[GC_C][GC_LDF];         /* v [t][r], then Z */
     float beta[GC_C], eg[GC_C], gam[GC_C], ec[GC_C]; /* β_t, e^{γ_t}, γ_t, e^{γ_63 − γ_t} */
@@ -126,9 +134,10 @@ __device__ __forceinline__ void gc_product(const uint16_t *ahi, const uint16_t *
 
 /* The S planes from the state accumulators: this warp's rows 16·mi + gq (+8), columns
  * 8·(nj0 + j) + 2c (+1). */
-__device__ __forceinline__ void gc_put_s(gc_smem &sm, const float (&st)[8][4], int mi, int nj0, int gq, int c) {
+template <int R, int N>
+__device__ __forceinline__ void gc_put_s(gc_smem<R> &sm, const float (&st)[N][4], int mi, int nj0, int gq, int c) {
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < N; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = 16 * mi + gq + 8 * (e >> 1), d = 8 * (nj0 + j) + 2 * c + (e & 1);
@@ -136,25 +145,28 @@ __device__ __forceinline__ void gc_put_s(gc_smem &sm, const float (&st)[8][4], i
         }
 }
 
+template <int R>
 static __global__ void __launch_bounds__(GC_THREADS, 1)
     gdn_chunk_kernel(const float *qk, const float *conv_out, const float *gates, const cuda_seq *seqs, int layer_ord, int T, int Hk,
                      int Hv, int Dv, float *y) {
     TRACE_KERNEL();
     extern __shared__ __align__(16) unsigned char gc_raw[];
-    gc_smem &sm = *reinterpret_cast<gc_smem *>(gc_raw);
-    const int rblocks = Dv / GC_R, h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks, kh = h / (Hv / Hk);
+    gc_smem<R> &sm = *reinterpret_cast<gc_smem<R> *>(gc_raw);
+    const int rblocks = Dv / R, h = blockIdx.x / rblocks, rb = blockIdx.x % rblocks, kh = h / (Hv / Hk);
     const cuda_seq s = seqs[blockIdx.y];
     if (s.t1 - s.t0 < CUDA_GDN_CHUNK_MIN) return; /* the scan's sequence (cuda_gdn_scan_prefill) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, c = lane & 3;
     const int key_dim = Hk * GC_DK, C = 2 * key_dim + Hv * Dv;
     const size_t qk_row = (size_t)Hk * 2 * GC_DK; /* floats a token in qk [T][Hk][2][Dk] */
-    float *S = s.state + (((size_t)layer_ord * Hv + h) * Dv + (size_t)rb * GC_R) * GC_DK;
+    float *S = s.state + (((size_t)layer_ord * Hv + h) * Dv + (size_t)rb * R) * GC_DK;
 
-    /* the state slice in the S update's accumulators: m-tile smi (rows), n-tiles snj0.. + 7 */
-    const int smi = warp >> 1, snj0 = 8 * (warp & 1);
-    float st[8][4];
+    /* the state slice in the S update's accumulators: m-tile smi (rows), n-tiles snj0 ..
+     * + SNT − 1 (R / 16 m-tiles × 16 n-tiles over the 8 warps) */
+    constexpr int SNT = R / 8, SWM = 16 / SNT; /* n-tiles a warp; warps an m-tile */
+    const int smi = warp / SWM, snj0 = SNT * (warp % SWM);
+    float st[SNT][4];
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < SNT; j++)
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
             const int r = 16 * smi + gq + 4 * e, d = 8 * (snj0 + j) + 2 * c;
@@ -164,8 +176,10 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
         }
     gc_put_s(sm, st, smi, snj0, gq, c);
 
-    /* the products' tiles: V' and O give warp w m-tile w >> 1 and n-tiles 4·(w & 1) .. + 3 */
-    const int omi = warp >> 1, onj0 = 4 * (warp & 1);
+    /* the products' tiles: Z and O give warp w m-tile w >> 1 (tokens) and n-tiles ONT·(w & 1)
+     * .. + ONT − 1 (value rows) */
+    constexpr int ONT = R / 16;
+    const int omi = warp >> 1, onj0 = ONT * (warp & 1);
     trace_clock clk; /* trace builds: the phases' sums as marks 4..7 (tools/trace_report.py --phases gdn_scan) */
     clk.start();
     for (int c0 = s.t0; c0 < s.t1; c0 += GC_C) {
@@ -179,7 +193,7 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             gt[e] = 2 * lane + e < n ? *reinterpret_cast<const float2 *>(gates + ((size_t)h * T + c0 + 2 * lane + e) * 2)
                                      : make_float2(1.0f, 0.0f);
         constexpr int NW = GC_THREADS / 32;
-        float4 q4[GC_C / NW], k4[GC_C / NW], v4[GC_C * (GC_R / 4) / GC_THREADS];
+        float4 q4[GC_C / NW], k4[GC_C / NW], v4[GC_C * (R / 4) / GC_THREADS];
         const float4 z4 = make_float4(0, 0, 0, 0);
 #pragma unroll
         for (int i = 0; i < GC_C / NW; i++) { /* q, k: warp w takes tokens w + 8i; lane the columns 4·lane .. + 3 */
@@ -189,10 +203,10 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             k4[i] = t < n ? __ldg(reinterpret_cast<const float4 *>(row + GC_DK)) : z4;
         }
 #pragma unroll
-        for (int i = 0; i < GC_C * (GC_R / 4) / GC_THREADS; i++) {
-            const int ii = tid + GC_THREADS * i, t = ii / (GC_R / 4), r = 4 * (ii % (GC_R / 4));
+        for (int i = 0; i < GC_C * (R / 4) / GC_THREADS; i++) {
+            const int ii = tid + GC_THREADS * i, t = ii / (R / 4), r = 4 * (ii % (R / 4));
             v4[i] = t < n ? __ldg(reinterpret_cast<const float4 *>(conv_out + (size_t)(c0 + t) * C + 2 * key_dim + (size_t)h * Dv +
-                                                                   (size_t)rb * GC_R + r))
+                                                                   (size_t)rb * R + r))
                           : z4;
         }
         float gl[2];
@@ -238,8 +252,8 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             for (int e = 0; e < 4; e++) gc_split(sc * kv[e], sm.kt[0][d + e][t], sm.kt[1][d + e][t]);
         }
 #pragma unroll
-        for (int i = 0; i < GC_C * (GC_R / 4) / GC_THREADS; i++) {
-            const int ii = tid + GC_THREADS * i, t = ii / (GC_R / 4), r = 4 * (ii % (GC_R / 4));
+        for (int i = 0; i < GC_C * (R / 4) / GC_THREADS; i++) {
+            const int ii = tid + GC_THREADS * i, t = ii / (R / 4), r = 4 * (ii % (R / 4));
             *reinterpret_cast<float4 *>(&sm.u[t][r]) = v4[i];
         }
         __syncthreads();
@@ -280,10 +294,10 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
          * nothing of step 2 (the barrier above keeps the warps in step; dropping it, with
          * K̃ᵀ's planes moved into step 4, measured slower: docs/PERFORMANCE.md, session 31) */
         {
-            float zacc[4][4] = {};
+            float zacc[ONT][4] = {};
             gc_product<GC_LD>(&sm.k[0][0][0], &sm.k[1][0][0], &sm.s[0][0][0], &sm.s[1][0][0], 16 * omi, onj0, GC_DK, gq, c, zacc);
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++)
+            for (int jj = 0; jj < ONT; jj++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int t = 16 * omi + gq + 4 * (e & 2), r = 8 * (onj0 + jj) + 2 * c + (e & 1);
@@ -294,30 +308,33 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
         clk.lap(1); /* A, P and Z */
 
         /* 4. (I + A) V' = Z in place over Z, by blocks of 16 rows: the rows of block b first lose
-         * the finished blocks' terms (all 256 threads: a row and 4 columns each), then the block
-         * is solved within itself (64 threads, a column each: ≤ 15 terms a row) */
+         * the finished blocks' terms (16 · R / 4 threads: a row and 4 columns each), then the
+         * block is solved within itself (R threads, a column each: ≤ 15 terms a row) */
+        constexpr int CG = R / 4; /* column groups of 4 */
 #pragma unroll
         for (int b = 0; b < GC_C / 16; b++) {
             if (b > 0) {
-                const int i = 16 * b + (tid >> 4), r = 4 * (tid & 15);
-                float4 acc = *reinterpret_cast<const float4 *>(&sm.u[i][r]);
+                if (tid < 16 * CG) {
+                    const int i = 16 * b + tid / CG, r = 4 * (tid % CG);
+                    float4 acc = *reinterpret_cast<const float4 *>(&sm.u[i][r]);
 #pragma unroll 4
-                for (int j = 0; j < 16 * b; j += 4) {
-                    const float4 a4 = *reinterpret_cast<const float4 *>(&sm.a[i][j]);
-                    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+                    for (int j = 0; j < 16 * b; j += 4) {
+                        const float4 a4 = *reinterpret_cast<const float4 *>(&sm.a[i][j]);
+                        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
-                    for (int jj = 0; jj < 4; jj++) {
-                        const float4 x4 = *reinterpret_cast<const float4 *>(&sm.u[j + jj][r]);
-                        acc.x = fmaf(-av[jj], x4.x, acc.x);
-                        acc.y = fmaf(-av[jj], x4.y, acc.y);
-                        acc.z = fmaf(-av[jj], x4.z, acc.z);
-                        acc.w = fmaf(-av[jj], x4.w, acc.w);
+                        for (int jj = 0; jj < 4; jj++) {
+                            const float4 x4 = *reinterpret_cast<const float4 *>(&sm.u[j + jj][r]);
+                            acc.x = fmaf(-av[jj], x4.x, acc.x);
+                            acc.y = fmaf(-av[jj], x4.y, acc.y);
+                            acc.z = fmaf(-av[jj], x4.z, acc.z);
+                            acc.w = fmaf(-av[jj], x4.w, acc.w);
+                        }
                     }
+                    *reinterpret_cast<float4 *>(&sm.u[i][r]) = acc;
                 }
-                *reinterpret_cast<float4 *>(&sm.u[i][r]) = acc;
                 __syncthreads();
             }
-            if (tid < GC_R) {
+            if (tid < R) {
                 float x[16];
 #pragma unroll
                 for (int i = 0; i < 16; i++) x[i] = sm.u[16 * b + i][tid];
@@ -333,11 +350,12 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             }
             __syncthreads();
         }
-        /* V'ᵀ's planes: thread r = tid % 64 takes tokens 16·(tid / 64) .. + 15, two a store */
+        /* V'ᵀ's planes: thread r = tid % R takes tokens TPT·(tid / R) .. + TPT − 1, two a store */
         {
-            const int r = tid & (GC_R - 1), t0 = 16 * (tid >> 6);
+            constexpr int TPT = GC_C * R / GC_THREADS;
+            const int r = tid % R, t0 = TPT * (tid / R);
 #pragma unroll
-            for (int i = 0; i < 16; i += 2) {
+            for (int i = 0; i < TPT; i += 2) {
                 uint16_t h0, l0, h1, l1;
                 gc_split(sm.u[t0 + i][r], h0, l0);
                 gc_split(sm.u[t0 + i + 1][r], h1, l1);
@@ -350,19 +368,19 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
 
         /* 5. O = e^γ ⊙ (Q Sᵀ) + P V' → y (rows t < n) */
         {
-            float oacc[4][4] = {};
+            float oacc[ONT][4] = {};
             gc_product<GC_LD>(&sm.q[0][0][0], &sm.q[1][0][0], &sm.s[0][0][0], &sm.s[1][0][0], 16 * omi, onj0, GC_DK, gq, c, oacc);
             const float e0 = sm.eg[16 * omi + gq], e1 = sm.eg[16 * omi + gq + 8];
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
+            for (int jj = 0; jj < ONT; jj++) {
                 oacc[jj][0] *= e0; oacc[jj][1] *= e0; oacc[jj][2] *= e1; oacc[jj][3] *= e1;
             }
             /* j ≤ t: the k-steps up to the diagonal block, whose upper half is 0 in P */
             gc_product<GC_LDC>(&sm.p[0][0][0], &sm.p[1][0][0], &sm.vn[0][0][0], &sm.vn[1][0][0], 16 * omi, onj0, 16 * (omi + 1),
                                gq, c, oacc);
-            float *yb = y + (size_t)h * Dv + (size_t)rb * GC_R;
+            float *yb = y + (size_t)h * Dv + (size_t)rb * R;
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++)
+            for (int jj = 0; jj < ONT; jj++)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
                     const int t = 16 * omi + gq + 4 * e, r = 8 * (onj0 + jj) + 2 * c;
@@ -376,7 +394,7 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
         {
             const float dl = sm.eg[GC_C - 1];
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < SNT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) st[j][e] *= dl;
             gc_product<GC_LDC>(&sm.vn[0][0][0], &sm.vn[1][0][0], &sm.kt[0][0][0], &sm.kt[1][0][0], 16 * smi, snj0, GC_C, gq, c, st);
@@ -387,7 +405,7 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
         clk.lap(4);
     }
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < SNT; j++)
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
             const int r = 16 * smi + gq + 4 * e, d = 8 * (snj0 + j) + 2 * c;
@@ -397,23 +415,40 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
 }
 
 static bool gc_ok = false; /* the device gives a block the form's shared memory (cuda_gdn_chunk_init) */
+static int gc_sms = 132;     /* multiprocessors: the choice of R */
+static int gc_rows_forced = 0; /* cuda_gdn_chunk_force_rows: 32 or 64 (tests), 0: by the grid */
+extern "C" void cuda_gdn_chunk_force_rows(int rows) { gc_rows_forced = rows == 32 || rows == 64 ? rows : 0; }
 
 /* Raises the kernel's shared-memory limit where the device has it (sm_90: 227 KB a block;
  * an A100's 163 KB does not hold the form, which then stays off: not an error). */
 extern "C" void cuda_gdn_chunk_init(void) {
-    gc_ok = cudaFuncSetAttribute(gdn_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gc_smem)) ==
-            cudaSuccess;
+    gc_ok = cudaFuncSetAttribute(gdn_chunk_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gc_smem<64>)) ==
+                cudaSuccess &&
+            cudaFuncSetAttribute(gdn_chunk_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gc_smem<32>)) ==
+                cudaSuccess;
     (void)cudaGetLastError(); /* a refused limit leaves no sticky error behind */
+    cuda_caps caps;
+    if (device_caps(&caps) == cudaSuccess && caps.sms > 0) gc_sms = caps.sms;
 }
 
 extern "C" int cuda_gdn_chunk_supported(int Hk, int Hv, int Dk, int Dv) {
     return gc_ok && Dk == GC_DK && Hv % Hk == 0 && Dv % GC_R == 0;
 }
 
+/* n_long: the sequences of the launch that take this form (the others' blocks return at
+ * once; -1: not counted); R = 32 where R = 64's blocks would fill at most half the SMs. */
 extern "C" int cuda_gdn_chunk_scan(const struct cuda_ctx *c, const float *qk, const float *conv_out, const float *gates,
-                                   const struct cuda_seq *seqs, int n_seqs, int layer_ord, int T, int Hk, int Hv, int Dv, float *y) {
-    const dim3 grid(Hv * (Dv / GC_R), n_seqs);
-    gdn_chunk_kernel<<<grid, GC_THREADS, sizeof(gc_smem), cstream(c)>>>(qk, conv_out, gates, seqs, layer_ord, T, Hk, Hv, Dv, y);
+                                   const struct cuda_seq *seqs, int n_seqs, int n_long, int layer_ord, int T, int Hk, int Hv,
+                                   int Dv, float *y) {
+    const long longs = n_long < 0 ? n_seqs : n_long; /* -1: not counted */
+    const int rows = gc_rows_forced ? gc_rows_forced : longs * Hv * (Dv / 64) * 2 <= gc_sms ? 32 : 64;
+    if (rows == 32) {
+        gdn_chunk_kernel<32><<<dim3(Hv * (Dv / 32), n_seqs), GC_THREADS, sizeof(gc_smem<32>), cstream(c)>>>(
+            qk, conv_out, gates, seqs, layer_ord, T, Hk, Hv, Dv, y);
+    } else {
+        gdn_chunk_kernel<64><<<dim3(Hv * (Dv / 64), n_seqs), GC_THREADS, sizeof(gc_smem<64>), cstream(c)>>>(
+            qk, conv_out, gates, seqs, layer_ord, T, Hk, Hv, Dv, y);
+    }
     LAUNCH_CHECK(c, "gdn_chunk_scan");
 }
 

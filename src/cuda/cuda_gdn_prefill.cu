@@ -281,7 +281,7 @@ static int gdnp_launch(const struct cuda_ctx *c, const float *conv_out, const fl
     int skip_from = INT_MAX; /* the scan's sequences: all, or those shorter than the chunked form's */
     if (gdnp_chunk_on() && cuda_gdn_chunk_supported(Hk, Hv, DK, Dv)) {
         int rc;
-        if (n_long != 0 && (rc = cuda_gdn_chunk_scan(c, qk, conv_out, gates, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, y))) return rc;
+        if (n_long != 0 && (rc = cuda_gdn_chunk_scan(c, qk, conv_out, gates, seqs, n_seqs, n_long, layer_ord, T, Hk, Hv, Dv, y))) return rc;
         if (n_long == n_seqs) return 0;
         skip_from = CUDA_GDN_CHUNK_MIN;
     }

@@ -270,8 +270,8 @@ int cuda_sm90a_code(char *err, size_t errlen);
  * backend creation, outside any capture); the scan reads qk and gates as prepared. */
 extern "C" void cuda_gdn_chunk_init(void);
 extern "C" int cuda_gdn_chunk_scan(const struct cuda_ctx *c, const float *qk, const float *conv_out, const float *gates,
-                                   const struct cuda_seq *seqs, int n_seqs, int layer_ord, int T, int Hk, int Hv, int Dv,
-                                   float *y);
+                                   const struct cuda_seq *seqs, int n_seqs, int n_long, int layer_ord, int T, int Hk, int Hv,
+                                   int Dv, float *y);
 
 /* True when the environment variable is set to anything but "" or "0" (the A/B switches
  * ORCHID_NO_TCV, ORCHID_NO_WIDE, ORCHID_SW_NOSPLIT, ORCHID_SK_NOPDL). */

@@ -238,6 +238,9 @@ int cuda_gdn_scan_prefill(const struct cuda_ctx *c, const float *conv_out, const
 #define CUDA_GDN_CHUNK_MIN 32
 void cuda_gdn_prefill_force_chunk(int on);
 int cuda_gdn_chunk_supported(int Hk, int Hv, int Dk, int Dv);
+/* Value rows a block of the chunked form (32 or 64; 0: 32 where 64's grid would fill at most
+ * half the SMs — a lone long prompt — else 64). Both give the same bits (tests force each). */
+void cuda_gdn_chunk_force_rows(int rows);
 /* out[t, h*Dv + d] = bf16(w[d] * y / rms(y over the head) * silu(z)) */
 int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const float *z, int ldz, const float *w, int T, int Hv,
                     int Dv, float eps, uint16_t *out);
