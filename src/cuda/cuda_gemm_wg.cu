@@ -36,9 +36,11 @@
 // the issue slots then as busy as the tensor pipe): each token row's element offset is
 // looked up once, at the start, into a 128-entry table in shared memory (a thread's four
 // rows in one 16-byte read; a row past the tile's end names the tile's last row, and in a
-// route tile copies zeros); weight rows past N copy a real row's codes
-// (their scales and biases are zero-filled, and their outputs are never stored). The wgmma descriptors are the
-// ring's first plus each stage's offset.
+// route tile copies zeros); the thread's shared addresses and sources are computed once and
+// held (wg_keep); weight rows past N copy a real row's codes (their scales and biases are
+// zero-filled, their outputs never stored). The wgmma descriptors are the ring's first plus
+// each stage's offset. Loop of two groups: 466 → 320 instructions (dense), 481 → 360
+// (grouped gate/up); pack of 8 × 512 97.7–98.7 → 93.0–95.4 ms (docs/PERFORMANCE.md, session 40).
 #include "cuda/cuda_gemm.h"
 #include "cuda/cuda_wgmma.h"
 
