@@ -53,8 +53,9 @@ def loops(ins):
     found = []
     for i, (a, text) in enumerate(ins):
         m = BRA.search(text)
-        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in at:
-            found.append((int(m.group(1), 16), a, [t for _, t in ins[at[int(m.group(1), 16)]:i + 1]]))
+        target = int(m.group(1), 16) if m else None
+        if m and target <= a and target in at:
+            found.append((target, a, [t for _, t in ins[at[target]:i + 1]]))
     return found
 
 

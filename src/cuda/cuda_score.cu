@@ -1,6 +1,7 @@
 // cuda/cuda_score.cu — prompt rows scored where their logits are (model/device_sampling.h,
-// struct row_score_req in, struct sample_result out): /v1/completions echo with logprobs wants, for every prompt token, its
-// logprob under the row before it and that row's top alternatives. Without this each row's
+// struct row_score_req in, struct sample_result out): /v1/completions echo with logprobs
+// wants, for every prompt token, its logprob under the row before it and that row's top
+// alternatives. Without this each row's
 // 1 MB of logits crossed PCIe and was scored on the host, 16 rows a forward; here a row
 // sends back one struct sample_result (~170 bytes) and the whole prompt chunk is one forward.
 //
@@ -74,10 +75,11 @@ static __global__ void __launch_bounds__(RS_THREADS) row_score_kernel(const floa
     /* pass 2: Σ exp(l − m) in double and the thread's NT best */
     const bool finite = m != -INFINITY && m != INFINITY;
     double sum = 0.0;
-    float tv[NT > 0 ? NT : 1];
-    int ti[NT > 0 ? NT : 1];
+    constexpr int NL = NT > 0 ? NT : 1; /* the list's length (one unused entry when NT is 0) */
+    float tv[NL];
+    int ti[NL];
 #pragma unroll
-    for (int k = 0; k < (NT > 0 ? NT : 1); k++) {
+    for (int k = 0; k < NL; k++) {
         tv[k] = -INFINITY;
         ti[k] = INT_MAX;
     }
@@ -147,12 +149,12 @@ static __global__ void __launch_bounds__(RS_THREADS) row_score_kernel(const floa
         filled = r + 1;
         if (NT > 0 && bi % RS_THREADS == tid) { /* the winner was this thread's head: pop it */
 #pragma unroll
-            for (int k = 0; k + 1 < (NT > 0 ? NT : 1); k++) {
+            for (int k = 0; k + 1 < NL; k++) {
                 tv[k] = tv[k + 1];
                 ti[k] = ti[k + 1];
             }
-            tv[(NT > 0 ? NT : 1) - 1] = -INFINITY;
-            ti[(NT > 0 ? NT : 1) - 1] = INT_MAX;
+            tv[NL - 1] = -INFINITY;
+            ti[NL - 1] = INT_MAX;
         }
     }
     if (tid == 0) {

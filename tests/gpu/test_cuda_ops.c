@@ -1762,9 +1762,9 @@ int main(void) {
         const int d2[] = {5, 77};
         test_gdn(2, 4, 64, 64, 2, d2);
     }
-    /* 2..32 tokens: a row a warp (8 a block); 33..64: two (16 a block) */
     test_row_scores(248320);
     test_row_scores(1000);
+    /* 2..32 tokens: a row a warp (8 a block); 33..64: two (16 a block) */
     test_router_batch(256, 2048, 64, 8, 8);
     test_router_batch(256, 2048, 37, 4, 8);
     test_router_batch(256, 2048, 16, 8, 8);
