@@ -217,6 +217,10 @@ static __global__ void attn_combine_kernel(const float *part, const float *qg, i
 static int scalar_attn = 0;
 extern "C" void cuda_attn_force_scalar(int on) { scalar_attn = on; }
 
+extern "C" int cuda_attn_tile_tokens(int T, int n_split, int n_heads, int kv_heads, int D) {
+    return !scalar_attn && cuda_flash_wg_takes(T, n_split, n_heads, kv_heads, D) ? CUDA_ATTN_QT_WIDE : CUDA_ATTN_QT;
+}
+
 static size_t attn_smem(int group, int D) { return ((size_t)group * CUDA_ATTN_QT + 2 * KT) * (D + 8) * 2; }
 
 /* Raises the dynamic shared-memory limit of the attention kernel for this model's
@@ -234,7 +238,8 @@ extern "C" int cuda_attn_init(int n_heads, int kv_heads, int D, char *err, size_
         return errorf(err, errlen, ST_DEVICE, "attention: cudaFuncSetAttribute(%d B of shared memory) failed: %s", smem,
                       cudaGetErrorString(e));
     (void)pdl_enabled(); /* its one device query happens here, outside any graph capture */
-    return cuda_flash_init(D, err, errlen);
+    const int rc = cuda_flash_wg_init(err, errlen);
+    return rc ? rc : cuda_flash_init(D, err, errlen);
 }
 
 template <int D>
@@ -260,6 +265,8 @@ extern "C" int cuda_attention(const struct cuda_ctx *c, const float *qg, const i
     if (T <= 0) return 0;
     if (n_heads % kv_heads || n_heads / kv_heads > 32)
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "attention: %d heads over %d KV heads", n_heads, kv_heads);
+    if (cuda_attn_tile_tokens(T, n_split, n_heads, kv_heads, D) == CUDA_ATTN_QT_WIDE)
+        return cuda_flash_wg_attention(c, qg, pos, seqs, tiles, n_tiles, layer_ord, n_heads, kv_heads, out);
     int rc, launched = 0, combined = 0;
     if (!scalar_attn) {
         rc = cuda_flash_attention(c, qg, pos, seqs, tiles, n_tiles, n_split, layer_ord, n_heads, kv_heads, D, part, tail, out,

@@ -21,6 +21,7 @@ extern "C" {
 #define CUDA_MAX_BATCH 4096
 #define SMALL_T 16     /* batches up to this many tokens may use the GEMV / pair kernels */
 #define MID_T 64       /* 2..MID_T tokens: the skinny tensor-core kernels (cuda_skinny.cu) */
+static_assert(MID_T + 1 == CUDA_ATTN_WIDE_MIN_T, "prompt chunks' attention kernel: the forwards past the 2..MID_T path");
 #define LOGIT_ROWS 64  /* lm_head rows per pass */
 #define CNT_ATTN 16 /* cb->counters: the first of the attention tails' */
 #define CNT_N 64
@@ -846,11 +847,15 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
         if (t < s->t0) s->t0 = t;
         if (t + 1 > s->t1) s->t1 = t + 1;
     }
+    /* the attention's key splits (one for a prompt chunk), and its query tiles: consecutive
+     * tokens of one sequence, as many as the kernel that will take them holds */
+    const int n_split = T <= MID_T ? split_for(cb, max_len) : 1;
+    const int qt = cuda_attn_tile_tokens(T, n_split, cb->nh, cb->kvh, cb->D);
     cuda_attn_tile *ht = (cuda_attn_tile *)(h + o_tile);
     int n_tiles = 0;
     for (int t = 0; t < T;) {
         int n = 1;
-        while (t + n < T && n < CUDA_ATTN_QT && b->seq[t + n] == b->seq[t]) n++;
+        while (t + n < T && n < qt && b->seq[t + n] == b->seq[t]) n++;
         ht[n_tiles].seq = b->seq[t];
         ht[n_tiles].t0 = t;
         ht[n_tiles].n = n;
@@ -872,7 +877,7 @@ static int cuda_forward(struct backend *base, const struct fwd_batch *b, char *e
     m.n_long = 0;
     for (int i = 0; i < b->n_seqs; i++) m.n_long += hs[i].t1 - hs[i].t0 >= CUDA_GDN_CHUNK_MIN;
     m.n_tiles = n_tiles;
-    m.n_split = T <= MID_T ? split_for(cb, max_len) : 1;
+    m.n_split = n_split;
     m.tok = (const int32_t *)(cb->d_meta + o_tok);
     m.pos = (const int32_t *)(cb->d_meta + o_pos);
     m.tok_seq = (const int32_t *)(cb->d_meta + o_ts);

@@ -46,8 +46,15 @@ struct cuda_seq {
     int pad;
 };
 
-/* An attention query tile: up to CUDA_ATTN_QT consecutive tokens of one sequence. */
+/* An attention query tile: up to CUDA_ATTN_QT consecutive tokens of one sequence, or up to
+ * CUDA_ATTN_QT_WIDE where the launch takes the wgmma kernel (cuda_attn_tile_tokens says which:
+ * the tiles must be cut by it). */
 #define CUDA_ATTN_QT 8
+#define CUDA_ATTN_QT_WIDE 16
+/* Forwards of at least this many tokens are prompt chunks (the prefill path: one key split).
+ * A chunk of more tokens than the decode kernels take is on it alone and packed alike, so
+ * the attention kernel it gets, and its bits, do not depend on the batch. */
+#define CUDA_ATTN_WIDE_MIN_T 65
 /* Key splits: a launch has n_split of them, a tile uses min(n_split, ⌈kv_len / 32⌉) — with
  * n_split = min(cap, ⌈longest kv_len / 32⌉) that is min(cap, ⌈own kv_len / 32⌉), a function
  * of the sequence's own length only, so its bits do not depend on the batch. */
@@ -185,6 +192,20 @@ int cuda_attn_prep(const struct cuda_ctx *c, float *qg, const float *k, const fl
 int cuda_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                    const struct cuda_attn_tile *tiles, int n_tiles, int n_split, int layer_ord, int T, int n_heads,
                    int kv_heads, int D, float *part, int *tail, uint16_t *out);
+
+/* Tokens a query tile of this launch may hold (CUDA_ATTN_QT_WIDE where cuda_attention takes
+ * the wgmma kernel: T ≥ CUDA_ATTN_WIDE_MIN_T, one split, head dim 256, 8 q heads a KV head,
+ * an sm_90a device, switched on; else CUDA_ATTN_QT). */
+int cuda_attn_tile_tokens(int T, int n_split, int n_heads, int kv_heads, int D);
+/* The wgmma kernel (cuda_flash_wg.cu, opt-in: ORCHID_FLASH_WG=1): init at backend creation;
+ * whether it takes a launch; tests: 1 = wherever the device runs it, -1 = never (the mma.sync
+ * kernel for prompt chunks too), 0 = as the environment says. */
+int cuda_flash_wg_init(char *err, size_t errlen);
+int cuda_flash_wg_takes(int T, int n_split, int n_heads, int kv_heads, int D);
+void cuda_flash_wg_force(int mode);
+int cuda_flash_wg_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
+                            const struct cuda_attn_tile *tiles, int n_tiles, int layer_ord, int n_heads, int kv_heads,
+                            uint16_t *out);
 
 /* The tensor-core kernel behind cuda_attention (cuda_flash.cu); *launched = 0 when the
  * shape needs the scalar kernel (more than 8 q heads per KV head, head_dim not 64/128/256). */

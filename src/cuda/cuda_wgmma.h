@@ -1,7 +1,8 @@
 // cuda/cuda_wgmma.h — wgmma.mma_async m64nNk16 (sm_90a), bf16 × bf16 → fp32, A from registers
 // and B through a shared-memory descriptor, for the prefill GEMM (cuda_gemm_wg.cu): N = 128
 // (a full token tile) and N = 64 (a route tile of at most 64 slots, half the tensor work);
-// and for the 9..64-token decode products (cuda_skinny_wide.cu): N = 64 and 32.
+// and for the 9..64-token decode products (cuda_skinny_wide.cu): N = 64 and 32; and the prefill
+// attention's two products (cuda_flash_wg.cu): A through a descriptor too, and B transposed.
 // The accumulator is a 64-float array (N/2 of it used: d[4j + e] is row g + 8(e >> 1),
 // column 8j + 2t + (e & 1) of the warp's 16 rows); scale-d is the immediate 1 (accumulate),
 // A and B unscaled, B K-major (not transposed).
@@ -44,6 +45,31 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[16], const uint32_t *a, uin
         : WG_D8(0), WG_D8(8)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
 }
+/* Both operands through descriptors (A K-major too), N = 64, 32 accumulator floats: the flash
+ * kernel's S = Q·Kᵀ (cuda_flash_wg.cu), ACC 0 for a tile's first k16 step. */
+template <int ACC>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, %34, 1, 1, 0, 0;\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+        : "l"(desc_a), "l"(desc_b), "n"(ACC));
+}
+/* A from registers, B through a descriptor of an MN-major tile (imm-trans-b 1: B's N index
+ * contiguous in shared memory), N = 128, accumulate: the flash kernel's O += P·V, V stored
+ * [key][d] as loaded. */
+__device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
 #undef WG_D8
 
 /* One k16 step of N = 32 or 64 columns into an accumulator of exactly N/2 floats (the
@@ -61,6 +87,15 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], const uint32_t *a, 
  * apart, 8-row groups 1,024 apart (SBO), leading offset unused (LBO 16 bytes). */
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+/* The same for an MN-major tile with 128-byte swizzle (rows of 64 N-contiguous bf16 along K,
+ * 128 bytes apart; 8-row K groups SBO = 1,024 apart): LBO = the distance between 64-column
+ * N blocks (the canonical MN-major SW128 layout ((64, n), (8, k)) : ((1, LBO), (64, SBO)) in
+ * elements). */
+__device__ __forceinline__ uint64_t wg_desc_mn(uint32_t saddr, uint32_t lbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
 

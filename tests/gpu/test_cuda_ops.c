@@ -778,11 +778,12 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     uint16_t *dkv; DEV(dkv, (size_t)n_seqs * 2 * kvd * max_seq * 2);
     H2D(dkv, gcache, (size_t)n_seqs * 2 * kvd * max_seq * 2);
     int t = 0, nt = 0;
+    const int qt = cuda_attn_tile_tokens(T, n_split, nh, kvh, D); /* the tiles the launch's kernel takes */
     for (int s = 0; s < n_seqs; s++) {
         seqs[s] = (struct cuda_seq){.kv = dkv + (size_t)s * 2 * kvd * max_seq, .max_seq = max_seq, .t0 = t, .t1 = t + newt[s]};
         for (int i = 0; i < newt[s]; i++) { pos[t + i] = past[s] + i; tseq[t + i] = s; }
-        for (int i = 0; i < newt[s]; i += CUDA_ATTN_QT)
-            tiles[nt++] = (struct cuda_attn_tile){.seq = s, .t0 = t + i, .n = newt[s] - i < CUDA_ATTN_QT ? newt[s] - i : CUDA_ATTN_QT};
+        for (int i = 0; i < newt[s]; i += qt)
+            tiles[nt++] = (struct cuda_attn_tile){.seq = s, .t0 = t + i, .n = newt[s] - i < qt ? newt[s] - i : qt};
         t += newt[s];
     }
     float *dqg, *dk, *dv, *dqn, *dkn, *dpart; int32_t *dpos, *dts; struct cuda_seq *dseq; struct cuda_attn_tile *dtile; uint16_t *dout;
@@ -834,7 +835,35 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     D2H(ob, dout, (size_t)T * nh * D * 2);
     for (size_t i = 0; i < (size_t)T * nh * D; i++) got[i] = bf16_to_f32(ob[i]);
     const double e = rel_err(got, ref, (size_t)T * nh * D);
-    CHECK(e <= 1e-2, "attention (%s) nh=%d kvh=%d D=%d seqs=%d T=%d split=%d: rel err %.3g", attn_mode, nh, kvh, D, n_seqs, T, n_split, e);
+    CHECK(e <= 1e-2, "attention (%s, tiles of %d) nh=%d kvh=%d D=%d seqs=%d T=%d split=%d: rel err %.3g", attn_mode, qt, nh, kvh, D,
+          n_seqs, T, n_split, e);
+    if (qt == CUDA_ATTN_QT_WIDE) {
+        /* the wgmma kernel: each sequence of a prompt chunk's size launched alone (its own tiles,
+         * the same cache and prepared q) gives the bits it had in the pack (batch invariance) */
+        struct cuda_attn_tile *dtile1;
+        uint16_t *dout1, *ob1 = malloc((size_t)T * nh * D * 2);
+        DEV(dtile1, (size_t)nt * sizeof *tiles); DEV(dout1, (size_t)T * nh * D * 2);
+        for (int sq = 0, t0 = 0; sq < n_seqs; t0 += newt[sq], sq++) {
+            if (newt[sq] < CUDA_ATTN_WIDE_MIN_T) continue;
+            int n1 = 0;
+            for (int i = 0; i < nt; i++)
+                if (tiles[i].seq == sq) n1++;
+            struct cuda_attn_tile *own = malloc((size_t)n1 * sizeof *own);
+            for (int i = 0, j = 0; i < nt; i++)
+                if (tiles[i].seq == sq) own[j++] = tiles[i];
+            H2D(dtile1, own, (size_t)n1 * sizeof *own);
+            if (cuda_memset0(dout1, (size_t)T * nh * D * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+            OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile1, n1, 1, 0, newt[sq], nh, kvh, D, dpart, NULL, dout1));
+            D2H(ob1, dout1, (size_t)T * nh * D * 2);
+            const size_t a = (size_t)t0 * nh * D, n = (size_t)newt[sq] * nh * D;
+            int diff = 0;
+            for (size_t i = 0; i < n; i++) diff += ob1[a + i] != ob[a + i];
+            CHECK(diff == 0, "attention (tiles of %d) seqs=%d T=%d: sequence %d alone differs from the pack in %d of %zu values", qt,
+                  n_seqs, T, sq, diff, n);
+            free(own);
+        }
+        free(ob1); cuda_free(dtile1); cuda_free(dout1);
+    }
     if (n_split > 1 && !strcmp(attn_mode, "tensor-core")) {
         /* a flash block taking 1, 2, 3 or all key splits one after another (the chosen count
          * above): every split's partial, hence the output, the same bits */
@@ -1745,6 +1774,19 @@ int main(void) {
             test_attention(16, 2, 256, 40, p6, n6, 16);
         }
         cuda_attn_force_scalar(0);
+        /* prompt chunks (T ≥ 65, one split): the wgmma kernel where the device runs it, then
+         * the mma.sync kernel — tiles of 16 tokens (both warpgroups' rows), a tile of 5 (the
+         * second warpgroup idle), several sequences packed, keys from the cache past 2,000 */
+        cuda_flash_wg_force(1);
+        printf("prompt-chunk attention (wgmma %s):\n", cuda_flash_wg_takes(100, 1, 16, 2, 256) ? "on" : "off: not sm_90a, or ORCHID_NO_WGMMA");
+        for (int off = 0; off < 2; off++) {
+            cuda_flash_wg_force(off ? -1 : 1);
+            const int q1[] = {0}, m1[] = {300}, q2[] = {0, 129, 1000}, m2[] = {100, 17, 70}, q3[] = {5, 2000}, m3[] = {5, 75};
+            test_attention(16, 2, 256, 1, q1, m1, 1);
+            test_attention(16, 2, 256, 3, q2, m2, 1);
+            test_attention(16, 2, 256, 2, q3, m3, 1);
+        }
+        cuda_flash_wg_force(0);
     }
     {
         const int a[] = {70}, b[] = {1, 1, 1}, c[] = {3, 40}, l2[] = {600, 37};
