@@ -159,8 +159,8 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
         for (int kk = 0; kk < FW_BK / 16; kk++) {
             const uint32_t off = voff + ((uint32_t)(kk * 16 * 128) >> 4);
-            wgmma_rs_n128_tb(Oa, P + 4 * kk, v_desc + off);
-            wgmma_rs_n128_tb(Ob, P + 4 * kk, v_desc + off + ((uint32_t)(2 * FW_DBLK) >> 4));
+            wgmma_n128<1>(Oa, P + 4 * kk, v_desc + off);
+            wgmma_n128<1>(Ob, P + 4 * kk, v_desc + off + ((uint32_t)(2 * FW_DBLK) >> 4));
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     };

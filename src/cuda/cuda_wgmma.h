@@ -2,7 +2,7 @@
 // and B through a shared-memory descriptor, for the prefill GEMM (cuda_gemm_wg.cu): N = 128
 // (a full token tile) and N = 64 (a route tile of at most 64 slots, half the tensor work);
 // and for the 9..64-token decode products (cuda_skinny_wide.cu): N = 64 and 32; and the prefill
-// attention's two products (cuda_flash_wg.cu): A through a descriptor too, and B transposed.
+// attention's two products (cuda_flash_wg.cu): A through a descriptor too, and B MN-major.
 // The accumulator is a 64-float array (N/2 of it used: d[4j + e] is row g + 8(e >> 1),
 // column 8j + 2t + (e & 1) of the warp's 16 rows); scale-d is the immediate 1 (accumulate),
 // A and B unscaled, B K-major (not transposed).
@@ -15,15 +15,18 @@
 #define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
 
+/* TB 1: B MN-major (imm-trans-b: B's N index contiguous in shared memory) — the flash
+ * kernel's O += P·V, V read as loaded, [key][d] (cuda_flash_wg.cu) */
+template <int TB = 0>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t *a, uint64_t desc) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
         "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
         "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, %69;\n"
         : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TB));
 }
 template <int S, int ACC = 1> /* S: the accumulator's size, 64 (the prefill's) or 32; ACC 0: d = a·b */
 __device__ __forceinline__ void wgmma_n64(float (&d)[S], const uint32_t *a, uint64_t desc) {
@@ -56,19 +59,6 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, ui
         "%32, %33, %34, 1, 1, 0, 0;\n"
         : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
         : "l"(desc_a), "l"(desc_b), "n"(ACC));
-}
-/* A from registers, B through a descriptor of an MN-major tile (imm-trans-b 1: B's N index
- * contiguous in shared memory), N = 128, accumulate: the flash kernel's O += P·V, V stored
- * [key][d] as loaded. */
-__device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], const uint32_t *a, uint64_t desc) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
-        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 #undef WG_D8
 
