@@ -1779,6 +1779,9 @@ int main(void) {
          * second warpgroup idle), several sequences packed, keys from the cache past 2,000 */
         cuda_flash_wg_force(1);
         printf("prompt-chunk attention (wgmma %s):\n", cuda_flash_wg_takes(100, 1, 16, 2, 256) ? "on" : "off: not sm_90a, or ORCHID_NO_WGMMA");
+        /* forced on, it runs wherever the wgmma GEMM does (else the cases below test nothing new) */
+        CHECK(cuda_flash_wg_takes(100, 1, 16, 2, 256) == cuda_gemm_wg_active(), "wgmma attention %d, wgmma GEMM %d",
+              cuda_flash_wg_takes(100, 1, 16, 2, 256), cuda_gemm_wg_active());
         for (int off = 0; off < 2; off++) {
             cuda_flash_wg_force(off ? -1 : 1);
             const int q1[] = {0}, m1[] = {300}, q2[] = {0, 129, 1000}, m2[] = {100, 17, 70}, q3[] = {5, 2000}, m3[] = {5, 75};
