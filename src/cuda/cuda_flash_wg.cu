@@ -28,15 +28,15 @@
 //   barrier (every warpgroup is done with S(i) and O(i − 1), so K(i)'s and V(i − 1)'s buffers
 //   are free); copy K(i + 2) and V(i + 1) into them; pack P(i) from S(i)'s exponentials;
 //   issue S(i + 1) = Q·K(i + 1), then O += P(i)·V(i); wait for S(i + 1) alone and run its
-//   softmax while O's products run; wait for O; rescale O by S(i + 1)'s correction.
+//   softmax (meant to run under O's products: ptxas hoists O's wait above it, see the loop);
+//   wait for O; rescale O by S(i + 1)'s correction.
 //
 // Numerics: the mma.sync kernel's (bf16 Q, K, V and P, fp32 sums, m / l / c as there), but
 // another key tile and another order of the k sums: not its bits. A row's result depends only
 // on its own scores and the key tiles [64 i, 64 i + 64) — not on the block's other rows, the
 // tile partition or the batch (batch invariance: a prompt chunk alone or packed). With one
-// key split the output is written here, as the combine launch would for one split (same
-// expression: O/l times sigmoid(gate), through fmaf(1, ·, 0) as its fold does), and that
-// launch is skipped.
+// key split the output is written here (O / l times sigmoid(gate), as the combine launch
+// computes it), and that launch and the fp32 split records are skipped.
 #include "cuda/cuda_internal.h"
 #include "cuda/cuda_wgmma.h"
 
@@ -185,9 +185,14 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* Branch-free (each exp2 computed, then selected): a branch here made ptxas wait for
+         * O's products before the softmax, as it does across basic blocks while wgmma are in
+         * flight. The selected values are those of the guarded form (exp2(-inf) = 0; the NaN
+         * of -inf - -inf is never selected). */
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        c0 = mn0 == -INFINITY ? 1.0f : exp2f(m0 - mn0);
-        c1 = mn1 == -INFINITY ? 1.0f : exp2f(m1 - mn1);
+        const float e0 = exp2f(m0 - mn0), e1 = exp2f(m1 - mn1);
+        c0 = mn0 == -INFINITY ? 1.0f : e0;
+        c1 = mn1 == -INFINITY ? 1.0f : e1;
         m0 = mn0;
         m1 = mn1;
         ps0 = ps1 = 0.0f;
@@ -195,8 +200,9 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                S[4 * j + e] = S[4 * j + e] == -INFINITY ? 0.0f : exp2f(S[4 * j + e] - mn0);
-                S[4 * j + 2 + e] = S[4 * j + 2 + e] == -INFINITY ? 0.0f : exp2f(S[4 * j + 2 + e] - mn1);
+                const float x0 = exp2f(S[4 * j + e] - mn0), x1 = exp2f(S[4 * j + 2 + e] - mn1);
+                S[4 * j + e] = S[4 * j + e] == -INFINITY ? 0.0f : x0;
+                S[4 * j + 2 + e] = S[4 * j + 2 + e] == -INFINITY ? 0.0f : x1;
                 ps0 += S[4 * j + e];
                 ps1 += S[4 * j + 2 + e];
             }
@@ -248,7 +254,15 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
             float c0, c1, ps0, ps1;
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); /* S(i + 1); O may run on */
             softmax(i + 1, c0, c1, ps0, ps1);
+            /* its results pinned before O's wait and P kept live past it (the products read
+             * P's registers while they run). ptxas still hoists the wait into the softmax
+             * (SASS, nvcc 13.0: WARPGROUP.DEPBAR.LE 0 before the first MUFU.EX2, whatever the
+             * softmax holds), so this warpgroup's softmax runs after its O; the tensor pipe
+             * is then kept by the other warpgroup's products. */
+            reg_fence(S);
+            asm volatile("" : "+f"(c0), "+f"(c1), "+f"(ps0), "+f"(ps1)::"memory");
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            reg_fence(P);
             reg_fence(Oa);
             reg_fence(Ob);
             rescale(c0, c1, ps0, ps1);
@@ -261,7 +275,8 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     cpa_wait<0>();
 
-    /* The output: O / l times sigmoid(gate) as bf16, the combine's expression for one split */
+    /* The output: O / l times sigmoid(gate) as bf16 (O times 1 / l: not the combine launch's
+     * bits, which no path needs — a prompt chunk always comes here) */
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -271,15 +286,14 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
         const int tok = h2 ? tok1 : tok0;
         if (tok >= tl.n) continue;
         const int tg = tl.t0 + tok, h = g_kv * FW_GROUP + (rl0 & 7);
-        const float L = fmaf(1.0f, h2 ? l1 : l0, 0.0f);
+        const float L = h2 ? l1 : l0, inv = L > 0.0f ? 1.0f / L : 0.0f; /* one division a row, not 64 */
         const float *gate = qg + (size_t)tg * 2 * nh * FW_D + (size_t)h * 2 * FW_D + FW_D;
         uint16_t *orow = out + ((size_t)tg * nh + h) * FW_D;
         auto store = [&](const float(&O)[64], int d0) {
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const int d = d0 + 8 * j + 2 * t;
-                const float o0 = fmaf(1.0f, O[4 * j + 2 * h2], 0.0f), o1 = fmaf(1.0f, O[4 * j + 2 * h2 + 1], 0.0f);
-                const float a0 = L > 0.0f ? o0 / L : 0.0f, a1 = L > 0.0f ? o1 / L : 0.0f;
+                const float a0 = O[4 * j + 2 * h2] * inv, a1 = O[4 * j + 2 * h2 + 1] * inv;
                 const float2 gt = *reinterpret_cast<const float2 *>(gate + d);
                 *reinterpret_cast<uint32_t *>(orow + d) = pack_bf2(a0 * sigm(gt.x), a1 * sigm(gt.y));
             }
