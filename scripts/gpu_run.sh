@@ -9,6 +9,8 @@
 # (pack, environment) pair: with PACK_B the arms are A = PACK and B = PACK_B; with CONFIGS
 # (';'-separated environment assignments, '' = none, e.g. CONFIGS=';ORCHID_X=1') each
 # config is an arm of PACK. Arms alternate within every round, so drift hits them alike.
+# ENV_A / ENV_B: environment assignments of the two packs' arms (e.g. ENV_B='ORCHID_X=1': an
+# opt-in switch of the candidate build on, the base build as it runs by default).
 #
 # PHASES (default "tests contract batch"): any of
 #   tests     test_cuda_ops, test_cuda_model (the carried tiny model), test_cuda_sample of
@@ -85,7 +87,7 @@ export LD_LIBRARY_PATH=$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 packs=() envs=() names=()
 if [ $# -ge 2 ]; then
-    packs=("$1" "$2") envs=("" "") names=(A B)
+    packs=("$1" "$2") envs=("${ENV_A:-}" "${ENV_B:-}") names=(A B)
 else
     # every ';'-separated field an arm, empty ones too ('X=1;' is two arms: `read -a` dropped
     # a trailing empty field, and a session's A/B ran one arm)
