@@ -51,13 +51,6 @@
 #define FW_SMEM (1024 + FW_QBYTES + 4 * FW_TBYTES)
 static_assert(FW_ROWS == 2 * 64 && FW_ROWS == CUDA_ATTN_QT_WIDE * FW_GROUP, "two warpgroups of 64 rows");
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* 16 bytes, or 16 zero bytes (nothing read) when n = 0 */
-__device__ __forceinline__ void fw_cpa16n(uint32_t s, const void *g, uint32_t n) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n) : "memory");
-}
-#endif
-
 static __global__ void __launch_bounds__(FW_THREADS, 1)
     flash_wg_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs, const cuda_attn_tile *tiles, int n_tiles,
                     int layer_ord, int nh, int kvh, uint16_t *out) {
@@ -101,7 +94,7 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
         for (int q = 0; q < 8; q++) {
             const bool ok = kb + kr + 8 * q < kv_len;
-            fw_cpa16n(buf_s + kv_dst + q * 1024, ok ? p + (size_t)q * 8 * FW_D : src, ok ? 16u : 0u);
+            cpa16n(buf_s + kv_dst + q * 1024, ok ? p + (size_t)q * 8 * FW_D : src, ok ? 16u : 0u);
         }
     };
     /* groups: {K(0)}, {K(1), V(0)}, then a group an iteration */
@@ -127,7 +120,7 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
 
     const uint64_t q_desc = wg_desc(q_s + wg * (FW_QBYTES / 2));
     const uint64_t k_desc = wg_desc(k_s);
-    const uint64_t v_desc = wg_desc_mn(v_s, FW_DBLK);
+    const uint64_t v_desc = wg_desc_lbo(v_s, FW_DBLK);
     /* S[4j + e]: row g (e < 2) or g + 8 of the warp's 16, key 8j + 2t + (e & 1) of the tile;
      * Oa / Ob[4j + e]: the same rows, d = 8j + 2t + (e & 1) of the first / second 128 */
     float S[32], Oa[64], Ob[64];

@@ -103,10 +103,6 @@ __device__ __forceinline__ uint32_t wg_lds16(uint32_t s) {
 __device__ __forceinline__ void wg_cpa16(uint32_t s, const void *g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
 }
-/* n bytes (16, or 0: nothing read, 16 zero bytes written) */
-__device__ __forceinline__ void wg_cpa16n(uint32_t s, const void *g, uint32_t n) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n) : "memory");
-}
 
 /* bf16x2 (q_lo, q_hi) of byte t of w, then s·q + b in one fused bf16x2 fma. The byte's two
  * codes land in the two halves (prmt: byte t of w and of w >> 4), 0x4300 | q = 128 + q
@@ -196,10 +192,10 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
         const uint32_t k0 = (uint32_t)kg * 64u; /* 32-bit sums (gemm_wg_usable: < 2^31), one wide multiply-add each */
         const uint32_t d = tok_dst + st * S::stage;
         if (PARTIAL) {
-            wg_cpa16n(d, x_ch + (o.x + k0), tok_rows > 0 ? 16 : 0);
-            wg_cpa16n(d + 4096, x_ch + (o.y + k0), tok_rows > 32 ? 16 : 0);
-            wg_cpa16n(d + 8192, x_ch + (o.z + k0), tok_rows > 64 ? 16 : 0);
-            wg_cpa16n(d + 12288, x_ch + (o.w + k0), tok_rows > 96 ? 16 : 0);
+            cpa16n(d, x_ch + (o.x + k0), tok_rows > 0 ? 16 : 0);
+            cpa16n(d + 4096, x_ch + (o.y + k0), tok_rows > 32 ? 16 : 0);
+            cpa16n(d + 8192, x_ch + (o.z + k0), tok_rows > 64 ? 16 : 0);
+            cpa16n(d + 12288, x_ch + (o.w + k0), tok_rows > 96 ? 16 : 0);
         } else {
             wg_cpa16(d, x_ch + (o.x + k0));
             wg_cpa16(d + 4096, x_ch + (o.y + k0));

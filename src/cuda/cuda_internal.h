@@ -472,6 +472,11 @@ __device__ __forceinline__ void cpa16z(void *smem, const void *gmem, bool valid)
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
+/* The same by a 32-bit shared address, n = 16 bytes read or 0 (16 zero bytes written, nothing
+ * read); ordered with shared accesses by its memory clobber (the wgmma kernels' copies). */
+__device__ __forceinline__ void cpa16n(uint32_t s, const void *gmem, uint32_t n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
 __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }

@@ -73,21 +73,16 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], const uint32_t *a, 
     else wgmma_n32<ACC>(d, a, desc);
 }
 
-/* Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows 128 bytes
- * apart, 8-row groups 1,024 apart (SBO), leading offset unused (LBO 16 bytes). */
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-
-/* The same for an MN-major tile with 128-byte swizzle (rows of 64 N-contiguous bf16 along K,
- * 128 bytes apart; 8-row K groups SBO = 1,024 apart): LBO = the distance between 64-column
- * N blocks (the canonical MN-major SW128 layout ((64, n), (8, k)) : ((1, LBO), (64, SBO)) in
- * elements). */
-__device__ __forceinline__ uint64_t wg_desc_mn(uint32_t saddr, uint32_t lbo) {
+/* Shared-memory matrix descriptor of a tile with 128-byte swizzle, 8-row groups of 128-byte
+ * rows 1,024 apart (SBO), leading byte offset lbo. An MN-major tile (rows of 64 N-contiguous
+ * bf16 along K): lbo = the distance between 64-column N blocks (the canonical MN-major SW128
+ * layout ((64, n), (8, k)) : ((1, LBO), (64, SBO)) in elements). */
+__device__ __forceinline__ uint64_t wg_desc_lbo(uint32_t saddr, uint32_t lbo) {
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
+/* A K-major tile: the leading offset unused (16 bytes, the encoding 1). */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) { return wg_desc_lbo(saddr, 16); }
 
 /* Operand fences: a volatile empty asm that "writes" each register, so the compiler neither
  * moves their definitions below a wgmma.fence nor reads an accumulator before the

@@ -840,17 +840,14 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     if (qt == CUDA_ATTN_QT_WIDE) {
         /* the wgmma kernel: each sequence of a prompt chunk's size launched alone (its own tiles,
          * the same cache and prepared q) gives the bits it had in the pack (batch invariance) */
-        struct cuda_attn_tile *dtile1;
+        struct cuda_attn_tile *dtile1, *own = malloc((size_t)nt * sizeof *own);
         uint16_t *dout1, *ob1 = malloc((size_t)T * nh * D * 2);
         DEV(dtile1, (size_t)nt * sizeof *tiles); DEV(dout1, (size_t)T * nh * D * 2);
         for (int sq = 0, t0 = 0; sq < n_seqs; t0 += newt[sq], sq++) {
             if (newt[sq] < CUDA_ATTN_WIDE_MIN_T) continue;
             int n1 = 0;
             for (int i = 0; i < nt; i++)
-                if (tiles[i].seq == sq) n1++;
-            struct cuda_attn_tile *own = malloc((size_t)n1 * sizeof *own);
-            for (int i = 0, j = 0; i < nt; i++)
-                if (tiles[i].seq == sq) own[j++] = tiles[i];
+                if (tiles[i].seq == sq) own[n1++] = tiles[i];
             H2D(dtile1, own, (size_t)n1 * sizeof *own);
             if (cuda_memset0(dout1, (size_t)T * nh * D * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
             OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile1, n1, 1, 0, newt[sq], nh, kvh, D, dpart, NULL, dout1));
@@ -860,9 +857,8 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
             for (size_t i = 0; i < n; i++) diff += ob1[a + i] != ob[a + i];
             CHECK(diff == 0, "attention (tiles of %d) seqs=%d T=%d: sequence %d alone differs from the pack in %d of %zu values", qt,
                   n_seqs, T, sq, diff, n);
-            free(own);
         }
-        free(ob1); cuda_free(dtile1); cuda_free(dout1);
+        free(own); free(ob1); cuda_free(dtile1); cuda_free(dout1);
     }
     if (n_split > 1 && !strcmp(attn_mode, "tensor-core")) {
         /* a flash block taking 1, 2, 3 or all key splits one after another (the chosen count
@@ -1778,10 +1774,10 @@ int main(void) {
          * the mma.sync kernel — tiles of 16 tokens (both warpgroups' rows), a tile of 5 (the
          * second warpgroup idle), several sequences packed, keys from the cache past 2,000 */
         cuda_flash_wg_force(1);
-        printf("prompt-chunk attention (wgmma %s):\n", cuda_flash_wg_takes(100, 1, 16, 2, 256) ? "on" : "off: not sm_90a, or ORCHID_NO_WGMMA");
+        const int wg_attn = cuda_flash_wg_takes(100, 1, 16, 2, 256);
+        printf("prompt-chunk attention (wgmma %s):\n", wg_attn ? "on" : "off: not sm_90a, or ORCHID_NO_WGMMA");
         /* forced on, it runs wherever the wgmma GEMM does (else the cases below test nothing new) */
-        CHECK(cuda_flash_wg_takes(100, 1, 16, 2, 256) == cuda_gemm_wg_active(), "wgmma attention %d, wgmma GEMM %d",
-              cuda_flash_wg_takes(100, 1, 16, 2, 256), cuda_gemm_wg_active());
+        CHECK(wg_attn == cuda_gemm_wg_active(), "wgmma attention %d, wgmma GEMM %d", wg_attn, cuda_gemm_wg_active());
         for (int off = 0; off < 2; off++) {
             cuda_flash_wg_force(off ? -1 : 1);
             const int q1[] = {0}, m1[] = {300}, q2[] = {0, 129, 1000}, m2[] = {100, 17, 70}, q3[] = {5, 2000}, m3[] = {5, 75};
