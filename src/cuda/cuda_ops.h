@@ -197,7 +197,7 @@ int cuda_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos
  * the wgmma kernel: T ≥ CUDA_ATTN_WIDE_MIN_T, one split, head dim 256, 8 q heads a KV head,
  * an sm_90a device, switched on; else CUDA_ATTN_QT). */
 int cuda_attn_tile_tokens(int T, int n_split, int n_heads, int kv_heads, int D);
-/* The wgmma kernel (cuda_flash_wg.cu, opt-in: ORCHID_FLASH_WG=1): init at backend creation;
+/* The wgmma kernel (cuda_flash_wg.cu; ORCHID_NO_FLASH_WG=1 switches it off): init at backend creation;
  * whether it takes a launch; tests: 1 = wherever the device runs it, -1 = never (the mma.sync
  * kernel for prompt chunks too), 0 = as the environment says. */
 int cuda_flash_wg_init(char *err, size_t errlen);
