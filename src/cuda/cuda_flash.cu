@@ -196,10 +196,16 @@ static __global__ void __launch_bounds__(128) flash_kernel(const float *qg, cons
                 }
             l0 = l0 * c0 + ps0;
             l1 = l1 * c1 + ps1;
+            /* Once the rows' maxima stop moving (most tiles of a long prompt) c0 = c1 = 1
+             * exactly (exp2f(0)), and the rescale is 128 FMUL a tile at D = 256 that change
+             * no bit: skipped when no lane of the warp has a c other than 1 (a vote; not
+             * timed alone — prompt chunks of this model's shape take cuda_flash_wg.cu). */
+            if (__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) {
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                O[j][0] *= c0; O[j][1] *= c0;
-                O[j][2] *= c1; O[j][3] *= c1;
+                for (int j = 0; j < NT; j++) {
+                    O[j][0] *= c0; O[j][1] *= c0;
+                    O[j][2] *= c1; O[j][3] *= c1;
+                }
             }
 #pragma unroll
             for (int c = 0; c < 2; c++) {
