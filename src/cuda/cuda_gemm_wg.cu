@@ -46,12 +46,13 @@
 
 #define WG_THREADS 256
 #define WG_BT 128     /* token rows a block (dense) or route tile (grouped) */
+#define WG_BT_WIDE 256 /* token rows a block of the wide dense form (below) */
 #define WG_ROWS 128   /* weight rows a block (64 a warpgroup) */
 #define WG_CSTRIDE 48 /* bytes a staged codes row */
 
-template <int STAGES>
+template <int STAGES, int BT = WG_BT>
 struct wg_shape {
-    static constexpr int act = WG_BT * 128;           /* 128 tokens × 64 bf16 */
+    static constexpr int act = BT * 128;               /* BT tokens × 64 bf16 */
     static constexpr int codes = WG_ROWS * WG_CSTRIDE; /* 6,144 */
     static constexpr int stage = act + codes;
     static constexpr int ring = STAGES * stage;
@@ -60,9 +61,8 @@ struct wg_shape {
 /* Scales and biases: [WG_ROWS][G + 8] bf16 each (the pad keeps 8 rows' reads on distinct
  * banks and rows 16-byte aligned for cp.async), then the token rows' element offsets:
  * int32 [32][4], entry (n & 31, n >> 5) for tile row n (thread tid's rows tid / 8 + 32 i). */
-#define WG_TOK_BYTES (WG_BT * 4)
-static inline size_t wg_smem_bytes(int ring, int K) {
-    return 1024 + (size_t)ring + (size_t)WG_ROWS * (K / 64 + 8) * 4 + WG_TOK_BYTES;
+static inline size_t wg_smem_bytes(int ring, int K, int BT = WG_BT) {
+    return 1024 + (size_t)ring + (size_t)WG_ROWS * (K / 64 + 8) * 4 + (size_t)BT * 4;
 }
 
 /* Two blocks an SM (4 stages, registers capped at 128: a few bytes spill) where the shared
@@ -74,6 +74,20 @@ static inline size_t wg_smem_bytes(int ring, int K) {
 #define WG_STAGES2 4
 #define WG_STAGES3 3 /* two blocks an SM for K = 4,096 too, copies one group ahead: H200 pack,
                        * GDN out-projection 262 → 199 µs, attention o 259 → 196 µs */
+
+/* The wide dense form (opt-in, ORCHID_WG_WIDE=1, unmeasured): 256 token rows a block, each
+ * warpgroup 64 weight rows × 256 tokens (128 fp32 accumulators a thread, m64n256k16), one
+ * block an SM. A weight row's dequantization (the A fragments, ~80 of a warp's ~180
+ * instructions a 64-k group) then feeds twice the products, and a 64-k stage's products take
+ * a warpgroup 512 tensor cycles instead of 256 — against the narrow form's issue slots,
+ * which were as busy as its tensor pipe (docs/PERFORMANCE.md, session 40). The price: 8 warps
+ * an SM instead of 16 to hide the copies' and barriers' latency. Same bits: a (row, token)
+ * output is the same products summed in the same k order in either form (the GPU test
+ * compares them bitwise). Stages: 5 where they fit (K ≤ 2,048: 38 KB a stage + 20 KB of
+ * scales), else 4 (K = 4,096). */
+#define WG_STAGES_W5 5
+#define WG_STAGES_W4 4
+#define WG_WIDE_MIN_M 512 /* rows a dense product needs for the wide form (a pack's, a long prompt's) */
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* A value ptxas must keep in a register: it cannot see through the empty asm, so it cannot
@@ -117,12 +131,12 @@ __device__ __forceinline__ uint32_t wg_dq(uint32_t w, uint32_t sel, uint32_t s2,
 }
 #endif
 
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int BT = WG_BT>
 static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BT = WG_BT;
+    static_assert(BT == WG_BT || (BT == WG_BT_WIDE && !PARTIAL), "token tiles of 128, or 256 for dense products");
     TRACE_KERNEL();
-    typedef wg_shape<STAGES> S;
+    typedef wg_shape<STAGES, BT> S;
     extern __shared__ __align__(16) uint8_t wg_raw[];
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(wg_raw);
     uint8_t *ring = wg_raw + ((1024 - (raw_s & 1023)) & 1023); /* the swizzle needs 1,024-byte atoms */
@@ -162,14 +176,14 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
         return (size_t)expert * m->rows + (ok ? f : 0);
     };
 
-    /* This thread's copies a stage: chunk (tid & 7) of token rows (tid >> 3) + 32 i (their
-     * offsets from s_tok), and one 16-byte half of codes row tid >> 1 (a row past N: row_src's
-     * row 0 of the matrix, whose products are never stored). */
+    /* This thread's copies a stage: chunk (tid & 7) of token rows (tid >> 3) + 32 i, i < BT / 32
+     * (their offsets from s_tok), and one 16-byte half of codes row tid >> 1 (a row past N:
+     * row_src's row 0 of the matrix, whose products are never stored). */
     const int a_ch = tid & 7, a_n0 = tid >> 3;
     const int a_dst = a_n0 * 128 + ((a_ch ^ (a_n0 & 7)) << 4); /* + 4,096 i: rows 32 i further */
     if (tid < BT) {
         const int gr = min(m0 + tid, m_end - 1); /* the tile's last row stands in past its end */
-        s_tok[(tid & 31) * 4 + (tid >> 5)] = (a.a_rows ? a.a_rows[gr] : gr) * a.ldx;
+        s_tok[(tid & 31) * (BT / 32) + (tid >> 5)] = (a.a_rows ? a.a_rows[gr] : gr) * a.ldx;
     }
     const int c_row = tid >> 1, c_half = tid & 1;
     const uint32_t *c_src;
@@ -179,7 +193,7 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
         const size_t r = row_src(c_row, m, ok);
         c_src = wg_keep(m->codes + r * (size_t)(a.K / 8) + c_half * 4);
     }
-    const uint32_t tok_tab = wg_keep((uint32_t)__cvta_generic_to_shared(s_tok + a_n0 * 4));
+    const uint32_t tok_tab = wg_keep((uint32_t)__cvta_generic_to_shared(s_tok + a_n0 * (BT / 32)));
     const uint32_t tok_dst = wg_keep(ring_s + a_dst), code_dst = wg_keep(ring_s + S::act + c_row * WG_CSTRIDE + c_half * 16);
     const uint16_t *x_ch = wg_keep(a.x + a_ch * 8);
     /* A route tile is often part-filled: its rows past the end copy zeros, reading nothing
@@ -188,23 +202,27 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
     const int tok_rows = wg_keep((uint32_t)(m_end - m0 - a_n0)); /* row a_n0 + 32 i is real when 32 i < this */
     __syncthreads(); /* s_tok */
     auto issue = [&](int kg, int st) {
-        const uint4 o = wg_lds128(tok_tab); /* element offsets of this thread's four rows */
         const uint32_t k0 = (uint32_t)kg * 64u; /* 32-bit sums (gemm_wg_usable: < 2^31), one wide multiply-add each */
         const uint32_t d = tok_dst + st * S::stage;
-        if (PARTIAL) {
+        if (PARTIAL) { /* (BT = 128) */
+            const uint4 o = wg_lds128(tok_tab); /* element offsets of this thread's four rows */
             cpa16n(d, x_ch + (o.x + k0), tok_rows > 0 ? 16 : 0);
             cpa16n(d + 4096, x_ch + (o.y + k0), tok_rows > 32 ? 16 : 0);
             cpa16n(d + 8192, x_ch + (o.z + k0), tok_rows > 64 ? 16 : 0);
             cpa16n(d + 12288, x_ch + (o.w + k0), tok_rows > 96 ? 16 : 0);
         } else {
-            wg_cpa16(d, x_ch + (o.x + k0));
-            wg_cpa16(d + 4096, x_ch + (o.y + k0));
-            wg_cpa16(d + 8192, x_ch + (o.z + k0));
-            wg_cpa16(d + 12288, x_ch + (o.w + k0));
+#pragma unroll
+            for (int h = 0; h < BT / 128; h++) {
+                const uint4 o = wg_lds128(tok_tab + 16 * h); /* element offsets of rows a_n0 + 32 (4h .. 4h + 3) */
+                wg_cpa16(d + 16384 * h, x_ch + (o.x + k0));
+                wg_cpa16(d + 16384 * h + 4096, x_ch + (o.y + k0));
+                wg_cpa16(d + 16384 * h + 8192, x_ch + (o.z + k0));
+                wg_cpa16(d + 16384 * h + 12288, x_ch + (o.w + k0));
+            }
         }
         wg_cpa16(code_dst + st * S::stage, c_src + kg * 8);
     };
-    static_assert(BT == 128, "issue: four token rows a thread");
+    static_assert(BT % 128 == 0 && BT <= WG_THREADS, "issue: four token rows a thread per 128; s_tok filled a row a thread");
 
     /* Prologue: every row's scales and biases (with stage 0's copies), then stages up to STAGES − 3. */
     {
@@ -225,9 +243,9 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
         cpa_commit();
     }
 
-    float acc[64];
+    float acc[BT / 2];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int i = 0; i < BT / 2; i++) acc[i] = 0.0f;
     uint32_t af0[16], af1[16];
     const uint32_t sel = (uint32_t)t | ((uint32_t)(t + 4) << 8);
     const int R0 = warp * 16 + g; /* this thread's first staged row; the second is R0 + 8 */
@@ -288,7 +306,8 @@ static __global__ void __launch_bounds__(WG_THREADS, MINB) gemm_wg_kernel(gemm_a
         reg_fence(af);
         reg_fence(acc);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        wgmma_group<PARTIAL>(m_end - m0, acc, af, desc);
+        if constexpr (BT == WG_BT_WIDE) wgmma_group_wide(acc, af, desc);
+        else wgmma_group<PARTIAL>(m_end - m0, acc, af, desc);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         reg_fence(acc);
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -341,18 +360,23 @@ static bool wg_three = false;  /* ... in 3 stages where 4 do not fit (ORCHID_WG_
 static size_t wg_sm_smem = 0;  /* shared memory an SM */
 static bool wg_forced_off = false; /* cuda_gemm_force_mma (tests compare the two forms) */
 static size_t wg_optin = 0;
+static bool wg_wide_env = false; /* ORCHID_WG_WIDE=1: dense products of WG_WIDE_MIN_M.. rows in 256-token blocks */
+static int wg_wide_mode = 0;     /* cuda_gemm_wg_wide_force: 1 wherever it fits, -1 never, 0 the environment */
+static long wg_wide_count = 0;   /* wide launches made (the GPU test asks) */
 
 extern "C" void cuda_gemm_force_mma(int on) { wg_forced_off = on != 0; }
 extern "C" int cuda_gemm_wg_active(void) { return wg_on && !wg_forced_off; }
+extern "C" void cuda_gemm_wg_wide_force(int mode) { wg_wide_mode = mode; }
+extern "C" long cuda_gemm_wg_wide_launches(void) { return wg_wide_count; }
 
 /* The opt-in less the kernel's static shared memory (none in a normal build; the trace
  * build's per-block marks take some, and asking for the whole opt-in then fails). */
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int BT = WG_BT>
 static cudaError_t wg_attr() {
     cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL>);
+    cudaError_t e = cudaFuncGetAttributes(&fa, gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, BT>);
     if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(wg_optin - fa.sharedSizeBytes));
 }
 template <bool PARTIAL>
@@ -363,6 +387,12 @@ static cudaError_t wg_attrs() {
     if (e == cudaSuccess) e = wg_attr<WG_STAGES2, true, 2, PARTIAL>();
     if (e == cudaSuccess) e = wg_attr<WG_STAGES3, false, 2, PARTIAL>();
     if (e == cudaSuccess) e = wg_attr<WG_STAGES3, true, 2, PARTIAL>();
+    if (!PARTIAL) { /* the wide dense form */
+        if (e == cudaSuccess) e = wg_attr<WG_STAGES_W5, false, 1, false, WG_BT_WIDE>();
+        if (e == cudaSuccess) e = wg_attr<WG_STAGES_W5, true, 1, false, WG_BT_WIDE>();
+        if (e == cudaSuccess) e = wg_attr<WG_STAGES_W4, false, 1, false, WG_BT_WIDE>();
+        if (e == cudaSuccess) e = wg_attr<WG_STAGES_W4, true, 1, false, WG_BT_WIDE>();
+    }
     return e;
 }
 
@@ -375,6 +405,7 @@ int gemm_wg_init(char *err, size_t errlen) {
     wg_sm_smem = (size_t)caps.per_sm;
     wg_two = !env_flag("ORCHID_WG_ONE_BLOCK");
     wg_three = !env_flag("ORCHID_WG_NO3");
+    wg_wide_env = env_flag("ORCHID_WG_WIDE");
     cudaError_t e = wg_attrs<false>();
     if (e == cudaSuccess) e = wg_attrs<true>();
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
@@ -399,9 +430,9 @@ bool gemm_wg_usable(const gemm_args &a, bool swiglu) {
     return wg_smem_bytes(wg_shape<WG_STAGES1>::ring, a.K) <= wg_optin;
 }
 
-template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL>
+template <int STAGES, bool SWIGLU, int MINB, bool PARTIAL, int BT = WG_BT>
 static int wg_run(const struct cuda_ctx *c, const gemm_args &a, dim3 grid, size_t smem, const char *what) {
-    gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL><<<grid, WG_THREADS, smem, cstream(c)>>>(a);
+    gemm_wg_kernel<STAGES, SWIGLU, MINB, PARTIAL, BT><<<grid, WG_THREADS, smem, cstream(c)>>>(a);
     LAUNCH_CHECK(c, what);
 }
 
@@ -423,8 +454,29 @@ static int wg_launch_n(const struct cuda_ctx *c, const gemm_args &a, bool swiglu
                   : wg_run<WG_STAGES1, false, 1, PARTIAL>(c, a, grid, smem1, what);
 }
 
+/* Whether a dense product of M rows takes the wide form (opt-in until measured). */
+static bool wg_wide_on(int M) {
+    if (wg_wide_mode != 0) return wg_wide_mode > 0;
+    return wg_wide_env && M >= WG_WIDE_MIN_M;
+}
+
 int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_blocks, const char *what) {
     const int fr = swiglu ? WG_ROWS / 2 : WG_ROWS; /* features a block */
+    if (!a.tiles && wg_wide_on(a.M)) {
+        const dim3 gw((a.N + fr - 1) / fr, (a.M + WG_BT_WIDE - 1) / WG_BT_WIDE);
+        const size_t s5 = wg_smem_bytes(wg_shape<WG_STAGES_W5, WG_BT_WIDE>::ring, a.K, WG_BT_WIDE);
+        const size_t s4 = wg_smem_bytes(wg_shape<WG_STAGES_W4, WG_BT_WIDE>::ring, a.K, WG_BT_WIDE);
+        if (s5 <= wg_optin) {
+            wg_wide_count++;
+            return swiglu ? wg_run<WG_STAGES_W5, true, 1, false, WG_BT_WIDE>(c, a, gw, s5, what)
+                          : wg_run<WG_STAGES_W5, false, 1, false, WG_BT_WIDE>(c, a, gw, s5, what);
+        }
+        if (s4 <= wg_optin) {
+            wg_wide_count++;
+            return swiglu ? wg_run<WG_STAGES_W4, true, 1, false, WG_BT_WIDE>(c, a, gw, s4, what)
+                          : wg_run<WG_STAGES_W4, false, 1, false, WG_BT_WIDE>(c, a, gw, s4, what);
+        }
+    }
     const dim3 grid((a.N + fr - 1) / fr, a.tiles ? tile_blocks : (a.M + WG_BT - 1) / WG_BT);
     return a.tiles ? wg_launch_n<true>(c, a, swiglu, grid, what) : wg_launch_n<false>(c, a, swiglu, grid, what);
 }

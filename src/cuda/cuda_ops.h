@@ -107,6 +107,10 @@ int cuda_gemm_init(char *err, size_t errlen);
  * capability 9 device, ORCHID_NO_WGMMA unset); tests force the mma.sync form to compare. */
 int cuda_gemm_wg_active(void);
 void cuda_gemm_force_mma(int on);
+/* The wgmma form's wide dense blocks (256 token rows; opt-in ORCHID_WG_WIDE=1): tests force
+ * them (1: every dense product, -1: never, 0: the environment) and count their launches. */
+void cuda_gemm_wg_wide_force(int mode);
+long cuda_gemm_wg_wide_launches(void);
 int cuda_attn_init(int n_heads, int kv_heads, int head_dim, char *err, size_t errlen);
 
 /* ---- dense / grouped quantized matrix products (cuda_gemv.cu, cuda_gemm.cu) ---- */

@@ -28,6 +28,22 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t *a, ui
         : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TB));
 }
+/* N = 256: the wide dense form of the prefill GEMM (256 token rows a block) */
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, "
+        "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, "
+        "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+        "%123, %124, %125, %126, %127}, "
+        "{%128, %129, %130, %131}, %132, 1, 1, 1, 0;\n"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56), WG_D8(64), WG_D8(72),
+          WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104), WG_D8(112), WG_D8(120)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
 template <int S, int ACC = 1> /* S: the accumulator's size, 64 (the prefill's) or 32; ACC 0: d = a·b */
 __device__ __forceinline__ void wgmma_n64(float (&d)[S], const uint32_t *a, uint64_t desc) {
     static_assert(S >= 32, "wgmma_n64: 32 accumulator floats");
@@ -116,6 +132,11 @@ __device__ __forceinline__ void wgmma_group(int rows, float (&d)[64], const uint
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) wgmma_n128(d, af + 4 * kk, desc[kk]);
     }
+}
+/* The same group (four k16 steps) for the wide dense form: 256 token columns. */
+__device__ __forceinline__ void wgmma_group_wide(float (&d)[128], const uint32_t *af, const uint64_t *desc) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_n256(d, af + 4 * kk, desc[kk]);
 }
 #endif
 

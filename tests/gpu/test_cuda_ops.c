@@ -622,29 +622,40 @@ static void form_cmp(const char *what, const float *wg, const float *mma, size_t
     CHECK(e <= 1e-5, "%s: wgmma vs mma.sync rel diff %.3g", what, e);
 }
 
+/* The wide dense blocks (256 token rows, cuda_gemm_wg.cu) against the 128-row ones: the same
+ * products in the same k order, so the same bits; and they must have run. */
+static void wide_cmp(const char *what, const void *wide, const void *narrow, size_t bytes, long launches0) {
+    CHECK(cuda_gemm_wg_wide_launches() > launches0, "%s: the wide form did not run", what);
+    CHECK(!memcmp(wide, narrow, bytes), "%s: wide blocks differ from 128-row blocks", what);
+}
+
 static void test_gemm_forms_dense(int rows, int cols, int n_mats, int mat, int T, int accumulate) {
     if (!cuda_gemm_wg_active()) return;
     struct rq m;
     if (rq_make(&m, rows, cols, n_mats, 4, 1.0f / sqrtf((float)cols))) { CHECK(0, "rq_make"); return; }
     float *xf = malloc((size_t)T * cols * 4), *y0 = malloc((size_t)T * rows * 4);
-    float *a = malloc((size_t)T * rows * 4), *b = malloc((size_t)T * rows * 4);
+    float *a = malloc((size_t)T * rows * 4), *b = malloc((size_t)T * rows * 4), *w = malloc((size_t)T * rows * 4);
     uint16_t *xb = malloc((size_t)T * cols * 2), *dx;
     float *dy;
     rand_bf16(xf, xb, (size_t)T * cols, 1.0f);
     rand_f32(y0, (size_t)T * rows, 1.0f);
     DEV(dx, (size_t)T * cols * 2); DEV(dy, (size_t)T * rows * 4);
     H2D(dx, xb, (size_t)T * cols * 2);
-    for (int form = 0; form < 2; form++) {
-        cuda_gemm_force_mma(form);
+    const long wide0 = cuda_gemm_wg_wide_launches();
+    for (int form = 0; form < 3; form++) { /* wgmma 128-row blocks, mma.sync, wgmma 256-row blocks */
+        cuda_gemm_force_mma(form == 1);
+        cuda_gemm_wg_wide_force(form == 2 ? 1 : -1);
         H2D(dy, y0, (size_t)T * rows * 4);
         OK(cuda_gemm_dense(&ctx, &m.d, mat, dx, T, cols, dy, rows, accumulate));
-        D2H(form ? b : a, dy, (size_t)T * rows * 4);
+        D2H(form == 0 ? a : form == 1 ? b : w, dy, (size_t)T * rows * 4);
     }
     cuda_gemm_force_mma(0);
+    cuda_gemm_wg_wide_force(0);
     char what[96];
     snprintf(what, sizeof what, "gemm_dense %dx%d mat %d/%d T=%d%s", rows, cols, mat, n_mats, T, accumulate ? " +=" : "");
     form_cmp(what, a, b, (size_t)T * rows);
-    cuda_free(dx); cuda_free(dy); free(xf); free(y0); free(a); free(b); free(xb); rq_free(&m);
+    wide_cmp(what, w, a, (size_t)T * rows * 4, wide0);
+    cuda_free(dx); cuda_free(dy); free(xf); free(y0); free(a); free(b); free(w); free(xb); rq_free(&m);
 }
 
 static void test_gemm_forms_swiglu(int I, int H, int T) {
@@ -652,21 +663,26 @@ static void test_gemm_forms_swiglu(int I, int H, int T) {
     struct rq g, u;
     rq_make(&g, I, H, 1, 4, 1.0f / sqrtf((float)H)); rq_make(&u, I, H, 1, 4, 1.0f / sqrtf((float)H));
     float *xf = malloc((size_t)T * H * 4), *a = malloc((size_t)T * I * 4), *b = malloc((size_t)T * I * 4);
-    uint16_t *xb = malloc((size_t)T * H * 2), *ob = malloc((size_t)T * I * 2), *dx, *da;
+    uint16_t *xb = malloc((size_t)T * H * 2), *ob = malloc((size_t)T * I * 2), *ow = malloc((size_t)T * I * 2), *on = malloc((size_t)T * I * 2), *dx, *da;
     rand_bf16(xf, xb, (size_t)T * H, 1.0f);
     DEV(dx, (size_t)T * H * 2); DEV(da, (size_t)T * I * 2);
     H2D(dx, xb, (size_t)T * H * 2);
-    for (int form = 0; form < 2; form++) {
-        cuda_gemm_force_mma(form);
+    const long wide0 = cuda_gemm_wg_wide_launches();
+    for (int form = 0; form < 3; form++) { /* wgmma 128-row blocks, mma.sync, wgmma 256-row blocks */
+        cuda_gemm_force_mma(form == 1);
+        cuda_gemm_wg_wide_force(form == 2 ? 1 : -1);
         OK(cuda_gemm_swiglu(&ctx, &g.d, &u.d, dx, T, H, da, I));
-        D2H(ob, da, (size_t)T * I * 2);
-        for (size_t i = 0; i < (size_t)T * I; i++) (form ? b : a)[i] = bf16_to_f32(ob[i]);
+        D2H(form == 0 ? on : form == 1 ? ob : ow, da, (size_t)T * I * 2);
+        if (form < 2)
+            for (size_t i = 0; i < (size_t)T * I; i++) (form ? b : a)[i] = bf16_to_f32(form ? ob[i] : on[i]);
     }
     cuda_gemm_force_mma(0);
+    cuda_gemm_wg_wide_force(0);
     char what[64];
     snprintf(what, sizeof what, "gemm_swiglu I=%d H=%d T=%d (bf16 out)", I, H, T);
     form_cmp(what, a, b, (size_t)T * I);
-    cuda_free(dx); cuda_free(da); free(xf); free(a); free(b); free(xb); free(ob); rq_free(&g); rq_free(&u);
+    wide_cmp(what, ow, on, (size_t)T * I * 2, wide0);
+    cuda_free(dx); cuda_free(da); free(xf); free(a); free(b); free(xb); free(ob); free(ow); free(on); rq_free(&g); rq_free(&u);
 }
 
 /* ---- SwiGLU: the prefill GEMM (bf16 weights) or the skinny kernel; bf16 output, 1e-2 ---- */
