@@ -49,9 +49,44 @@
 #define FW_TBYTES (FW_BK * FW_D * 2)    /* one K or V tile: 32,768 */
 #define FW_DBLK (FW_BK * 128)           /* a 64-column block of a K/V tile (and of a warpgroup's Q): 8,192 */
 #define FW_SMEM (1024 + FW_QBYTES + 4 * FW_TBYTES)
+/* The ping-pong form (below): a third warpgroup copies K and V; 8 mbarriers after the buffers. */
+#define FW_THREADS_PP (FW_THREADS + 128)
+#define FW_REGS_PRODUCER 40  /* setmaxnreg: 128 × 40 + 256 × 232 = 64,512 of 65,536 */
+#define FW_REGS_CONSUMER 232
+#define FW_SMEM_PP (FW_SMEM + 8 * 8)
 static_assert(FW_ROWS == 2 * 64 && FW_ROWS == CUDA_ATTN_QT_WIDE * FW_GROUP, "two warpgroups of 64 rows");
 
-static __global__ void __launch_bounds__(FW_THREADS, 1)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* cp.async completion as an arrival on a shared mbarrier (.noinc: counted in its init) */
+__device__ __forceinline__ void fw_cpa_arrive(unsigned long long *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"((unsigned)__cvta_generic_to_shared(bar))
+                 : "memory");
+}
+template <int N>
+__device__ __forceinline__ void fw_regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void fw_regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+/* named barrier `id` of n threads: wait for it, or only arrive */
+__device__ __forceinline__ void fw_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void fw_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+#endif
+
+/* PP (the ping-pong form, opt-in ORCHID_FLASH_WG_PP=1, unmeasured): the same products in the
+ * same order — the same bits, which the GPU test checks — with the block barrier a tile
+ * replaced. A third warpgroup (the producer; its registers handed to the two consumer
+ * warpgroups by setmaxnreg, 40 / 232) copies every K and V tile into the two buffers of each
+ * and signals each landed tile on an mbarrier (fullK / fullV, its 128 threads' cp.async
+ * completions); each consumer warp releases a buffer on another (emptyK / emptyV, lane 0 of
+ * the 8 consumer warps) once its products that read it have completed, and the producer
+ * waits for that before refilling it. So the two warpgroups are no longer held in step: they
+ * take turns issuing their products (named barriers 1 and 2, FlashAttention-3's ping-pong:
+ * warpgroup 0 first, each arriving on the other's barrier after its issue), and one's softmax
+ * runs while the tensor pipe does the other's products (trap 65: a warpgroup cannot overlap its
+ * own). Phases: tile kt is its buffer's (kt >> 1)-th fill; a warpgroup past its last tile
+ * still waits for each tile and releases it (the counts of every phase stay whole). 384
+ * threads, 197 KB of shared memory. */
+template <bool PP>
+static __global__ void __launch_bounds__(PP ? FW_THREADS_PP : FW_THREADS, 1)
     flash_wg_kernel(const float *qg, const int32_t *pos, const cuda_seq *seqs, const cuda_attn_tile *tiles, int n_tiles,
                     int layer_ord, int nh, int kvh, uint16_t *out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -60,6 +95,13 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(fw_raw);
     const uint32_t base_s = raw_s + ((1024 - (raw_s & 1023)) & 1023);
     const uint32_t q_s = base_s, k_s = base_s + FW_QBYTES, v_s = k_s + 2 * FW_TBYTES;
+    /* PP: fullK[2], fullV[2], emptyK[2], emptyV[2] after the V buffers */
+    unsigned long long *mb = reinterpret_cast<unsigned long long *>(fw_raw + (base_s - raw_s) + FW_QBYTES + 4 * FW_TBYTES);
+    if (PP && threadIdx.x == 0) {
+        for (int b = 0; b < 4; b++) mbar_init(&mb[b], 128);   /* the producer's threads */
+        for (int b = 4; b < 8; b++) mbar_init(&mb[b], 8);     /* lane 0 of each consumer warp */
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     pdl_trigger();
     pdl_wait(); /* tiles, seqs, q, pos and the KV cache all come from earlier work */
     /* the tiles with the most keys (a sequence's last) first: fewer blocks left alone at the end */
@@ -86,9 +128,10 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
      * (tid >> 5) + 8 q, q = 0..7; the swizzle's row bits are (tid >> 5) & 7 for all eight */
     const uint16_t *kbase = s.kv + ((((size_t)layer_ord * 2 + 0) * kvh + g_kv) * (size_t)s.max_seq) * FW_D;
     const uint16_t *vbase = s.kv + ((((size_t)layer_ord * 2 + 1) * kvh + g_kv) * (size_t)s.max_seq) * FW_D;
-    const int ch = tid & 31, kr = tid >> 5;
-    const uint32_t kv_dst = (uint32_t)((ch >> 3) * FW_DBLK + kr * 128 + (((ch & 7) ^ (kr & 7)) << 4));
-    auto load_tile = [&](const uint16_t *src, int kt, uint32_t buf_s) {
+    const int ch = tid & 31;
+    /* keys kr + 8 q of a tile (a consumer thread's kr is its warp; the producer's lanes take kr = 0..7 in turn) */
+    auto load_rows = [&](const uint16_t *src, int kt, uint32_t buf_s, int kr) {
+        const uint32_t kv_dst = (uint32_t)((ch >> 3) * FW_DBLK + kr * 128 + (((ch & 7) ^ (kr & 7)) << 4));
         const int kb = kt * FW_BK;
         const uint16_t *p = src + (size_t)(kb + kr) * FW_D + ch * 8;
 #pragma unroll
@@ -97,13 +140,37 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
             cpa16n(buf_s + kv_dst + q * 1024, ok ? p + (size_t)q * 8 * FW_D : src, ok ? 16u : 0u);
         }
     };
-    /* groups: {K(0)}, {K(1), V(0)}, then a group an iteration */
-    load_tile(kbase, 0, k_s);
-    cpa_commit();
-    if (nkt > 1) load_tile(kbase, 1, k_s + FW_TBYTES);
-    load_tile(vbase, 0, v_s);
-    cpa_commit();
+    auto load_tile = [&](const uint16_t *src, int kt, uint32_t buf_s) { load_rows(src, kt, buf_s, tid >> 5); };
+    if (!PP) { /* groups: {K(0)}, {K(1), V(0)}, then a group an iteration */
+        load_tile(kbase, 0, k_s);
+        cpa_commit();
+        if (nkt > 1) load_tile(kbase, 1, k_s + FW_TBYTES);
+        load_tile(vbase, 0, v_s);
+        cpa_commit();
+    }
 
+    if (PP) {
+        __syncthreads(); /* the mbarriers' init, for all */
+        if (wg == 2) { /* the producer: tile kt into buffer kt & 1 once its last contents are released */
+            fw_regs_dec<FW_REGS_PRODUCER>();
+            const int kr = (tid >> 5) & 3; /* keys kr + 4 h + 8 q: warp kr's two of the eight key rows */
+            for (int kt = 0; kt < nkt; kt++) {
+                const int b = kt & 1;
+                const unsigned par = (unsigned)((kt >> 1) - 1) & 1u; /* the release of tile kt − 2 */
+                if (kt >= 2) mbar_wait(&mb[4 + b], par);
+                load_rows(kbase, kt, k_s + (uint32_t)b * FW_TBYTES, kr);
+                load_rows(kbase, kt, k_s + (uint32_t)b * FW_TBYTES, kr + 4);
+                fw_cpa_arrive(&mb[b]);
+                if (kt >= 2) mbar_wait(&mb[6 + b], par);
+                load_rows(vbase, kt, v_s + (uint32_t)b * FW_TBYTES, kr);
+                load_rows(vbase, kt, v_s + (uint32_t)b * FW_TBYTES, kr + 4);
+                fw_cpa_arrive(&mb[2 + b]);
+            }
+            asm volatile("cp.async.wait_all;\n" ::: "memory");
+            return;
+        }
+        fw_regs_inc<FW_REGS_CONSUMER>();
+    }
     /* The Q tile: row r = 8·token + head (bf16 of q·qscale), zeros past the tile's tokens. */
     for (int i = tid; i < FW_ROWS * (FW_D / 8); i += FW_THREADS) {
         const int r = i >> 5, c8 = i & 31, tok = r >> 3, rl = r & 63;
@@ -214,25 +281,21 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
         }
     };
 
-    cpa_wait<1>(); /* K(0) */
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads(); /* Q and K(0) for every warpgroup */
-    if (n_act > 0) {
-        float c0, c1, ps0, ps1;
-        issue_s(0);
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        softmax(0, c0, c1, ps0, ps1);
-        l0 = ps0; /* O is zero: nothing to rescale */
-        l1 = ps1;
-    }
-    for (int i = 0; i < nkt; i++) {
-        cpa_wait<0>(); /* K(i + 1), V(i) */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        if (i + 2 < nkt) load_tile(kbase, i + 2, k_s + (uint32_t)(i & 1) * FW_TBYTES);
-        if (i + 1 < nkt) load_tile(vbase, i + 1, v_s + (uint32_t)((i + 1) & 1) * FW_TBYTES);
-        cpa_commit();
-        if (i >= n_act) continue; /* warpgroup-uniform: this and later tiles are past its rows */
+    /* S(0) and its softmax (O is zero: nothing to rescale) */
+    auto first_tile = [&]() {
+        if (n_act > 0) {
+            float c0, c1, ps0, ps1;
+            issue_s(0);
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            softmax(0, c0, c1, ps0, ps1);
+            l0 = ps0;
+            l1 = ps1;
+        }
+    };
+    /* Key tile i of an active warpgroup (its S(i) exponentials in S): O += P(i)·V(i), and S(i + 1)
+     * with its softmax where the warpgroup has a tile i + 1. after_issue runs once the products
+     * are issued (PP: the turn handed to the other warpgroup). */
+    auto tile_step = [&](int i, auto &&after_issue) {
         uint32_t P[16];
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -244,6 +307,7 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
         if (i + 1 < n_act) { /* one branch a case: ptxas serialises wgmma across correlated ones */
             issue_s(i + 1);
             issue_o(i, P);
+            after_issue();
             float c0, c1, ps0, ps1;
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); /* S(i + 1); O may run on */
             softmax(i + 1, c0, c1, ps0, ps1);
@@ -261,12 +325,54 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
             rescale(c0, c1, ps0, ps1);
         } else {
             issue_o(i, P);
+            after_issue();
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             reg_fence(Oa);
             reg_fence(Ob);
         }
+    };
+
+    if (PP) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* Q, written by st.shared, for wgmma */
+        fw_bar_sync(3, 2 * 128); /* Q, for both consumer warpgroups */
+        if (wg == 1) fw_bar_arrive(1, 2 * 128); /* warpgroup 0 issues first */
+        mbar_wait(&mb[0], 0);                    /* K(0) */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        first_tile();
+        if (lane == 0) mbar_arrive(&mb[4]); /* K(0) read */
+        for (int i = 0; i < nkt; i++) {
+            if (i + 1 < nkt) mbar_wait(&mb[(i + 1) & 1], (unsigned)((i + 1) >> 1) & 1u); /* K(i + 1) */
+            mbar_wait(&mb[2 + (i & 1)], (unsigned)(i >> 1) & 1u);                        /* V(i) */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            fw_bar_sync(1 + wg, 2 * 128); /* this warpgroup's turn to issue */
+            /* the other's turn (warpgroup 1's last hand-over would have no taker: skipped) */
+            auto hand_over = [&]() {
+                if (wg == 0 || i + 1 < nkt) fw_bar_arrive(2 - wg, 2 * 128);
+            };
+            if (i < n_act) tile_step(i, hand_over);
+            else hand_over(); /* past this warpgroup's rows: its turns and releases only */
+            if (lane == 0) {
+                if (i + 1 < nkt) mbar_arrive(&mb[4 + ((i + 1) & 1)]); /* K(i + 1) read */
+                mbar_arrive(&mb[6 + (i & 1)]);                         /* V(i) read */
+            }
+        }
+    } else {
+        cpa_wait<1>(); /* K(0) */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads(); /* Q and K(0) for every warpgroup */
+        first_tile();
+        for (int i = 0; i < nkt; i++) {
+            cpa_wait<0>(); /* K(i + 1), V(i) */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+            if (i + 2 < nkt) load_tile(kbase, i + 2, k_s + (uint32_t)(i & 1) * FW_TBYTES);
+            if (i + 1 < nkt) load_tile(vbase, i + 1, v_s + (uint32_t)((i + 1) & 1) * FW_TBYTES);
+            cpa_commit();
+            if (i >= n_act) continue; /* warpgroup-uniform: this and later tiles are past its rows */
+            tile_step(i, [] {});
+        }
+        cpa_wait<0>();
     }
-    cpa_wait<0>();
 
     /* The output: O / l times sigmoid(gate) as bf16 (O times 1 / l: not the combine launch's
      * bits, which no path needs — a prompt chunk always comes here) */
@@ -303,22 +409,42 @@ static __global__ void __launch_bounds__(FW_THREADS, 1)
 static bool fw_ready = false; /* the device runs it (cuda_flash_wg_init) */
 static int fw_mode = 0;       /* 1 on, 0 by the environment, -1 off (cuda_flash_wg_force) */
 static bool fw_env = true;    /* not switched off by the environment */
+static bool fw_pp_ready = false; /* the ping-pong instance's attributes are set */
+static bool fw_pp_env = false;   /* ORCHID_FLASH_WG_PP=1 */
+static int fw_pp_mode = 0;       /* cuda_flash_wg_pp_force: 1 on, -1 off, 0 the environment */
+static long fw_pp_count = 0;     /* ping-pong launches made (the GPU test asks) */
 extern "C" void cuda_flash_wg_force(int mode) { fw_mode = mode; }
+extern "C" void cuda_flash_wg_pp_force(int mode) { fw_pp_mode = mode; }
+extern "C" long cuda_flash_wg_pp_launches(void) { return fw_pp_count; }
+
+/* The dynamic shared memory of an instance, where the device's opt-in holds it beside the
+ * kernel's static bytes (a trace build's marks); else an error, or 1 for "does not fit". */
+template <bool PP>
+static cudaError_t fw_attr(const cuda_caps &caps, bool &fits) {
+    const size_t smem = PP ? FW_SMEM_PP : FW_SMEM;
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, flash_wg_kernel<PP>);
+    fits = e == cudaSuccess && smem + fa.sharedSizeBytes <= (size_t)caps.optin;
+    if (e == cudaSuccess && fits) e = cudaFuncSetAttribute(flash_wg_kernel<PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return e;
+}
 
 extern "C" int cuda_flash_wg_init(char *err, size_t errlen) {
-    fw_ready = false;
+    fw_ready = fw_pp_ready = false;
     fw_env = !env_flag("ORCHID_NO_FLASH_WG");
+    fw_pp_env = env_flag("ORCHID_FLASH_WG_PP");
     cuda_caps caps;
     if (device_caps(&caps) != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "flash_wg: device attributes unavailable");
     if (caps.major != 9 || env_flag("ORCHID_NO_WGMMA")) return 0;
-    cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, flash_wg_kernel);
-    if (e == cudaSuccess && FW_SMEM + fa.sharedSizeBytes > (size_t)caps.optin) return 0; /* (a trace build's marks) */
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(flash_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FW_SMEM);
+    bool fits = false, pp_fits = false;
+    cudaError_t e = fw_attr<false>(caps, fits);
+    if (e == cudaSuccess) e = fw_attr<true>(caps, pp_fits);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "flash_wg: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
+    if (!fits) return 0;
     const int h = cuda_sm90a_code(err, errlen);
     if (h < 0) return h;
     fw_ready = h == 1;
+    fw_pp_ready = fw_ready && pp_fits;
     return 0;
 }
 
@@ -332,8 +458,15 @@ extern "C" int cuda_flash_wg_attention(const struct cuda_ctx *c, const float *qg
                                        const struct cuda_seq *seqs, const struct cuda_attn_tile *tiles, int n_tiles,
                                        int layer_ord, int n_heads, int kv_heads, uint16_t *out) {
     /* not PDL-launched, as the other attention launches (cuda_attn.cu's launch_attn) */
+    const bool pp = fw_pp_ready && (fw_pp_mode > 0 || (fw_pp_mode == 0 && fw_pp_env));
+    if (pp) {
+        fw_pp_count++;
+        launch_cfg lc(dim3(n_tiles * kv_heads), dim3(FW_THREADS_PP), FW_SMEM_PP, cstream(c), false);
+        LAUNCH_CHECK_RC(c, lc.launch(flash_wg_kernel<true>, qg, pos, seqs, tiles, n_tiles, layer_ord, n_heads, kv_heads, out),
+                        "flash_attention_wg (ping-pong)");
+    }
     launch_cfg lc(dim3(n_tiles * kv_heads), dim3(FW_THREADS), FW_SMEM, cstream(c), false);
-    LAUNCH_CHECK_RC(c, lc.launch(flash_wg_kernel, qg, pos, seqs, tiles, n_tiles, layer_ord, n_heads, kv_heads, out),
+    LAUNCH_CHECK_RC(c, lc.launch(flash_wg_kernel<false>, qg, pos, seqs, tiles, n_tiles, layer_ord, n_heads, kv_heads, out),
                     "flash_attention_wg");
 }
 

@@ -207,6 +207,10 @@ int cuda_attn_tile_tokens(int T, int n_split, int n_heads, int kv_heads, int D);
 int cuda_flash_wg_init(char *err, size_t errlen);
 int cuda_flash_wg_takes(int T, int n_split, int n_heads, int kv_heads, int D);
 void cuda_flash_wg_force(int mode);
+/* Its ping-pong form (a copying warp, mbarriers, the warpgroups taking turns; opt-in
+ * ORCHID_FLASH_WG_PP=1): tests force it (1 / -1 / 0 the environment) and count its launches. */
+void cuda_flash_wg_pp_force(int mode);
+long cuda_flash_wg_pp_launches(void);
 int cuda_flash_wg_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,
                             const struct cuda_attn_tile *tiles, int n_tiles, int layer_ord, int n_heads, int kv_heads,
                             uint16_t *out);

@@ -854,6 +854,23 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     CHECK(e <= 1e-2, "attention (%s, tiles of %d) nh=%d kvh=%d D=%d seqs=%d T=%d split=%d: rel err %.3g", attn_mode, qt, nh, kvh, D,
           n_seqs, T, n_split, e);
     if (qt == CUDA_ATTN_QT_WIDE) {
+        /* the wgmma kernel's ping-pong form (a copying warpgroup, mbarriers, the warpgroups
+         * taking turns): the same products in the same order, so the same bits; it must run */
+        uint16_t *opp = malloc((size_t)T * nh * D * 2);
+        const long pp0 = cuda_flash_wg_pp_launches();
+        cuda_flash_wg_pp_force(1);
+        OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
+        cuda_flash_wg_pp_force(0);
+        D2H(opp, dout, (size_t)T * nh * D * 2);
+        int diff = 0;
+        for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += opp[i] != ob[i];
+        CHECK(cuda_flash_wg_pp_launches() > pp0, "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form did not run", nh,
+              kvh, D, n_seqs, T);
+        CHECK(diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form differs in %d of %d values", nh, kvh, D,
+              n_seqs, T, diff, T * nh * D);
+        free(opp);
+    }
+    if (qt == CUDA_ATTN_QT_WIDE) {
         /* the wgmma kernel: each sequence of a prompt chunk's size launched alone (its own tiles,
          * the same cache and prepared q) gives the bits it had in the pack (batch invariance) */
         struct cuda_attn_tile *dtile1, *own = malloc((size_t)nt * sizeof *own);
