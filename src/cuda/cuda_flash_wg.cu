@@ -125,11 +125,11 @@ static __global__ void __launch_bounds__(PP ? FW_THREADS_PP : FW_THREADS, 1)
     const int n_act = wg_last >= 0 ? min(nkt, wg_last / FW_BK + 1) : 0;
 
     /* K/V copies: this thread's chunk (tid & 31: d-block ch >> 3, chunk ch & 7) of keys
-     * (tid >> 5) + 8 q, q = 0..7; the swizzle's row bits are (tid >> 5) & 7 for all eight */
+     * kr + 8 q, q = 0..7; the swizzle's row bits are kr & 7 for all eight */
     const uint16_t *kbase = s.kv + ((((size_t)layer_ord * 2 + 0) * kvh + g_kv) * (size_t)s.max_seq) * FW_D;
     const uint16_t *vbase = s.kv + ((((size_t)layer_ord * 2 + 1) * kvh + g_kv) * (size_t)s.max_seq) * FW_D;
     const int ch = tid & 31;
-    /* keys kr + 8 q of a tile (a consumer thread's kr is its warp; the producer's lanes take kr = 0..7 in turn) */
+    /* keys kr + 8 q of a tile (a lockstep thread's kr is its warp; producer warp w takes kr = w and w + 4) */
     auto load_rows = [&](const uint16_t *src, int kt, uint32_t buf_s, int kr) {
         const uint32_t kv_dst = (uint32_t)((ch >> 3) * FW_DBLK + kr * 128 + (((ch & 7) ^ (kr & 7)) << 4));
         const int kb = kt * FW_BK;
