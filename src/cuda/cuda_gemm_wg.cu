@@ -60,7 +60,7 @@ struct wg_shape {
 };
 /* Scales and biases: [WG_ROWS][G + 8] bf16 each (the pad keeps 8 rows' reads on distinct
  * banks and rows 16-byte aligned for cp.async), then the token rows' element offsets:
- * int32 [32][4], entry (n & 31, n >> 5) for tile row n (thread tid's rows tid / 8 + 32 i). */
+ * int32 [32][BT / 32], entry (n & 31, n >> 5) for tile row n (thread tid's rows tid / 8 + 32 i). */
 static inline size_t wg_smem_bytes(int ring, int K, int BT = WG_BT) {
     return 1024 + (size_t)ring + (size_t)WG_ROWS * (K / 64 + 8) * 4 + (size_t)BT * 4;
 }
