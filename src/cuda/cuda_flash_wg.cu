@@ -95,12 +95,14 @@ static __global__ void __launch_bounds__(PP ? FW_THREADS_PP : FW_THREADS, 1)
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(fw_raw);
     const uint32_t base_s = raw_s + ((1024 - (raw_s & 1023)) & 1023);
     const uint32_t q_s = base_s, k_s = base_s + FW_QBYTES, v_s = k_s + 2 * FW_TBYTES;
-    /* PP: fullK[2], fullV[2], emptyK[2], emptyV[2] after the V buffers */
+    /* PP: fullK[2], fullV[2], emptyK[2], emptyV[2] after the V buffers; tile kt is buffer
+     * kt & 1's (kt >> 1)-th fill, so its full and empty phases have parity fill(kt) */
+    auto fill = [](int kt) { return (unsigned)(kt >> 1) & 1u; };
     unsigned long long *mb = reinterpret_cast<unsigned long long *>(fw_raw + (base_s - raw_s) + FW_QBYTES + 4 * FW_TBYTES);
     if (PP && threadIdx.x == 0) {
         for (int b = 0; b < 4; b++) mbar_init(&mb[b], 128);   /* the producer's threads */
         for (int b = 4; b < 8; b++) mbar_init(&mb[b], 8);     /* lane 0 of each consumer warp */
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     pdl_trigger();
     pdl_wait(); /* tiles, seqs, q, pos and the KV cache all come from earlier work */
@@ -156,7 +158,7 @@ static __global__ void __launch_bounds__(PP ? FW_THREADS_PP : FW_THREADS, 1)
             const int kr = (tid >> 5) & 3; /* keys kr + 4 h + 8 q: warp kr's two of the eight key rows */
             for (int kt = 0; kt < nkt; kt++) {
                 const int b = kt & 1;
-                const unsigned par = (unsigned)((kt >> 1) - 1) & 1u; /* the release of tile kt − 2 */
+                const unsigned par = fill(kt - 2); /* the release of tile kt − 2 */
                 if (kt >= 2) mbar_wait(&mb[4 + b], par);
                 load_rows(kbase, kt, k_s + (uint32_t)b * FW_TBYTES, kr);
                 load_rows(kbase, kt, k_s + (uint32_t)b * FW_TBYTES, kr + 4);
@@ -336,13 +338,13 @@ static __global__ void __launch_bounds__(PP ? FW_THREADS_PP : FW_THREADS, 1)
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* Q, written by st.shared, for wgmma */
         fw_bar_sync(3, 2 * 128); /* Q, for both consumer warpgroups */
         if (wg == 1) fw_bar_arrive(1, 2 * 128); /* warpgroup 0 issues first */
-        mbar_wait(&mb[0], 0);                    /* K(0) */
+        mbar_wait(&mb[0], fill(0));              /* K(0) */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         first_tile();
         if (lane == 0) mbar_arrive(&mb[4]); /* K(0) read */
         for (int i = 0; i < nkt; i++) {
-            if (i + 1 < nkt) mbar_wait(&mb[(i + 1) & 1], (unsigned)((i + 1) >> 1) & 1u); /* K(i + 1) */
-            mbar_wait(&mb[2 + (i & 1)], (unsigned)(i >> 1) & 1u);                        /* V(i) */
+            if (i + 1 < nkt) mbar_wait(&mb[(i + 1) & 1], fill(i + 1)); /* K(i + 1) */
+            mbar_wait(&mb[2 + (i & 1)], fill(i));                      /* V(i) */
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             fw_bar_sync(1 + wg, 2 * 128); /* this warpgroup's turn to issue */
             /* the other's turn (warpgroup 1's last hand-over would have no taker: skipped) */
@@ -417,8 +419,8 @@ extern "C" void cuda_flash_wg_force(int mode) { fw_mode = mode; }
 extern "C" void cuda_flash_wg_pp_force(int mode) { fw_pp_mode = mode; }
 extern "C" long cuda_flash_wg_pp_launches(void) { return fw_pp_count; }
 
-/* The dynamic shared memory of an instance, where the device's opt-in holds it beside the
- * kernel's static bytes (a trace build's marks); else an error, or 1 for "does not fit". */
+/* The dynamic shared memory of an instance, set where the device's opt-in holds it beside the
+ * kernel's static bytes (a trace build's marks); fits says whether it did. */
 template <bool PP>
 static cudaError_t fw_attr(const cuda_caps &caps, bool &fits) {
     const size_t smem = PP ? FW_SMEM_PP : FW_SMEM;

@@ -481,12 +481,17 @@ __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_gro
 template <int N>
 __device__ __forceinline__ void cpa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-/* Shared-memory mbarriers (sm_90 forms; nothing below): init with an arrival count (a
- * fence.mbarrier_init and a block barrier must follow before others use it), a plain
- * arrival, and a spin on the completion of the phase of the given parity. */
+/* Shared-memory mbarriers (sm_90 forms; nothing below): init with an arrival count (then
+ * mbar_init_fence, by the initialising thread, and a block barrier before others use it), a
+ * plain arrival, and a spin on the completion of the phase of the given parity. */
 __device__ __forceinline__ void mbar_init(unsigned long long *bar, unsigned count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count));
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void mbar_arrive(unsigned long long *bar) {

@@ -207,7 +207,7 @@ int cuda_attn_tile_tokens(int T, int n_split, int n_heads, int kv_heads, int D);
 int cuda_flash_wg_init(char *err, size_t errlen);
 int cuda_flash_wg_takes(int T, int n_split, int n_heads, int kv_heads, int D);
 void cuda_flash_wg_force(int mode);
-/* Its ping-pong form (a copying warp, mbarriers, the warpgroups taking turns; opt-in
+/* Its ping-pong form (a copying warpgroup, mbarriers, the warpgroups taking turns; opt-in
  * ORCHID_FLASH_WG_PP=1): tests force it (1 / -1 / 0 the environment) and count its launches. */
 void cuda_flash_wg_pp_force(int mode);
 long cuda_flash_wg_pp_launches(void);

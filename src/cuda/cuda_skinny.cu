@@ -129,7 +129,7 @@ __device__ __forceinline__ bool sk_bulk_stage(const sk_args &a, const cuda_qmat 
     const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
     if (threadIdx.x == 0) {
         mbar_init(bar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     if (threadIdx.x == 0) {

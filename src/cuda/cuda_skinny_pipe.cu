@@ -193,7 +193,7 @@ __device__ __forceinline__ void sp_init_bars(sp_shared &sh, int S) {
         mbar_init(&sh.redfull[tid], SP_CONSUMERS / 32);
         mbar_init(&sh.redfree[tid], SP_REDUCERS / 32);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
 }
 
 /* The route into shared memory (counts, offsets) and its units a expert (row blocks × passes,

@@ -86,7 +86,7 @@ static __global__ void sb_bulk(const uint4 *src, size_t per_block, unsigned *out
     unsigned acc = 0;
     if (threadIdx.x == 0) {
         for (int s = 0; s < SB_STAGES; s++) mbar_init(&bar[s], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     auto issue = [&](int s) {
