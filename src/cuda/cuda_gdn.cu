@@ -24,6 +24,30 @@
  * (a packed batch) reloads its window from that sequence's inputs and state. The terms
  * are summed in the same order as before: fmaf over j = 0..K−1 from 0. */
 #define CONV_RUN 16
+/* The window before token t: inputs t − K + 1 .. t − 1 of sequence sq (its conv state for
+ * those before the sequence's first token in the batch, sq.t0). */
+template <int K>
+__device__ __forceinline__ void conv_window(const float *qkv, const cuda_seq &sq, int layer_ord, int C, int c, int t,
+                                            float (&win)[K]) {
+    const float *st = sq.conv + (size_t)layer_ord * (K - 1) * C;
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) {
+        const int tp = t - (K - 1) + j;
+        win[j] = tp >= sq.t0 ? qkv[(size_t)tp * C + c] : st[(size_t)((K - 1) - (sq.t0 - tp)) * C + c];
+    }
+}
+/* One token: its input x completes the window, silu(Σ_j w_j·win_j) (fmaf from 0, j in
+ * order) goes to *o, and the window slides by one. */
+template <int K>
+__device__ __forceinline__ void conv_step(const float (&wk)[K], float (&win)[K], float x, float *o) {
+    win[K - 1] = x;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < K; j++) acc = fmaf(wk[j], win[j], acc);
+    *o = silu(acc);
+#pragma unroll
+    for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
+}
 template <int K>
 static __global__ void conv1d_run_kernel(const float *qkv, const float *w, const int32_t *tok_seq, const cuda_seq *seqs,
                                          int layer_ord, int T, int C, float *out) {
@@ -36,8 +60,6 @@ static __global__ void conv1d_run_kernel(const float *qkv, const float *w, const
     float wk[K], win[K];
 #pragma unroll
     for (int j = 0; j < K; j++) wk[j] = w[(size_t)c * K + j];
-    int cur = -1;
-    cuda_seq s = {};
     if (t1 - t0 == CONV_RUN && tok_seq[t0] == tok_seq[t1 - 1]) {
         /* a whole run of one sequence (its tokens are consecutive in the batch): the run's
          * inputs requested together, then the same sums (one load in flight a thread made
@@ -46,44 +68,18 @@ static __global__ void conv1d_run_kernel(const float *qkv, const float *w, const
         float x[CONV_RUN];
 #pragma unroll
         for (int i = 0; i < CONV_RUN; i++) x[i] = qkv[(size_t)(t0 + i) * C + c];
-        s = seqs[tok_seq[t0]];
-        const float *st = s.conv + (size_t)layer_ord * (K - 1) * C;
+        conv_window<K>(qkv, seqs[tok_seq[t0]], layer_ord, C, c, t0, win);
 #pragma unroll
-        for (int j = 0; j < K - 1; j++) {
-            const int tp = t0 - (K - 1) + j;
-            win[j] = tp >= s.t0 ? qkv[(size_t)tp * C + c] : st[(size_t)((K - 1) - (s.t0 - tp)) * C + c];
-        }
-#pragma unroll
-        for (int i = 0; i < CONV_RUN; i++) {
-            win[K - 1] = x[i];
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < K; j++) acc = fmaf(wk[j], win[j], acc);
-            out[(size_t)(t0 + i) * C + c] = silu(acc);
-#pragma unroll
-            for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
-        }
+        for (int i = 0; i < CONV_RUN; i++) conv_step<K>(wk, win, x[i], out + (size_t)(t0 + i) * C + c);
         return;
     }
-    for (int t = t0; t < t1; t++) {
+    for (int t = t0, cur = -1; t < t1; t++) {
         const int q = tok_seq[t];
-        if (q != cur) { /* (re)load the window: inputs t − K + 1 .. t − 1 of this sequence */
+        if (q != cur) { /* (re)load the window: this token's sequence differs from the previous one's */
             cur = q;
-            s = seqs[q];
-            const float *st = s.conv + (size_t)layer_ord * (K - 1) * C;
-#pragma unroll
-            for (int j = 0; j < K - 1; j++) {
-                const int tp = t - (K - 1) + j;
-                win[j] = tp >= s.t0 ? qkv[(size_t)tp * C + c] : st[(size_t)((K - 1) - (s.t0 - tp)) * C + c];
-            }
+            conv_window<K>(qkv, seqs[q], layer_ord, C, c, t, win);
         }
-        win[K - 1] = qkv[(size_t)t * C + c];
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < K; j++) acc = fmaf(wk[j], win[j], acc);
-        out[(size_t)t * C + c] = silu(acc);
-#pragma unroll
-        for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
+        conv_step<K>(wk, win, qkv[(size_t)t * C + c], out + (size_t)t * C + c);
     }
 }
 
