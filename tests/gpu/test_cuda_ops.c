@@ -862,16 +862,13 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
         OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
         cuda_flash_wg_pp_force(0);
         D2H(opp, dout, (size_t)T * nh * D * 2);
-        int diff = 0;
-        for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += opp[i] != ob[i];
+        const int pp_diff = bf16_differ(opp, ob, (size_t)T * nh * D);
         CHECK(cuda_flash_wg_pp_launches() > pp0, "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form did not run", nh,
               kvh, D, n_seqs, T);
-        CHECK(diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form differs in %d of %d values", nh, kvh, D,
-              n_seqs, T, diff, T * nh * D);
+        CHECK(pp_diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form differs in %d of %d values", nh, kvh, D,
+              n_seqs, T, pp_diff, T * nh * D);
         free(opp);
-    }
-    if (qt == CUDA_ATTN_QT_WIDE) {
-        /* the wgmma kernel: each sequence of a prompt chunk's size launched alone (its own tiles,
+        /* each sequence of a prompt chunk's size launched alone (its own tiles,
          * the same cache and prepared q) gives the bits it had in the pack (batch invariance) */
         struct cuda_attn_tile *dtile1, *own = malloc((size_t)nt * sizeof *own);
         uint16_t *dout1, *ob1 = malloc((size_t)T * nh * D * 2);
@@ -886,10 +883,9 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
             OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile1, n1, 1, 0, newt[sq], nh, kvh, D, dpart, NULL, dout1));
             D2H(ob1, dout1, (size_t)T * nh * D * 2);
             const size_t a = (size_t)t0 * nh * D, n = (size_t)newt[sq] * nh * D;
-            int diff = 0;
-            for (size_t i = 0; i < n; i++) diff += ob1[a + i] != ob[a + i];
-            CHECK(diff == 0, "attention (tiles of %d) seqs=%d T=%d: sequence %d alone differs from the pack in %d of %zu values", qt,
-                  n_seqs, T, sq, diff, n);
+            const int alone_diff = bf16_differ(ob1 + a, ob + a, n);
+            CHECK(alone_diff == 0, "attention (tiles of %d) seqs=%d T=%d: sequence %d alone differs from the pack in %d of %zu values", qt,
+                  n_seqs, T, sq, alone_diff, n);
         }
         free(own); free(ob1); cuda_free(dtile1); cuda_free(dout1);
     }
@@ -902,8 +898,7 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
             cuda_flash_force_spb(spb == 4 ? n_split : spb);
             OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
             D2H(ob2, dout, (size_t)T * nh * D * 2);
-            int diff = 0;
-            for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += ob2[i] != ob[i];
+            const int diff = bf16_differ(ob2, ob, (size_t)T * nh * D);
             CHECK(diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d split=%d: %d splits a block differ in %d of %d values", nh,
                   kvh, D, n_seqs, n_split, spb, diff, T * nh * D);
         }
@@ -925,8 +920,7 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
             if (cuda_memset0(dout, (size_t)T * nh * D * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
             OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, dcnt, dout));
             D2H(ob2, dout, (size_t)T * nh * D * 2);
-            int diff = 0;
-            for (size_t i = 0; i < (size_t)T * nh * D; i++) diff += ob2[i] != ob[i];
+            const int diff = bf16_differ(ob2, ob, (size_t)T * nh * D);
             CHECK(diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d split=%d: the combine in the tail (run %d) differs in %d of %d values",
                   nh, kvh, D, n_seqs, n_split, run, diff, T * nh * D);
         }
