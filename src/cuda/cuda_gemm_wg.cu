@@ -75,19 +75,22 @@ static inline size_t wg_smem_bytes(int ring, int K, int BT = WG_BT) {
 #define WG_STAGES3 3 /* two blocks an SM for K = 4,096 too, copies one group ahead: H200 pack,
                        * GDN out-projection 262 → 199 µs, attention o 259 → 196 µs */
 
-/* The wide dense form (opt-in, ORCHID_WG_WIDE=1, unmeasured): 256 token rows a block, each
- * warpgroup 64 weight rows × 256 tokens (128 fp32 accumulators a thread, m64n256k16), one
- * block an SM. A weight row's dequantization (the A fragments, ~80 of a warp's ~180
- * instructions a 64-k group) then feeds twice the products, and a 64-k stage's products take
- * a warpgroup 512 tensor cycles instead of 256 — against the narrow form's issue slots,
- * which were as busy as its tensor pipe (docs/PERFORMANCE.md, session 40). The price: 8 warps
- * an SM instead of 16 to hide the copies' and barriers' latency. Same bits: a (row, token)
- * output is the same products summed in the same k order in either form (the GPU test
- * compares them bitwise). Stages: 5 where they fit (K ≤ 2,048: 38 KB a stage + 20 KB of
- * scales), else 4 (K = 4,096). */
+/* The wide dense form (on by default for K of 1,024..2,048, ORCHID_NO_WG_WIDE=1 the A/B):
+ * 256 token rows a block, each warpgroup 64 weight rows × 256 tokens (128 fp32 accumulators a
+ * thread, m64n256k16), one block an SM, 5 stages (38 KB a stage + 20 KB of scales). A weight
+ * row's dequantization (the A fragments, ~80 of a warp's ~180 instructions a 64-k group) then
+ * feeds twice the products, and a 64-k stage's products take a warpgroup 512 tensor cycles
+ * instead of 256; the price, 8 warps an SM instead of 16 to hide the copies' and barriers'
+ * latency. Same bits: a (row, token) output is the same products summed in the same k order
+ * in either form (the GPU test compares them bitwise). H100, session 43, a 4,096-token prompt:
+ * GDN in-projection 122.5 → 116.4 µs a call, shared gate/up 40.7 → 36.9, attention q/k/v
+ * 110 → 110 — and at K = 4,096 (4 stages) slower, out-projection 180 → 197, attention o
+ * 183 → 198; at K = 512 (shared down) 31.1 → 31.9. −20..25 % had been predicted: the
+ * two-block narrow form was not issue-bound to that degree. So K = 1,024..2,048 only. */
 #define WG_STAGES_W5 5
-#define WG_STAGES_W4 4
-#define WG_WIDE_MIN_M 512 /* rows a dense product needs for the wide form (a pack's, a long prompt's) */
+#define WG_WIDE_MIN_M 512  /* rows a dense product needs for the wide form (a pack's, a long prompt's) */
+#define WG_WIDE_MIN_K 1024 /* its depths (the measured ones: 2,048 faster, 512 and 4,096 slower) */
+#define WG_WIDE_MAX_K 2048
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* A value ptxas must keep in a register: it cannot see through the empty asm, so it cannot
@@ -360,7 +363,7 @@ static bool wg_three = false;  /* ... in 3 stages where 4 do not fit (ORCHID_WG_
 static size_t wg_sm_smem = 0;  /* shared memory an SM */
 static bool wg_forced_off = false; /* cuda_gemm_force_mma (tests compare the two forms) */
 static size_t wg_optin = 0;
-static bool wg_wide_env = false; /* ORCHID_WG_WIDE=1: dense products of WG_WIDE_MIN_M.. rows in 256-token blocks */
+static bool wg_wide_env = true; /* not switched off by ORCHID_NO_WG_WIDE=1 */
 static int wg_wide_mode = 0;     /* cuda_gemm_wg_wide_force: 1 wherever it fits, -1 never, 0 the environment */
 static long wg_wide_count = 0;   /* wide launches made (the GPU test asks) */
 
@@ -390,8 +393,6 @@ static cudaError_t wg_attrs() {
     if (!PARTIAL) { /* the wide dense form */
         if (e == cudaSuccess) e = wg_attr<WG_STAGES_W5, false, 1, false, WG_BT_WIDE>();
         if (e == cudaSuccess) e = wg_attr<WG_STAGES_W5, true, 1, false, WG_BT_WIDE>();
-        if (e == cudaSuccess) e = wg_attr<WG_STAGES_W4, false, 1, false, WG_BT_WIDE>();
-        if (e == cudaSuccess) e = wg_attr<WG_STAGES_W4, true, 1, false, WG_BT_WIDE>();
     }
     return e;
 }
@@ -405,7 +406,7 @@ int gemm_wg_init(char *err, size_t errlen) {
     wg_sm_smem = (size_t)caps.per_sm;
     wg_two = !env_flag("ORCHID_WG_ONE_BLOCK");
     wg_three = !env_flag("ORCHID_WG_NO3");
-    wg_wide_env = env_flag("ORCHID_WG_WIDE");
+    wg_wide_env = !env_flag("ORCHID_NO_WG_WIDE");
     cudaError_t e = wg_attrs<false>();
     if (e == cudaSuccess) e = wg_attrs<true>();
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "gemm_wg: cudaFuncSetAttribute failed: %s", cudaGetErrorString(e));
@@ -454,27 +455,21 @@ static int wg_launch_n(const struct cuda_ctx *c, const gemm_args &a, bool swiglu
                   : wg_run<WG_STAGES1, false, 1, PARTIAL>(c, a, grid, smem1, what);
 }
 
-/* Whether a dense product of M rows takes the wide form (opt-in until measured). */
-static bool wg_wide_on(int M) {
+/* Whether a dense product of M rows and depth K takes the wide form (where it was faster). */
+static bool wg_wide_on(int M, int K) {
     if (wg_wide_mode != 0) return wg_wide_mode > 0;
-    return wg_wide_env && M >= WG_WIDE_MIN_M;
+    return wg_wide_env && M >= WG_WIDE_MIN_M && K >= WG_WIDE_MIN_K && K <= WG_WIDE_MAX_K;
 }
 
 int gemm_wg_launch(const struct cuda_ctx *c, const gemm_args &a, bool swiglu, int tile_blocks, const char *what) {
     const int fr = swiglu ? WG_ROWS / 2 : WG_ROWS; /* features a block */
-    if (!a.tiles && wg_wide_on(a.M)) {
-        const dim3 gw((a.N + fr - 1) / fr, (a.M + WG_BT_WIDE - 1) / WG_BT_WIDE);
+    if (!a.tiles && wg_wide_on(a.M, a.K)) {
         const size_t s5 = wg_smem_bytes(wg_shape<WG_STAGES_W5, WG_BT_WIDE>::ring, a.K, WG_BT_WIDE);
-        const size_t s4 = wg_smem_bytes(wg_shape<WG_STAGES_W4, WG_BT_WIDE>::ring, a.K, WG_BT_WIDE);
         if (s5 <= wg_optin) {
+            const dim3 gw((a.N + fr - 1) / fr, (a.M + WG_BT_WIDE - 1) / WG_BT_WIDE);
             wg_wide_count++;
             return swiglu ? wg_run<WG_STAGES_W5, true, 1, false, WG_BT_WIDE>(c, a, gw, s5, what)
                           : wg_run<WG_STAGES_W5, false, 1, false, WG_BT_WIDE>(c, a, gw, s5, what);
-        }
-        if (s4 <= wg_optin) {
-            wg_wide_count++;
-            return swiglu ? wg_run<WG_STAGES_W4, true, 1, false, WG_BT_WIDE>(c, a, gw, s4, what)
-                          : wg_run<WG_STAGES_W4, false, 1, false, WG_BT_WIDE>(c, a, gw, s4, what);
         }
     }
     const dim3 grid((a.N + fr - 1) / fr, a.tiles ? tile_blocks : (a.M + WG_BT - 1) / WG_BT);

@@ -107,8 +107,9 @@ int cuda_gemm_init(char *err, size_t errlen);
  * capability 9 device, ORCHID_NO_WGMMA unset); tests force the mma.sync form to compare. */
 int cuda_gemm_wg_active(void);
 void cuda_gemm_force_mma(int on);
-/* The wgmma form's wide dense blocks (256 token rows; opt-in ORCHID_WG_WIDE=1): tests force
- * them (1: every dense product, -1: never, 0: the environment) and count their launches. */
+/* The wgmma form's wide dense blocks (256 token rows; on by default for K 1,024..2,048,
+ * ORCHID_NO_WG_WIDE=1 the A/B): tests force them (1: every dense product their shared memory
+ * holds, -1: never, 0: the environment) and count their launches. */
 void cuda_gemm_wg_wide_force(int mode);
 long cuda_gemm_wg_wide_launches(void);
 int cuda_attn_init(int n_heads, int kv_heads, int head_dim, char *err, size_t errlen);
@@ -207,8 +208,8 @@ int cuda_attn_tile_tokens(int T, int n_split, int n_heads, int kv_heads, int D);
 int cuda_flash_wg_init(char *err, size_t errlen);
 int cuda_flash_wg_takes(int T, int n_split, int n_heads, int kv_heads, int D);
 void cuda_flash_wg_force(int mode);
-/* Its ping-pong form (a copying warpgroup, mbarriers, the warpgroups taking turns; opt-in
- * ORCHID_FLASH_WG_PP=1): tests force it (1 / -1 / 0 the environment) and count its launches. */
+/* Its ping-pong form (a copying warpgroup, mbarriers, the warpgroups taking turns; on by
+ * default, ORCHID_NO_FLASH_WG_PP=1 the A/B): tests force it (1 / -1 / 0 the environment) and count its launches. */
 void cuda_flash_wg_pp_force(int mode);
 long cuda_flash_wg_pp_launches(void);
 int cuda_flash_wg_attention(const struct cuda_ctx *c, const float *qg, const int32_t *pos, const struct cuda_seq *seqs,

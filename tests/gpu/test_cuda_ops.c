@@ -623,10 +623,21 @@ static void form_cmp(const char *what, const float *wg, const float *mma, size_t
 }
 
 /* The wide dense blocks (256 token rows, cuda_gemm_wg.cu) against the 128-row ones: the same
- * products in the same k order, so the same bits; and they must have run. */
-static void wide_cmp(const char *what, const void *wide, const void *narrow, size_t bytes, long launches0) {
-    CHECK(cuda_gemm_wg_wide_launches() > launches0, "%s: the wide form did not run", what);
+ * products in the same k order, so the same bits; and they must have run where their shared
+ * memory holds K (5 stages: K ≤ 2,048; at K = 4,096 the forced launch takes the 128-row form). */
+static void wide_cmp(const char *what, int K, const void *wide, const void *narrow, size_t bytes, long launches0) {
+    const bool ran = cuda_gemm_wg_wide_launches() > launches0;
+    CHECK(ran == (K <= 2048), "%s: the wide form %s", what, ran ? "ran at K > 2,048" : "did not run");
     CHECK(!memcmp(wide, narrow, bytes), "%s: wide blocks differ from 128-row blocks", what);
+}
+
+/* The default choice: a dense product takes the wide form when it has ≥ 512 token rows and
+ * K of 1,024..2,048 (where it was measured faster), unless ORCHID_NO_WG_WIDE=1. */
+static void wide_default_check(const char *what, int T, int K, long launches0) {
+    const char *off = getenv("ORCHID_NO_WG_WIDE");
+    const bool want = !(off && *off && strcmp(off, "0") != 0) && T >= 512 && K >= 1024 && K <= 2048;
+    const bool ran = cuda_gemm_wg_wide_launches() > launches0;
+    CHECK(ran == want, "%s: by default the wide form %s", what, ran ? "ran where it should not" : "did not run");
 }
 
 static void test_gemm_forms_dense(int rows, int cols, int n_mats, int mat, int T, int accumulate) {
@@ -654,7 +665,11 @@ static void test_gemm_forms_dense(int rows, int cols, int n_mats, int mat, int T
     char what[96];
     snprintf(what, sizeof what, "gemm_dense %dx%d mat %d/%d T=%d%s", rows, cols, mat, n_mats, T, accumulate ? " +=" : "");
     form_cmp(what, a, b, (size_t)T * rows);
-    wide_cmp(what, w, a, (size_t)T * rows * 4, wide0);
+    wide_cmp(what, cols, w, a, (size_t)T * rows * 4, wide0);
+    const long dflt0 = cuda_gemm_wg_wide_launches();
+    H2D(dy, y0, (size_t)T * rows * 4);
+    OK(cuda_gemm_dense(&ctx, &m.d, mat, dx, T, cols, dy, rows, accumulate));
+    wide_default_check(what, T, cols, dflt0);
     cuda_free(dx); cuda_free(dy); free(xf); free(y0); free(a); free(b); free(w); free(xb); rq_free(&m);
 }
 
@@ -681,7 +696,7 @@ static void test_gemm_forms_swiglu(int I, int H, int T) {
     char what[64];
     snprintf(what, sizeof what, "gemm_swiglu I=%d H=%d T=%d (bf16 out)", I, H, T);
     form_cmp(what, a, b, (size_t)T * I);
-    wide_cmp(what, ow, on, (size_t)T * I * 2, wide0);
+    wide_cmp(what, H, ow, on, (size_t)T * I * 2, wide0);
     cuda_free(dx); cuda_free(da); free(xf); free(a); free(b); free(xb); free(ob); free(ow); free(on); rq_free(&g); rq_free(&u);
 }
 
@@ -856,18 +871,23 @@ static void test_attention(int nh, int kvh, int D, int n_seqs, const int *past, 
     if (qt == CUDA_ATTN_QT_WIDE) {
         /* the wgmma kernel's ping-pong form (a copying warpgroup, mbarriers, the warpgroups
          * taking turns): the same products in the same order, so the same bits; it must run */
-        uint16_t *opp = malloc((size_t)T * nh * D * 2);
+        uint16_t *opp = malloc((size_t)T * nh * D * 2), *olk = malloc((size_t)T * nh * D * 2);
         const long pp0 = cuda_flash_wg_pp_launches();
         cuda_flash_wg_pp_force(1);
         OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
-        cuda_flash_wg_pp_force(0);
         D2H(opp, dout, (size_t)T * nh * D * 2);
-        const int pp_diff = bf16_differ(opp, ob, (size_t)T * nh * D);
-        CHECK(cuda_flash_wg_pp_launches() > pp0, "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form did not run", nh,
+        const long pp1 = cuda_flash_wg_pp_launches();
+        cuda_flash_wg_pp_force(-1);
+        OK(cuda_attention(&ctx, dqg, dpos, dseq, dtile, nt, n_split, 0, T, nh, kvh, D, dpart, NULL, dout));
+        D2H(olk, dout, (size_t)T * nh * D * 2);
+        cuda_flash_wg_pp_force(0);
+        const int pp_diff = bf16_differ(opp, olk, (size_t)T * nh * D);
+        CHECK(pp1 > pp0 && cuda_flash_wg_pp_launches() == pp1,
+              "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form did not run when forced on, or ran when forced off", nh,
               kvh, D, n_seqs, T);
-        CHECK(pp_diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form differs in %d of %d values", nh, kvh, D,
-              n_seqs, T, pp_diff, T * nh * D);
-        free(opp);
+        CHECK(pp_diff == 0, "attention nh=%d kvh=%d D=%d seqs=%d T=%d: the ping-pong form differs from the lockstep one in %d of %d values",
+              nh, kvh, D, n_seqs, T, pp_diff, T * nh * D);
+        free(opp); free(olk);
         /* each sequence of a prompt chunk's size launched alone (its own tiles,
          * the same cache and prepared q) gives the bits it had in the pack (batch invariance) */
         struct cuda_attn_tile *dtile1, *own = malloc((size_t)nt * sizeof *own);
