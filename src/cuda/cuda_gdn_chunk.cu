@@ -145,7 +145,18 @@ __device__ __forceinline__ void gc_put_s(gc_smem<R> &sm, const float (&st)[N][4]
         }
 }
 
-template <int R>
+/* L2 prefetch of the next chunk's rows (PF, opt-in ORCHID_GC_PREFETCH=1, unmeasured): a
+ * chunk's first phase waits on its q / k / v / gate loads — one round trip, from DRAM for a
+ * long prompt (the conv wrote ~130 MB for 4,096 tokens, more than the L2 keeps) — inside
+ * the ~3.8 µs of loads and planes a chunk (session 31's phase clock). With PF every warp asks
+ * the L2 for the next chunk's lines of exactly the loads it will issue (prefetch.global.L2:
+ * no registers, no shared memory, nothing waits on it) right after issuing this chunk's, so
+ * they arrive during this chunk's ~12 µs of products. Same arithmetic, same bits (the GPU
+ * test compares the two bitwise). Predicted: the lone 4,096-token prompt's scan 842 → ~790 µs
+ * a GDN layer (~0.5–1 µs a chunk). */
+__device__ __forceinline__ void gc_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+template <int R, bool PF>
 static __global__ void __launch_bounds__(GC_THREADS, 1)
     gdn_chunk_kernel(const float *qk, const float *conv_out, const float *gates, const cuda_seq *seqs, int layer_ord, int T, int Hk,
                      int Hv, int Dv, float *y) {
@@ -208,6 +219,26 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
             v4[i] = t < n ? __ldg(reinterpret_cast<const float4 *>(conv_out + (size_t)(c0 + t) * C + 2 * key_dim + (size_t)h * Dv +
                                                                    (size_t)rb * R + r))
                           : z4;
+        }
+        if constexpr (PF) { /* the next chunk's lines of the same loads (q, k, v; gates: warp 0) */
+            const int c1 = c0 + GC_C, n1 = min(GC_C, s.t1 - c1);
+            if (n1 > 0) {
+#pragma unroll
+                for (int i = 0; i < GC_C / NW; i++) {
+                    const int t = warp + NW * i;
+                    const float *row = qk + (size_t)(c1 + t) * qk_row + (size_t)kh * 2 * GC_DK + 4 * lane;
+                    if (t < n1) {
+                        gc_prefetch_l2(row);
+                        gc_prefetch_l2(row + GC_DK);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < GC_C * (R / 4) / GC_THREADS; i++) {
+                    const int ii = tid + GC_THREADS * i, t = ii / (R / 4), r = 4 * (ii % (R / 4));
+                    if (t < n1) gc_prefetch_l2(conv_out + (size_t)(c1 + t) * C + 2 * key_dim + (size_t)h * Dv + (size_t)rb * R + r);
+                }
+                if (warp == 0 && 2 * lane < n1) gc_prefetch_l2(gates + ((size_t)h * T + c1 + 2 * lane) * 2);
+            }
         }
         float gl[2];
 #pragma unroll
@@ -417,22 +448,38 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
 static bool gc_ok = false; /* the device gives a block the form's shared memory (cuda_gdn_chunk_init) */
 static int gc_sms = 132;     /* multiprocessors: the choice of R */
 static int gc_rows_forced = 0; /* cuda_gdn_chunk_force_rows: 32 or 64 (tests), 0: by the grid */
+static bool gc_pf_env = false; /* ORCHID_GC_PREFETCH=1: the L2 prefetch form (PF) */
+static int gc_pf_mode = 0;     /* cuda_gdn_chunk_force_prefetch: 1 on, -1 off, 0 the environment */
+static long gc_pf_count = 0;   /* PF launches made (the GPU test asks) */
 extern "C" void cuda_gdn_chunk_force_rows(int rows) { gc_rows_forced = rows == 32 || rows == 64 ? rows : 0; }
+extern "C" void cuda_gdn_chunk_force_prefetch(int mode) { gc_pf_mode = mode; }
+extern "C" long cuda_gdn_chunk_prefetch_launches(void) { return gc_pf_count; }
+
+template <int R, bool PF>
+static bool gc_attr() {
+    return cudaFuncSetAttribute(gdn_chunk_kernel<R, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gc_smem<R>)) ==
+           cudaSuccess;
+}
 
 /* Raises the kernel's shared-memory limit where the device has it (sm_90: 227 KB a block;
  * an A100's 163 KB does not hold the form, which then stays off: not an error). */
 extern "C" void cuda_gdn_chunk_init(void) {
-    gc_ok = cudaFuncSetAttribute(gdn_chunk_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gc_smem<64>)) ==
-                cudaSuccess &&
-            cudaFuncSetAttribute(gdn_chunk_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gc_smem<32>)) ==
-                cudaSuccess;
+    gc_ok = gc_attr<64, false>() && gc_attr<32, false>() && gc_attr<64, true>() && gc_attr<32, true>();
     (void)cudaGetLastError(); /* a refused limit leaves no sticky error behind */
+    gc_pf_env = env_flag("ORCHID_GC_PREFETCH");
     cuda_caps caps;
     if (device_caps(&caps) == cudaSuccess && caps.sms > 0) gc_sms = caps.sms;
 }
 
 extern "C" int cuda_gdn_chunk_supported(int Hk, int Hv, int Dk, int Dv) {
     return gc_ok && Dk == GC_DK && Hv % Hk == 0 && Dv % GC_R == 0;
+}
+
+template <int R, bool PF>
+static void gc_launch(const struct cuda_ctx *c, const float *qk, const float *conv_out, const float *gates,
+                      const struct cuda_seq *seqs, int n_seqs, int layer_ord, int T, int Hk, int Hv, int Dv, float *y) {
+    gdn_chunk_kernel<R, PF><<<dim3(Hv * (Dv / R), n_seqs), GC_THREADS, sizeof(gc_smem<R>), cstream(c)>>>(
+        qk, conv_out, gates, seqs, layer_ord, T, Hk, Hv, Dv, y);
 }
 
 /* n_long: the sequences of the launch that take this form (the others' blocks return at
@@ -442,12 +489,14 @@ extern "C" int cuda_gdn_chunk_scan(const struct cuda_ctx *c, const float *qk, co
                                    int Dv, float *y) {
     const long longs = n_long < 0 ? n_seqs : n_long; /* -1: not counted */
     const int rows = gc_rows_forced ? gc_rows_forced : longs * Hv * (Dv / 64) * 2 <= gc_sms ? 32 : 64;
+    const bool pf = gc_pf_mode > 0 || (gc_pf_mode == 0 && gc_pf_env);
+    gc_pf_count += pf;
     if (rows == 32) {
-        gdn_chunk_kernel<32><<<dim3(Hv * (Dv / 32), n_seqs), GC_THREADS, sizeof(gc_smem<32>), cstream(c)>>>(
-            qk, conv_out, gates, seqs, layer_ord, T, Hk, Hv, Dv, y);
+        if (pf) gc_launch<32, true>(c, qk, conv_out, gates, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, y);
+        else gc_launch<32, false>(c, qk, conv_out, gates, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, y);
     } else {
-        gdn_chunk_kernel<64><<<dim3(Hv * (Dv / 64), n_seqs), GC_THREADS, sizeof(gc_smem<64>), cstream(c)>>>(
-            qk, conv_out, gates, seqs, layer_ord, T, Hk, Hv, Dv, y);
+        if (pf) gc_launch<64, true>(c, qk, conv_out, gates, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, y);
+        else gc_launch<64, false>(c, qk, conv_out, gates, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, y);
     }
     LAUNCH_CHECK(c, "gdn_chunk_scan");
 }

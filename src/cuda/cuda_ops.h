@@ -271,6 +271,10 @@ int cuda_gdn_chunk_supported(int Hk, int Hv, int Dk, int Dv);
 /* Value rows a block of the chunked form (32 or 64; 0: 32 where 64's grid would fill at most
  * half the SMs — a lone long prompt — else 64). Both give the same bits (tests force each). */
 void cuda_gdn_chunk_force_rows(int rows);
+/* Its L2 prefetch of the next chunk's rows (opt-in ORCHID_GC_PREFETCH=1, the same bits):
+ * tests force it (1 / -1 / 0 the environment) and count its launches. */
+void cuda_gdn_chunk_force_prefetch(int mode);
+long cuda_gdn_chunk_prefetch_launches(void);
 /* out[t, h*Dv + d] = bf16(w[d] * y / rms(y over the head) * silu(z)) */
 int cuda_gated_norm(const struct cuda_ctx *c, const float *y, const float *z, int ldz, const float *w, int T, int Hv,
                     int Dv, float eps, uint16_t *out);

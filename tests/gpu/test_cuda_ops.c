@@ -1073,29 +1073,37 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
         D2H(pre_S, dS2, ns * 4);
         cuda_free(dS2); cuda_free(dseq2);
         if (cuda_gdn_chunk_supported(Hk, Hv, Dk, Dv)) { /* the chunked form, from the same initial states */
-            /* blocks of 64 value rows, then of 32 (a lone prompt's form): the same bits */
-            for (int rows = 64; rows >= 32; rows -= 32) {
+            /* blocks of 64 value rows, then of 32 (a lone prompt's form), then of 64 and 32 with
+             * the next chunk's rows prefetched into the L2: the same bits */
+            for (int form = 0; form < 4; form++) {
+                const int rows = form & 1 ? 32 : 64, pf = form >= 2;
                 gdn_state_copy(S, seqs, n_seqs, per, &dS2, &dseq2);
                 cuda_gdn_prefill_force_chunk(1);
                 cuda_gdn_chunk_force_rows(rows);
+                cuda_gdn_chunk_force_prefetch(pf ? 1 : -1);
+                const long pf0 = cuda_gdn_chunk_prefetch_launches();
                 OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseq2, n_seqs, -1, 0, T, Hk, Hv, Dk, Dv, dqk, dgt,
                                          dy2));
+                CHECK((cuda_gdn_chunk_prefetch_launches() > pf0) == pf, "gdn chunked form Dk=%d Dv=%d T=%d seqs=%d: the prefetch form %s",
+                      Dk, Dv, T, n_seqs, pf ? "did not run" : "ran unasked");
+                cuda_gdn_chunk_force_prefetch(0);
                 cuda_gdn_chunk_force_rows(0);
                 cuda_gdn_prefill_force_chunk(-1);
-                if (rows == 64) {
+                if (form == 0) {
                     chunk_y = malloc(ny * 4);
                     chunk_S = malloc(ns * 4);
                     D2H(chunk_y, dy2, ny * 4);
                     D2H(chunk_S, dS2, ns * 4);
                 } else {
-                    float *y32 = malloc(ny * 4), *S32 = malloc(ns * 4);
-                    D2H(y32, dy2, ny * 4);
-                    D2H(S32, dS2, ns * 4);
-                    const int dy_diff = memcmp(y32, chunk_y, ny * 4) != 0, ds_diff = memcmp(S32, chunk_S, ns * 4) != 0;
-                    CHECK(!dy_diff && !ds_diff, "gdn chunked form Dk=%d Dv=%d T=%d seqs=%d: 32-row blocks' y %s, state %s 64-row blocks'",
-                          Dk, Dv, T, n_seqs, dy_diff ? "differs from" : "equals", ds_diff ? "differs from" : "equals");
-                    free(y32);
-                    free(S32);
+                    float *yf = malloc(ny * 4), *Sf = malloc(ns * 4);
+                    D2H(yf, dy2, ny * 4);
+                    D2H(Sf, dS2, ns * 4);
+                    const int dy_diff = memcmp(yf, chunk_y, ny * 4) != 0, ds_diff = memcmp(Sf, chunk_S, ns * 4) != 0;
+                    CHECK(!dy_diff && !ds_diff, "gdn chunked form Dk=%d Dv=%d T=%d seqs=%d: %d-row blocks%s' y %s, state %s 64-row blocks'",
+                          Dk, Dv, T, n_seqs, rows, pf ? " (prefetching)" : "", dy_diff ? "differs from" : "equals",
+                          ds_diff ? "differs from" : "equals");
+                    free(yf);
+                    free(Sf);
                 }
                 cuda_free(dS2); cuda_free(dseq2);
             }
