@@ -39,6 +39,14 @@
 #             per-SASS-instruction counts as CSV (res/ncu_ARM_raw.csv, _sass.csv); clocks
 #             left alone, the program killed once they are taken, NCU_TIMEOUT (default 240) s;
 #             the report's text into res/ncu_ARM.txt
+#   ncuall    Nsight Compute on every launch of a stretch of the batched decode (bench_batch_decode
+#             --ctx NCU_CTX --batches NCU_BATCH --pack 8 NCU_ARGS: the packs keep the prefill's
+#             launches few), NCUALL_SKIP (default 8000: past the packs) then NCUALL_COUNT (default
+#             600: over one forward) launches, a few metrics each (duration, DRAM throughput and
+#             bytes, SM throughput, issue-slot use, warps resident) as raw CSV into
+#             res/ncuall_ARM.csv, and tools/ncu_table.py's table of it (res/ncuall_ARM.txt, its
+#             first lines into the summary): which launches move their bytes near the DRAM's
+#             rate and which are held by their own chains (docs/PERFORMANCE.md, session 43)
 #   stream    bench_stream --mb STREAM_MB (default 256) of the first arm's pack: the DRAM read rate each way of loading
 #             (per SM and all SMs) — the ceiling the weight-streaming kernels are held to
 #   echo      bench/echo_check.py: /v1/completions echo + logprobs (the prompt's own logprobs) of
@@ -167,6 +175,21 @@ for phase in $PHASES; do
                 ncu -i "${rep[1]}.ncu-rep" --page source --csv --print-source sass >"${rep[1]}_sass.csv" 2>&1
                 rm -f "${rep[1]}.ncu-rep"
             fi
+        done
+        ;;
+    ncuall)
+        mets=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+        mets=$mets,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active
+        mets=$mets,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size
+        for i in "${!packs[@]}"; do
+            l=$res/ncuall_${names[$i]}
+            arm "$i" timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --kill yes --launch-skip "${NCUALL_SKIP:-8000}" \
+                --launch-count "${NCUALL_COUNT:-600}" --metrics "$mets" --csv --page raw \
+                "$root/${packs[$i]}/bin/bench_batch_decode" --ctx "${NCU_CTX:-512}" --batches "${NCU_BATCH:-64}" --pack 8 \
+                ${NCU_ARGS:-} >"$l.csv" 2>"$l.err"
+            note "ncuall ${names[$i]} (exit $?):"
+            python3 tools/ncu_table.py "$l.csv" >"$l.txt" 2>&1
+            head -25 "$l.txt" >>"$summary"
         done
         ;;
     batch)
