@@ -463,15 +463,12 @@ extern "C" int cuda_flash_wg_attention(const struct cuda_ctx *c, const float *qg
                                        int layer_ord, int n_heads, int kv_heads, uint16_t *out) {
     /* not PDL-launched, as the other attention launches (cuda_attn.cu's launch_attn) */
     const bool pp = fw_pp_ready && (fw_pp_mode > 0 || (fw_pp_mode == 0 && fw_pp_env));
-    if (pp) {
-        fw_pp_count++;
-        launch_cfg lc(dim3(n_tiles * kv_heads), dim3(FW_THREADS_PP), FW_SMEM_PP, cstream(c), false);
-        LAUNCH_CHECK_RC(c, lc.launch(flash_wg_kernel<true>, qg, pos, seqs, tiles, n_tiles, layer_ord, n_heads, kv_heads, out),
-                        "flash_attention_wg (ping-pong)");
-    }
-    launch_cfg lc(dim3(n_tiles * kv_heads), dim3(FW_THREADS), FW_SMEM, cstream(c), false);
-    LAUNCH_CHECK_RC(c, lc.launch(flash_wg_kernel<false>, qg, pos, seqs, tiles, n_tiles, layer_ord, n_heads, kv_heads, out),
-                    "flash_attention_wg");
+    fw_pp_count += pp;
+    launch_cfg lc(dim3(n_tiles * kv_heads), dim3(pp ? FW_THREADS_PP : FW_THREADS), pp ? FW_SMEM_PP : FW_SMEM, cstream(c), false);
+    LAUNCH_CHECK_RC(c,
+                    lc.launch(pp ? flash_wg_kernel<true> : flash_wg_kernel<false>, qg, pos, seqs, tiles, n_tiles, layer_ord,
+                              n_heads, kv_heads, out),
+                    pp ? "flash_attention_wg (ping-pong)" : "flash_attention_wg");
 }
 
 CUDA_TRACE_TU(flash_wg)

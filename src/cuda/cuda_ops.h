@@ -97,6 +97,8 @@ void cuda_pinned_free(void *p);
 int cuda_sync(char *err, size_t errlen);
 int cuda_device_name(char *buf, size_t len);
 int cuda_sm_count(void); /* multiprocessors of the current device, or ST_DEVICE */
+/* Whether the environment sets the A/B switch `name` (anything but "" or "0"): the backend's rule. */
+int cuda_env_flag(const char *name);
 int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Device-to-device copy bandwidth in GB/s, bytes read + written. */
 int cuda_copy_bandwidth(size_t bytes, int reps, double *gbps, char *err, size_t errlen);

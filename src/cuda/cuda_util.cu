@@ -69,6 +69,9 @@ extern "C" int cuda_device_name(char *buf, size_t len) {
     return 0;
 }
 
+/* The backend's reading of an A/B switch (env_flag), for tests that check a default choice. */
+extern "C" int cuda_env_flag(const char *name) { return env_flag(name); }
+
 extern "C" int cuda_sm_count(void) {
     cuda_caps c;
     return device_caps(&c) == cudaSuccess && c.sms > 0 ? c.sms : ST_DEVICE;

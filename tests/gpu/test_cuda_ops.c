@@ -634,8 +634,7 @@ static void wide_cmp(const char *what, int K, const void *wide, const void *narr
 /* The default choice: a dense product takes the wide form when it has ≥ 512 token rows and
  * K of 1,024..2,048 (where it was measured faster), unless ORCHID_NO_WG_WIDE=1. */
 static void wide_default_check(const char *what, int T, int K, long launches0) {
-    const char *off = getenv("ORCHID_NO_WG_WIDE");
-    const bool want = !(off && *off && strcmp(off, "0") != 0) && T >= 512 && K >= 1024 && K <= 2048;
+    const bool want = !cuda_env_flag("ORCHID_NO_WG_WIDE") && T >= 512 && K >= 1024 && K <= 2048;
     const bool ran = cuda_gemm_wg_wide_launches() > launches0;
     CHECK(ran == want, "%s: by default the wide form %s", what, ran ? "ran where it should not" : "did not run");
 }
