@@ -43,6 +43,7 @@
 
 #include "model/device_sampling.h"
 #include "model/sampler.h"
+#include "runtime/env.h"
 #include "runtime/status.h"
 #include "server/port.h"
 #include "text/utf8.h"
@@ -388,10 +389,8 @@ int port_open_mock(struct model_port *p, const struct port_options *opt, char *e
     if (e && *e) m->invariant_tokens = atoi(e);
     e = getenv("ORCHID_MOCK_MAX_BATCH_TOKENS");
     if (e && *e) m->max_batch_tokens = atoi(e);
-    e = getenv("ORCHID_MOCK_DEVICE_SAMPLING");
-    m->device_sampling = e && *e && strcmp(e, "0") != 0;
-    e = getenv("ORCHID_MOCK_ROW_SCORES"); /* prompt logprobs scored by the "model" (the engine's way) */
-    m->row_scores = e && *e && strcmp(e, "0") != 0;
+    m->device_sampling = env_on("ORCHID_MOCK_DEVICE_SAMPLING");
+    m->row_scores = env_on("ORCHID_MOCK_ROW_SCORES"); /* prompt logprobs scored by the "model" (the engine's way) */
     e = getenv("ORCHID_MOCK_LOAD_MS"); /* simulates a slow model load (tests of /health) */
     if (e && *e && atoi(e) > 0) {
         struct timespec ts = {atoi(e) / 1000, (long)(atoi(e) % 1000) * 1000000L};

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "runtime/env.h"
 #include "runtime/status.h"
 #include "runtime/threadpool.h"
 #include "runtime/timing.h"
@@ -131,13 +132,6 @@ static void score_prompt_row(void *ctx, int i) {
     sampler_row_logprobs(j->lp_rows + (size_t)it->row * S->port.vocab, S->port.vocab, j->prompt[it->p], j->prompt_top,
                          &r);
     rec_set(&j->prompt_recs[it->p], &r);
-}
-
-/* True when the environment variable is set to anything but "" or "0" (the A/B switches
- * read at start). */
-static bool env_set(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
 }
 
 /* Asks for the slot's next token: the argmax alone when the job's sampler would pick
@@ -537,9 +531,9 @@ static int load(struct sched *S) {
         if (threads > S->n_slots) threads = S->n_slots;
         if ((rc = threadpool_create(&S->pool, threads, err, sizeof err))) goto fail;
     }
-    S->device_argmax = !env_set("ORCHID_NO_DEVICE_ARGMAX");
+    S->device_argmax = !env_on("ORCHID_NO_DEVICE_ARGMAX");
     if (!S->device_argmax) fprintf(stderr, "ORCHID_NO_DEVICE_ARGMAX: every token is sampled on the host from its logits\n");
-    S->device_sampling = S->port.device_sampling && !env_set("ORCHID_NO_DEVICE_SAMPLING");
+    S->device_sampling = S->port.device_sampling && !env_on("ORCHID_NO_DEVICE_SAMPLING");
     if (S->port.device_sampling && !S->device_sampling)
         fprintf(stderr, "ORCHID_NO_DEVICE_SAMPLING: sampled tokens are drawn on the host from their logits\n");
     /* a prompt's chunk: in the split mode one forward's worth unless told (a lone long prompt
@@ -553,9 +547,9 @@ static int load(struct sched *S) {
     S->step_prompt = S->opt.max_step_prompt > 0 ? S->opt.max_step_prompt
                      : S->opt.max_step_prompt < 0 ? 0
                      : S->port.max_batch_tokens;
-    S->shared_wait = !env_set("ORCHID_NO_SHARED_PREFIX_WAIT");
+    S->shared_wait = !env_on("ORCHID_NO_SHARED_PREFIX_WAIT");
     if (!S->shared_wait) fprintf(stderr, "ORCHID_NO_SHARED_PREFIX_WAIT: requests sharing a prompt prefix prefill it side by side\n");
-    S->pack_prompts = !env_set("ORCHID_NO_PREFILL_PACK");
+    S->pack_prompts = !env_on("ORCHID_NO_PREFILL_PACK");
     if (!S->pack_prompts) fprintf(stderr, "ORCHID_NO_PREFILL_PACK: every prompt chunk gets a forward of its own\n");
     pthread_mutex_lock(&S->mu);
     S->state = SCHED_READY;
