@@ -145,15 +145,17 @@ __device__ __forceinline__ void gc_put_s(gc_smem<R> &sm, const float (&st)[N][4]
         }
 }
 
-/* L2 prefetch of the next chunk's rows (PF, opt-in ORCHID_GC_PREFETCH=1, unmeasured): a
- * chunk's first phase waits on its q / k / v / gate loads — one round trip, from DRAM for a
- * long prompt (the conv wrote ~130 MB for 4,096 tokens, more than the L2 keeps) — inside
- * the ~3.8 µs of loads and planes a chunk (session 31's phase clock). With PF every warp asks
- * the L2 for the next chunk's lines of exactly the loads it will issue (prefetch.global.L2:
- * no registers, no shared memory, nothing waits on it) right after issuing this chunk's, so
- * they arrive during this chunk's ~12 µs of products. Same arithmetic, same bits (the GPU
- * test compares the two bitwise). Predicted: the lone 4,096-token prompt's scan 842 → ~790 µs
- * a GDN layer (~0.5–1 µs a chunk). */
+/* L2 prefetch of the next chunk's rows (PF): a chunk's first phase waits on its q / k / v /
+ * gate loads — one round trip, from DRAM for a long prompt (the conv wrote ~130 MB for 4,096
+ * tokens, more than the L2 keeps) — inside the ~3.8 µs of loads and planes a chunk (session
+ * 31's phase clock). With PF every warp asks the L2 for the next chunk's lines of exactly the
+ * loads it will issue (prefetch.global.L2: no registers, no shared memory, nothing waits on
+ * it) right after issuing this chunk's, so they arrive during this chunk's products. Same
+ * arithmetic, same bits (the GPU test compares the two bitwise). Measured (H100, session 44,
+ * three rounds): a lone 4,096-token prompt's scan (R = 32) 840–842 → 818–830 µs a GDN layer
+ * (predicted ~790). On by default in the R = 32 form, where it was measured
+ * (ORCHID_NO_GC_PREFETCH=1: off, the A/B); ORCHID_GC_PREFETCH=1 also takes it into the
+ * R = 64 form (packs of prompts: unmeasured). */
 __device__ __forceinline__ void gc_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 template <int R, bool PF>
@@ -448,8 +450,9 @@ static __global__ void __launch_bounds__(GC_THREADS, 1)
 static bool gc_ok = false; /* the device gives a block the form's shared memory (cuda_gdn_chunk_init) */
 static int gc_sms = 132;     /* multiprocessors: the choice of R */
 static int gc_rows_forced = 0; /* cuda_gdn_chunk_force_rows: 32 or 64 (tests), 0: by the grid */
-static bool gc_pf_env = false; /* ORCHID_GC_PREFETCH=1: the L2 prefetch form (PF) */
-static int gc_pf_mode = 0;     /* cuda_gdn_chunk_force_prefetch: 1 on, -1 off, 0 the environment */
+static bool gc_pf_all = false; /* ORCHID_GC_PREFETCH=1: the L2 prefetch form (PF) in both R forms */
+static bool gc_pf_off = false; /* ORCHID_NO_GC_PREFETCH=1: in neither (the A/B; PF is R = 32's default) */
+static int gc_pf_mode = 0;     /* cuda_gdn_chunk_force_prefetch: 1 on, -1 off, 0 the default and environment */
 static long gc_pf_count = 0;   /* PF launches made (the GPU test asks) */
 extern "C" void cuda_gdn_chunk_force_rows(int rows) { gc_rows_forced = rows == 32 || rows == 64 ? rows : 0; }
 extern "C" void cuda_gdn_chunk_force_prefetch(int mode) { gc_pf_mode = mode; }
@@ -466,7 +469,8 @@ static bool gc_attr() {
 extern "C" void cuda_gdn_chunk_init(void) {
     gc_ok = gc_attr<64, false>() && gc_attr<32, false>() && gc_attr<64, true>() && gc_attr<32, true>();
     (void)cudaGetLastError(); /* a refused limit leaves no sticky error behind */
-    gc_pf_env = env_flag("ORCHID_GC_PREFETCH");
+    gc_pf_all = env_flag("ORCHID_GC_PREFETCH");
+    gc_pf_off = env_flag("ORCHID_NO_GC_PREFETCH");
     cuda_caps caps;
     if (device_caps(&caps) == cudaSuccess && caps.sms > 0) gc_sms = caps.sms;
 }
@@ -489,7 +493,7 @@ extern "C" int cuda_gdn_chunk_scan(const struct cuda_ctx *c, const float *qk, co
                                    int Dv, float *y) {
     const long longs = n_long < 0 ? n_seqs : n_long; /* -1: not counted */
     const int rows = gc_rows_forced ? gc_rows_forced : longs * Hv * (Dv / 64) * 2 <= gc_sms ? 32 : 64;
-    const bool pf = gc_pf_mode > 0 || (gc_pf_mode == 0 && gc_pf_env);
+    const bool pf = gc_pf_mode > 0 || (gc_pf_mode == 0 && !gc_pf_off && (rows == 32 || gc_pf_all));
     gc_pf_count += pf;
     if (rows == 32) {
         if (pf) gc_launch<32, true>(c, qk, conv_out, gates, seqs, n_seqs, layer_ord, T, Hk, Hv, Dv, y);

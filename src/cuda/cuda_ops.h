@@ -273,8 +273,9 @@ int cuda_gdn_chunk_supported(int Hk, int Hv, int Dk, int Dv);
 /* Value rows a block of the chunked form (32 or 64; 0: 32 where 64's grid would fill at most
  * half the SMs — a lone long prompt — else 64). Both give the same bits (tests force each). */
 void cuda_gdn_chunk_force_rows(int rows);
-/* Its L2 prefetch of the next chunk's rows (opt-in ORCHID_GC_PREFETCH=1, the same bits):
- * tests force it (1 / -1 / 0 the environment) and count its launches. */
+/* Its L2 prefetch of the next chunk's rows (the same bits; by default in the 32-row form,
+ * ORCHID_NO_GC_PREFETCH=1 off, ORCHID_GC_PREFETCH=1 in both forms): tests force it (1 / -1 /
+ * 0 the default and environment) and count its launches. */
 void cuda_gdn_chunk_force_prefetch(int mode);
 long cuda_gdn_chunk_prefetch_launches(void);
 /* out[t, h*Dv + d] = bf16(w[d] * y / rms(y over the head) * silu(z)) */

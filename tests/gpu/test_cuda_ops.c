@@ -1086,6 +1086,20 @@ static void test_gdn(int Hk, int Hv, int Dk, int Dv, int n_seqs, const int *newt
                 CHECK((cuda_gdn_chunk_prefetch_launches() > pf0) == pf, "gdn chunked form Dk=%d Dv=%d T=%d seqs=%d: the prefetch form %s",
                       Dk, Dv, T, n_seqs, pf ? "did not run" : "ran unasked");
                 cuda_gdn_chunk_force_prefetch(0);
+                if (form < 2) { /* the default choice by form: the prefetch in the 32-row form only */
+                    const bool want = !cuda_env_flag("ORCHID_NO_GC_PREFETCH") && (rows == 32 || cuda_env_flag("ORCHID_GC_PREFETCH"));
+                    float *dSd, *dyd;
+                    struct cuda_seq *dseqd;
+                    gdn_state_copy(S, seqs, n_seqs, per, &dSd, &dseqd);
+                    DEV(dyd, ny * 4);
+                    const long pf1 = cuda_gdn_chunk_prefetch_launches();
+                    OK(cuda_gdn_scan_prefill(&ctx, dco, dga, dga + Hv, 2 * Hv, dA, ddt, dseqd, n_seqs, -1, 0, T, Hk, Hv, Dk, Dv, dqk,
+                                             dgt, dyd));
+                    CHECK((cuda_gdn_chunk_prefetch_launches() > pf1) == want,
+                          "gdn chunked form Dk=%d Dv=%d T=%d seqs=%d rows=%d: by default the prefetch form %s", Dk, Dv, T, n_seqs,
+                          rows, want ? "did not run" : "ran");
+                    cuda_free(dSd); cuda_free(dyd); cuda_free(dseqd);
+                }
                 cuda_gdn_chunk_force_rows(0);
                 cuda_gdn_prefill_force_chunk(-1);
                 if (form == 0) {
