@@ -42,7 +42,7 @@
 #   ncuall    Nsight Compute on every launch of a stretch of the batched decode (bench_batch_decode
 #             --ctx NCU_CTX --batches NCU_BATCH --pack 8 NCU_ARGS: the packs keep the prefill's
 #             launches few), NCUALL_SKIP (default 8000: past the packs) then NCUALL_COUNT (default
-#             600: over one forward) launches, a few metrics each (duration, DRAM throughput and
+#             200: 15 layers and an lm_head; 600 did not finish in 180 s) launches, a few metrics each (duration, DRAM throughput and
 #             bytes, SM throughput, issue-slot use, warps resident) as raw CSV into
 #             res/ncuall_ARM.csv, and tools/ncu_table.py's table of it (res/ncuall_ARM.txt, its
 #             first lines into the summary): which launches move their bytes near the DRAM's
@@ -184,7 +184,7 @@ for phase in $PHASES; do
         for i in "${!packs[@]}"; do
             l=$res/ncuall_${names[$i]}
             arm "$i" timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --kill yes --launch-skip "${NCUALL_SKIP:-8000}" \
-                --launch-count "${NCUALL_COUNT:-600}" --metrics "$mets" --csv --page raw \
+                --launch-count "${NCUALL_COUNT:-200}" --metrics "$mets" --csv --page raw \
                 "$root/${packs[$i]}/bin/bench_batch_decode" --ctx "${NCU_CTX:-512}" --batches "${NCU_BATCH:-64}" --pack 8 \
                 ${NCU_ARGS:-} >"$l.csv" 2>"$l.err"
             note "ncuall ${names[$i]} (exit $?):"
