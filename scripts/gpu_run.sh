@@ -42,8 +42,9 @@
 #   ncuall    Nsight Compute on every launch of a stretch of the batched decode (bench_batch_decode
 #             --ctx NCU_CTX --batches NCU_BATCH --pack 8 NCU_ARGS: the packs keep the prefill's
 #             launches few), NCUALL_SKIP (default 8000: past the packs) then NCUALL_COUNT (default
-#             200: 15 layers and an lm_head; 600 did not finish in 180 s) launches, a few metrics each (duration, DRAM throughput and
-#             bytes, SM throughput, issue-slot use, warps resident) as raw CSV into
+#             200: 15 layers and an lm_head; 600 did not finish in 180 s) launches, a few
+#             metrics each (duration, DRAM throughput and bytes, SM throughput, issue-slot
+#             use, warps resident) as raw CSV into
 #             res/ncuall_ARM.csv, and tools/ncu_table.py's table of it (res/ncuall_ARM.txt, its
 #             first lines into the summary): which launches move their bytes near the DRAM's
 #             rate and which are held by their own chains (docs/PERFORMANCE.md, session 43)

@@ -1339,14 +1339,11 @@ extern "C" int cuda_backend_create(struct backend **out, const struct model_conf
     for (int i = 0; i < 2; i++)
         if ((e = cudaEventCreateWithFlags(&cb->ev[i], cudaEventDisableTiming)) != cudaSuccess)
             FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: cudaEventCreate failed: %s", cudaGetErrorString(e)));
-    {
-        const char *ns = getenv("ORCHID_NO_SIDE_STREAM");
-        if (!(ns && *ns && strcmp(ns, "0") != 0)) {
-            if ((e = cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking)) != cudaSuccess ||
-                (e = cudaEventCreateWithFlags(&cb->fork_ev, cudaEventDisableTiming)) != cudaSuccess ||
-                (e = cudaEventCreateWithFlags(&cb->join_ev, cudaEventDisableTiming)) != cudaSuccess)
-                FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: side stream: %s", cudaGetErrorString(e)));
-        }
+    if (!env_flag("ORCHID_NO_SIDE_STREAM")) {
+        if ((e = cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&cb->fork_ev, cudaEventDisableTiming)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&cb->join_ev, cudaEventDisableTiming)) != cudaSuccess)
+            FAIL(errorf(err, errlen, ST_DEVICE, "cuda backend: side stream: %s", cudaGetErrorString(e)));
     }
     FAIL(cuda_gemm_init(err, errlen));
     FAIL(cuda_skinny_init(err, errlen));

@@ -273,8 +273,8 @@ extern "C" int cuda_gdn_chunk_scan(const struct cuda_ctx *c, const float *qk, co
                                    const struct cuda_seq *seqs, int n_seqs, int n_long, int layer_ord, int T, int Hk, int Hv,
                                    int Dv, float *y);
 
-/* True when the environment variable is set to anything but "" or "0" (the A/B switches
- * ORCHID_NO_TCV, ORCHID_NO_WIDE, ORCHID_SW_NOSPLIT, ORCHID_SK_NOPDL). */
+/* True when the environment variable is set to anything but "" or "0": the backend's A/B
+ * switches (the C side's twin is runtime/env.h's env_on). */
 inline bool env_flag(const char *name) {
     const char *e = getenv(name);
     return e && *e && strcmp(e, "0");

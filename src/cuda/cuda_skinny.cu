@@ -468,8 +468,7 @@ extern "C" int cuda_skinny_init(char *err, size_t errlen) {
     cudaError_t e = device_caps(&caps);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny: device attributes: %s", cudaGetErrorString(e));
     sk_optin = caps.optin;
-    const char *nb = getenv("ORCHID_SK_NOBULK");
-    sk_bulk_on = caps.major >= 9 && !(nb && *nb && strcmp(nb, "0") != 0);
+    sk_bulk_on = caps.major >= 9 && !env_flag("ORCHID_SK_NOBULK");
     const char *ms = getenv("ORCHID_SK_MREP_SWIGLU"), *md = getenv("ORCHID_SK_MREP_DOWN");
     if (ms && *ms) sk_mrep_swiglu = atoi(ms) == 2 ? 2 : 1;
     if (md && *md) sk_mrep_down = atoi(md) == 2 ? 2 : 1;
