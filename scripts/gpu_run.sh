@@ -8,7 +8,8 @@
 # PACK (and PACK_B, a second build for an A/B) name .cache/dev/PACK.txz. Each arm is a
 # (pack, environment) pair: with PACK_B the arms are A = PACK and B = PACK_B; with CONFIGS
 # (';'-separated environment assignments, '' = none, e.g. CONFIGS=';ORCHID_X=1') each
-# config is an arm of PACK. Arms alternate within every round, so drift hits them alike.
+# config is an arm of PACK (a field 'OTHER@ENV': an arm of pack OTHER). Arms alternate within
+# every round, so drift hits them alike.
 # ENV_A / ENV_B: environment assignments of the two packs' arms (e.g. ENV_B='ORCHID_X=1': an
 # opt-in switch of the candidate build on, the base build as it runs by default).
 #
@@ -101,7 +102,12 @@ else
     # every ';'-separated field an arm, empty ones too ('X=1;' is two arms: `read -a` dropped
     # a trailing empty field, and a session's A/B ran one arm)
     mapfile -d ';' -t cfgs < <(printf '%s;' "${CONFIGS:-}")
-    for i in "${!cfgs[@]}"; do packs+=("$1"); envs+=("${cfgs[$i]}"); names+=("c$i"); done
+    # a field PACK@ENV is an arm of that pack (CONFIGS='s1@;s2@;s2@ORCHID_X=1': three arms, two packs)
+    for i in "${!cfgs[@]}"; do
+        f=${cfgs[$i]} p=$1
+        if [[ $f =~ ^([A-Za-z0-9_.-]+)@(.*)$ ]]; then p=${BASH_REMATCH[1]} f=${BASH_REMATCH[2]}; fi
+        packs+=("$p"); envs+=("$f"); names+=("c$i")
+    done
 fi
 for p in "${packs[@]}"; do unpack "$p" || exit 1; done
 for i in "${!packs[@]}"; do

@@ -962,33 +962,58 @@ static __global__ void combine_kernel(const float *__restrict__ ed, const int32_
     x[(size_t)t * H + d] += acc;
 }
 
-/* Four consecutive outputs of token t from d (float4 loads and stores, H % 4 == 0): the same
- * terms in the same order for each output as combine_kernel. */
-__device__ __forceinline__ void combine4_at(const float *__restrict__ ed, const int32_t *__restrict__ slot_of_pair,
-                                            const float *__restrict__ w, const float *__restrict__ sd, float sg, int K, int H,
-                                            int t, int d, float *__restrict__ x) {
-    float4 e[COMBINE_KMAX];
-#pragma unroll
-    for (int k = 0; k < COMBINE_KMAX; k++)
-        if (k < K) e[k] = *reinterpret_cast<const float4 *>(ed + (size_t)slot_of_pair[t * K + k] * H + d);
-    const float4 s4 = *reinterpret_cast<const float4 *>(sd + (size_t)t * H + d);
-    float4 acc = make_float4(sg * s4.x, sg * s4.y, sg * s4.z, sg * s4.w);
+/* A token's routed slots and their weights (k < K), read once for all of a thread's columns. */
+__device__ __forceinline__ void combine_route(const int32_t *__restrict__ slot_of_pair, const float *__restrict__ w, int t,
+                                              int K, int32_t (&slot)[COMBINE_KMAX], float (&wk)[COMBINE_KMAX]) {
 #pragma unroll
     for (int k = 0; k < COMBINE_KMAX; k++)
         if (k < K) {
-            const float wk = w[t * K + k];
-            acc.x = fmaf(wk, e[k].x, acc.x);
-            acc.y = fmaf(wk, e[k].y, acc.y);
-            acc.z = fmaf(wk, e[k].z, acc.z);
-            acc.w = fmaf(wk, e[k].w, acc.w);
+            slot[k] = slot_of_pair[t * K + k];
+            wk[k] = w[t * K + k];
         }
-    float4 *xo = reinterpret_cast<float4 *>(x + (size_t)t * H + d);
-    float4 xv = *xo;
-    xv.x += acc.x;
-    xv.y += acc.y;
-    xv.z += acc.z;
-    xv.w += acc.w;
-    *xo = xv;
+}
+
+/* Four consecutive outputs of token t at d and, RUNS = 2 and d2 < H, four more at d2 (float4
+ * loads and stores, H % 4 == 0): every load of both runs (the K expert rows, the shared
+ * expert's row, x) issued before the first sum, then each output's terms in combine_kernel's
+ * order (sg·sd, then k = 0..K-1, then added to x). row (not NULL): the new x values also
+ * stored there at the same columns (the combine + norm's row in shared memory). */
+template <int RUNS>
+__device__ __forceinline__ void combine4_pair(const float *__restrict__ ed, const int32_t (&slot)[COMBINE_KMAX],
+                                              const float (&wk)[COMBINE_KMAX], const float *__restrict__ sd, float sg, int K,
+                                              int H, int t, int d, int d2, float *__restrict__ x, float *row) {
+    const int dd[2] = {d, d2};
+    const bool on[2] = {true, RUNS == 2 && d2 < H};
+    float4 e[RUNS][COMBINE_KMAX], s4[RUNS], xv[RUNS];
+#pragma unroll
+    for (int r = 0; r < RUNS; r++)
+        if (on[r]) {
+#pragma unroll
+            for (int k = 0; k < COMBINE_KMAX; k++)
+                if (k < K) e[r][k] = *reinterpret_cast<const float4 *>(ed + (size_t)slot[k] * H + dd[r]);
+            s4[r] = *reinterpret_cast<const float4 *>(sd + (size_t)t * H + dd[r]);
+            xv[r] = *reinterpret_cast<const float4 *>(x + (size_t)t * H + dd[r]);
+        }
+#pragma unroll
+    for (int r = 0; r < RUNS; r++)
+        if (on[r]) {
+            float4 acc = make_float4(sg * s4[r].x, sg * s4[r].y, sg * s4[r].z, sg * s4[r].w);
+#pragma unroll
+            for (int k = 0; k < COMBINE_KMAX; k++)
+                if (k < K) {
+                    acc.x = fmaf(wk[k], e[r][k].x, acc.x);
+                    acc.y = fmaf(wk[k], e[r][k].y, acc.y);
+                    acc.z = fmaf(wk[k], e[r][k].z, acc.z);
+                    acc.w = fmaf(wk[k], e[r][k].w, acc.w);
+                }
+            float4 o = xv[r];
+            o.x += acc.x;
+            o.y += acc.y;
+            o.z += acc.z;
+            o.w += acc.w;
+            *reinterpret_cast<float4 *>(x + (size_t)t * H + dd[r]) = o;
+            if (row) *reinterpret_cast<float4 *>(row + dd[r]) = o;
+        }
 }
 
 /* Four consecutive outputs a thread. One output a thread left the 4,096-token prefill at
@@ -1002,18 +1027,28 @@ static __global__ void combine4_kernel(const float *__restrict__ ed, const int32
     const int t = blockIdx.x, d = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
     if (d >= H) return;
     const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
-    combine4_at(ed, slot_of_pair, w, sd, sg, K, H, t, d, x);
+    int32_t slot[COMBINE_KMAX];
+    float wk[COMBINE_KMAX];
+    combine_route(slot_of_pair, w, t, K, slot, wk);
+    combine4_pair<1>(ed, slot, wk, sd, sg, K, H, t, d, H, x, nullptr);
 }
 
 /* The combine of one token a block (256 threads), then the next layer's input RMSNorm of
  * the row it just finished (bf16 into xn), in rmsnorm_kernel's order (norm_src_row: 256 lanes,
  * lane l over x[l], x[l + 256], ...): the same bits as the separate norm launch it replaces
  * on the 2..64-token path (40 launches a step). The gains are the model's: read before the
- * wait. The row's values are this block's own global writes, read back after the barrier.
- * With xs.perm (H a multiple of 64), the bf16 row is then staged for the wgmma products
- * (wg_stage_group, a thread a group: struct cuda_xstage), read back after a second barrier:
- * the GDN in-projection's and attention q/k/v's blocks (cuda_skinny_wide.cu's looped form)
- * copy it instead of each summing and reordering the same tokens. */
+ * wait. A thread's two runs of columns (d and d + 1,024 at H = 2,048) are combined with all
+ * their loads in flight together (combine4_pair), and the finished row is kept in dynamic
+ * shared memory — H floats, then its H bf16 values (cn_smem_bytes) — for the norm, whose
+ * lanes own other columns than the combine's, and for the stage: one round trip to memory
+ * on the block's chain instead of three (its own global writes were read back after each
+ * barrier: 11.6 µs a call at 64 tokens alone, H100, session 44). With xs.perm (H a multiple
+ * of 64), the bf16 row is then staged for the wgmma products (wg_stage_group, a thread a
+ * group: struct cuda_xstage): the GDN in-projection's and attention q/k/v's blocks
+ * (cuda_skinny_wide.cu's looped form) copy it instead of each summing and reordering the
+ * same tokens. */
+#define CN_MAX_H 8192 /* columns the shared row takes: 6 bytes a column within the 48 KB default */
+static size_t cn_smem_bytes(int H) { return (size_t)H * (sizeof(float) + sizeof(uint16_t)); }
 static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *__restrict__ ed,
                                                                    const int32_t *__restrict__ slot_of_pair,
                                                                    const float *__restrict__ w, const float *__restrict__ sd,
@@ -1021,23 +1056,33 @@ static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *_
                                                                    float *__restrict__ x, const float *__restrict__ gain,
                                                                    float eps, uint16_t *__restrict__ xn, cuda_xstage xs) {
     TRACE_KERNEL();
+    extern __shared__ __align__(16) float cn_row[]; /* [H] fp32, then [H] bf16 (H % 4 == 0: 16-byte aligned) */
+    uint16_t *row16 = reinterpret_cast<uint16_t *>(cn_row + H);
     pdl_trigger();
     float g[NS_REG];
     rms_row_load<NS_REG, false>(gain, H, g);
     pdl_wait();
     const int t = blockIdx.x;
     const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
-    for (int d = 4 * (int)threadIdx.x; d < H; d += 4 * (int)blockDim.x) combine4_at(ed, slot_of_pair, w, sd, sg, K, H, t, d, x);
+    int32_t slot[COMBINE_KMAX];
+    float wk[COMBINE_KMAX];
+    combine_route(slot_of_pair, w, t, K, slot, wk);
+    const int step = 4 * (int)blockDim.x;
+    for (int d = 4 * (int)threadIdx.x; d < H; d += 2 * step) combine4_pair<2>(ed, slot, wk, sd, sg, K, H, t, d, d + step, x, cn_row);
     __syncthreads();
-    const cuda_norm_src row = {x + (size_t)t * H, gain, eps, NULL}; /* (the consumers' norm, here of this block's row) */
-    norm_src_row(row, H, g, [&](int i, float o) { xn[(size_t)t * H + i] = f2bf(o); });
+    const cuda_norm_src src = {cn_row, gain, eps, NULL}; /* (the consumers' norm, here of the shared row) */
+    norm_src_row(src, H, g, [&](int i, float o) {
+        const uint16_t b = f2bf(o);
+        xn[(size_t)t * H + i] = b;
+        row16[i] = b;
+    });
     if (!xs.perm) return;
-    __syncthreads(); /* the row's bf16 values, this block's global writes, visible to every thread */
+    __syncthreads(); /* the row's bf16 values, to every thread */
     for (int gi = threadIdx.x; gi < H / QGROUP; gi += blockDim.x) {
-        const uint4 *src = reinterpret_cast<const uint4 *>(xn + (size_t)t * H + (size_t)gi * QGROUP);
+        const uint4 *src16 = reinterpret_cast<const uint4 *>(row16 + (size_t)gi * QGROUP);
         uint4 v[8];
 #pragma unroll
-        for (int ch = 0; ch < 8; ch++) v[ch] = src[ch];
+        for (int ch = 0; ch < 8; ch++) v[ch] = src16[ch];
         xs.gsum[(size_t)t * (H / QGROUP) + gi] = wg_stage_group(v);
         uint4 *dst = reinterpret_cast<uint4 *>(xs.perm + (size_t)t * H + (size_t)gi * QGROUP);
 #pragma unroll
@@ -1068,12 +1113,12 @@ extern "C" int cuda_moe_combine_norm(const struct cuda_ctx *c, const float *ed, 
     const cuda_xstage st = xs ? *xs : cuda_xstage{};
     if (st.perm && (H % QGROUP || !st.gsum || (((uintptr_t)xn | (uintptr_t)st.perm | (uintptr_t)st.gsum) & 15)))
         return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_combine_norm: rows of %d columns cannot be staged", H);
-    LAUNCH_CHECK_RC(c, launch_k(combine_norm_kernel, dim3(T), dim3(256), 0, cstream(c), ed, slot_of_pair, w, sd, seg, ld_seg, K,
-                                H, x, gain, eps, xn, st),
+    LAUNCH_CHECK_RC(c, launch_k(combine_norm_kernel, dim3(T), dim3(256), cn_smem_bytes(H), cstream(c), ed, slot_of_pair, w, sd,
+                                seg, ld_seg, K, H, x, gain, eps, xn, st),
                     "moe_combine_norm");
 }
 
-extern "C" int cuda_moe_combine_norm_ok(int H) { return H % 4 == 0 && H > 0; }
+extern "C" int cuda_moe_combine_norm_ok(int H) { return H % 4 == 0 && H > 0 && H <= CN_MAX_H; }
 
 static __global__ void swiglu_kernel(const float *g, const float *u, size_t n, uint16_t *out) {
     TRACE_KERNEL();

@@ -355,7 +355,7 @@ int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const int32_t *s
 /* The same for T tokens, then each token's RMSNorm of x with gain into xn (bf16) — the next
  * layer's input norm, the bits of cuda_rmsnorm (the 2..64-token path: one launch less a
  * layer) — and, xs not NULL (H a multiple of 64), xn's rows staged (struct cuda_xstage).
- * cuda_moe_combine_norm_ok: the shapes it takes (H % 4 == 0). */
+ * cuda_moe_combine_norm_ok: the shapes it takes (H % 4 == 0, H ≤ 8,192: its row in shared memory). */
 int cuda_moe_combine_norm(const struct cuda_ctx *c, const float *ed, const int32_t *slot_of_pair, const float *w,
                           const float *sd, const float *seg, int ld_seg, int T, int K, int H, float *x, const float *gain,
                           float eps, uint16_t *xn, const struct cuda_xstage *xs);
