@@ -962,11 +962,12 @@ static __global__ void combine_kernel(const float *__restrict__ ed, const int32_
     x[(size_t)t * H + d] += acc;
 }
 
-/* A token's routed slots and their weights (k < K), read once for all of a thread's columns. */
+/* A token's routed slots and their weights (k < K ≤ KM), read once for all of a thread's columns. */
+template <int KM>
 __device__ __forceinline__ void combine_route(const int32_t *__restrict__ slot_of_pair, const float *__restrict__ w, int t,
-                                              int K, int32_t (&slot)[COMBINE_KMAX], float (&wk)[COMBINE_KMAX]) {
+                                              int K, int32_t (&slot)[KM], float (&wk)[KM]) {
 #pragma unroll
-    for (int k = 0; k < COMBINE_KMAX; k++)
+    for (int k = 0; k < KM; k++)
         if (k < K) {
             slot[k] = slot_of_pair[t * K + k];
             wk[k] = w[t * K + k];
@@ -978,18 +979,18 @@ __device__ __forceinline__ void combine_route(const int32_t *__restrict__ slot_o
  * expert's row, x) issued before the first sum, then each output's terms in combine_kernel's
  * order (sg·sd, then k = 0..K-1, then added to x). row (not NULL): the new x values also
  * stored there at the same columns (the combine + norm's row in shared memory). */
-template <int RUNS>
-__device__ __forceinline__ void combine4_pair(const float *__restrict__ ed, const int32_t (&slot)[COMBINE_KMAX],
-                                              const float (&wk)[COMBINE_KMAX], const float *__restrict__ sd, float sg, int K,
-                                              int H, int t, int d, int d2, float *__restrict__ x, float *row) {
+template <int RUNS, int KM>
+__device__ __forceinline__ void combine4_pair(const float *__restrict__ ed, const int32_t (&slot)[KM], const float (&wk)[KM],
+                                              const float *__restrict__ sd, float sg, int K, int H, int t, int d, int d2,
+                                              float *__restrict__ x, float *row) {
     const int dd[2] = {d, d2};
     const bool on[2] = {true, RUNS == 2 && d2 < H};
-    float4 e[RUNS][COMBINE_KMAX], s4[RUNS], xv[RUNS];
+    float4 e[RUNS][KM], s4[RUNS], xv[RUNS];
 #pragma unroll
     for (int r = 0; r < RUNS; r++)
         if (on[r]) {
 #pragma unroll
-            for (int k = 0; k < COMBINE_KMAX; k++)
+            for (int k = 0; k < KM; k++)
                 if (k < K) e[r][k] = *reinterpret_cast<const float4 *>(ed + (size_t)slot[k] * H + dd[r]);
             s4[r] = *reinterpret_cast<const float4 *>(sd + (size_t)t * H + dd[r]);
             xv[r] = *reinterpret_cast<const float4 *>(x + (size_t)t * H + dd[r]);
@@ -999,7 +1000,7 @@ __device__ __forceinline__ void combine4_pair(const float *__restrict__ ed, cons
         if (on[r]) {
             float4 acc = make_float4(sg * s4[r].x, sg * s4[r].y, sg * s4[r].z, sg * s4[r].w);
 #pragma unroll
-            for (int k = 0; k < COMBINE_KMAX; k++)
+            for (int k = 0; k < KM; k++)
                 if (k < K) {
                     acc.x = fmaf(wk[k], e[r][k].x, acc.x);
                     acc.y = fmaf(wk[k], e[r][k].y, acc.y);
@@ -1016,21 +1017,24 @@ __device__ __forceinline__ void combine4_pair(const float *__restrict__ ed, cons
         }
 }
 
-/* Four consecutive outputs a thread. One output a thread left the 4,096-token prefill at
- * 181 µs a layer (H200) for ~370 MB of traffic. */
+/* Two runs of four consecutive outputs a thread (d and d + 4·blockDim: a block covers
+ * 8·blockDim columns of token t), both runs' loads in flight together. One output a thread
+ * left the 4,096-token prefill at 181 µs a layer (H200) for ~370 MB of traffic; one run a
+ * thread 139.7 µs (H100, session 46). */
+template <int KM>
 static __global__ void combine4_kernel(const float *__restrict__ ed, const int32_t *__restrict__ slot_of_pair,
                                        const float *__restrict__ w, const float *__restrict__ sd,
                                        const float *__restrict__ seg, int ld_seg, int K, int H, float *__restrict__ x) {
     TRACE_KERNEL();
     pdl_trigger();
     pdl_wait();
-    const int t = blockIdx.x, d = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
+    const int t = blockIdx.x, step = 4 * (int)blockDim.x, d = 2 * step * (int)blockIdx.y + 4 * (int)threadIdx.x;
     if (d >= H) return;
     const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
-    int32_t slot[COMBINE_KMAX];
-    float wk[COMBINE_KMAX];
-    combine_route(slot_of_pair, w, t, K, slot, wk);
-    combine4_pair<1>(ed, slot, wk, sd, sg, K, H, t, d, H, x, nullptr);
+    int32_t slot[KM];
+    float wk[KM];
+    combine_route<KM>(slot_of_pair, w, t, K, slot, wk);
+    combine4_pair<2, KM>(ed, slot, wk, sd, sg, K, H, t, d, d + step, x, nullptr);
 }
 
 /* The combine of one token a block (256 threads), then the next layer's input RMSNorm of
@@ -1066,9 +1070,10 @@ static __global__ void __launch_bounds__(256) combine_norm_kernel(const float *_
     const float sg = 1.0f / (1.0f + expf(-seg[(size_t)t * ld_seg]));
     int32_t slot[COMBINE_KMAX];
     float wk[COMBINE_KMAX];
-    combine_route(slot_of_pair, w, t, K, slot, wk);
+    combine_route<COMBINE_KMAX>(slot_of_pair, w, t, K, slot, wk);
     const int step = 4 * (int)blockDim.x;
-    for (int d = 4 * (int)threadIdx.x; d < H; d += 2 * step) combine4_pair<2>(ed, slot, wk, sd, sg, K, H, t, d, d + step, x, cn_row);
+    for (int d = 4 * (int)threadIdx.x; d < H; d += 2 * step)
+        combine4_pair<2, COMBINE_KMAX>(ed, slot, wk, sd, sg, K, H, t, d, d + step, x, cn_row);
     __syncthreads();
     const cuda_norm_src src = {cn_row, gain, eps, NULL}; /* (the consumers' norm, here of the shared row) */
     norm_src_row(src, H, g, [&](int i, float o) {
@@ -1096,7 +1101,8 @@ extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const
     if (K > COMBINE_KMAX) return errorf(c->err, c->errlen, ST_UNSUPPORTED, "moe_combine: %d experts a token (at most %d)", K,
                                         COMBINE_KMAX);
     if (H % 4 == 0 && !(((uintptr_t)ed | (uintptr_t)sd | (uintptr_t)x) & 15))
-        LAUNCH_CHECK_RC(c, launch_k(combine4_kernel, dim3(T, (H / 4 + 255) / 256), dim3(256), 0, cstream(c), ed, slot_of_pair,
+        LAUNCH_CHECK_RC(c, launch_k(K <= 8 ? combine4_kernel<8> : combine4_kernel<COMBINE_KMAX>, dim3(T, (H / 8 + 255) / 256),
+                                    dim3(256), 0, cstream(c), ed, slot_of_pair,
                                     w, sd, seg, ld_seg, K, H, x),
                         "moe_combine");
     LAUNCH_CHECK_RC(c, launch_k(combine_kernel, dim3(T, (H + 255) / 256), dim3(256), 0, cstream(c), ed, slot_of_pair, w, sd, seg,

@@ -1778,6 +1778,7 @@ int main(void) {
     test_combine_norm(64, 8, 2048);
     test_combine_norm(5, 8, 2048);
     test_combine_norm(3, 2, 128);   /* fewer columns than lanes */
+    test_combine_norm(4, 12, 2048); /* more than 8 experts a token: the combine's 16-slot form */
     test_combine_norm(2, 4, 5000);  /* past NS_REG·256 columns: the rest read again */
     CHECK(cuda_moe_combine_norm_ok(8192) && !cuda_moe_combine_norm_ok(8196),
           "moe_combine_norm_ok: rows of 8,192 columns %d (want 1), 8,196 %d (want 0: the row in shared memory)",
