@@ -433,6 +433,10 @@ int cuda_skinny_tall(const struct cuda_ctx *c, const struct cuda_qmat *m, const 
  * takes it) or off, returning the previous state; launches taken so far (tests). */
 int cuda_skinny_tall_wg_enable(int on);
 int cuda_skinny_tall_wg_launches(void);
+/* test hooks: the wgmma form's K = 2,048 instances on (1) or off (0) — returns the previous
+ * state — and the launches they took */
+int cuda_skinny_tall_k2048_enable(int on);
+int cuda_skinny_tall_k2048_launches(void);
 
 /* ---- one token on the tensor cores (cuda_tcv.cu), 4-bit weights; the same sums, in the
  * same order, as the skinny kernels give that token inside a batch ---- */

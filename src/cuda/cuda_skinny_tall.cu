@@ -149,10 +149,35 @@ static __global__ void __launch_bounds__(TL_WARPS * 32, 1)
 #define TW_WSM TCV_WSM(4)
 
 /* [align 1,024][xb G·N·128][xsum N × (G + 4) fp32][ring 4·TW_WGS warps × TW_ST × TW_WSM]:
- * 219,648 bytes at K = 2,048 */
+ * 219,648 bytes at K = 2,048 (the generic instance, any K up to 2,048) */
 static constexpr size_t tw_smem(int K) {
     return 1024 + (size_t)(K / QGROUP) * TW_N * 128 + (size_t)TW_N * (K / QGROUP + 4) * 4 + (size_t)4 * TW_WGS * TW_ST * TW_WSM;
 }
+
+/* ---- K = 2,048 (the lm_head): tall_wg_kernel<GPW>, GPW = 8 (K's slice width; 4 compiles too) ----
+ * The generic instance (GPW 0: G and the slice width at run time) spent ~219 SASS a group and
+ * warp of which ~58 are the scale and ~30 the dequantisation; the rest was the step's
+ * divisions (s / SPT, s % SPT, s % TW_ST, (g0 + 4) % gpw), tcv_tile_async's per-lane address
+ * arithmetic and zero-fill branches, a descriptor rebuilt every k16 step, 8 scalar Σx loads a
+ * group and a guarded tile end. Here G = 32 (8 steps of 4 groups a tile) and the slice width
+ * are compile-time: a tile is a loop of its 8 steps (not unrolled: one step's code, ~560 SASS,
+ * stays in the instruction cache), a slice ending where g0 & (GPW - 1) == GPW - 4, the tile's
+ * stores after the loop; the ring's stage offsets rotate by a compare; the copy of a tile
+ * whose 16 rows are in the matrix (all but perhaps the last) is tk_copy (per-lane offsets
+ * hoisted, the same bytes to the same shared addresses), the partial one tcv_tile_async; the
+ * descriptors are one per block plus constants; the tokens' Σx are re-laid once into xq
+ * (below) for two vector loads a group, a step's scales and biases are 4 8-byte loads; a full
+ * tile of 32 tokens is stored unguarded. SASS a group and warp (K = 2,048, gpw 8): ~219 -> ~141.
+ * Bits: every product, scale step, slice sum and store is the generic instance's operation on
+ * the same values in the same order (the arithmetic is sk_frags, the same wgmma k16 steps,
+ * sk_group_scale and the same adds: see tk_scale and the loop). */
+#define TK_G 32          /* groups of K = 2,048 */
+#define TK_SPT (TK_G / 4) /* a tile's steps */
+#define TK_RB (TK_G * 32) /* a row's code bytes */
+
+/* the generic layout, then xq [G][c 4][j 4][e 2] fp32 (token 8j + 2c + e's Σx of group g:
+ * lane c's 8 sums of a group contiguous) before the ring: 223,744 bytes */
+static constexpr size_t tk_smem() { return tw_smem(TK_G * QGROUP) + (size_t)TK_G * TW_N * 4; }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Group gi of a warp's step in wsm into four wgmma of the tokens' group grp (wg_group_issue,
@@ -163,13 +188,234 @@ __device__ __forceinline__ sk_w tw_issue(const unsigned char *wsm, int gi, int g
     wg_group_issue<TW_N, true>(f, xb_s + (uint32_t)(grp * TW_N * 128), cg);
     return f;
 }
+
+/* One step's copy of a tile whose 16 rows are all in the matrix: tcv_tile_async<4>'s bytes to
+ * its shared addresses, the same instructions (cp.async.cg 16 bytes, .ca 8), its per-lane
+ * offsets hoisted. Its i = lane + 32k (k = 0..3) is row r = (lane >> 3) + 4k, chunk ch =
+ * lane & 7, with r & 3 = lane >> 3: the source is src + 4,096·k (src: row lane >> 3, chunk ch
+ * of the step's first group: codes + (row0 + (lane >> 3))·1,024 + 128·step + 16·ch) and the
+ * destination dst + 512·k (dst: the stage + (lane >> 3)·128 + ((ch >> 1) ^ (lane >> 3))·32 +
+ * (ch & 1)·16); then lane l < 16 copies row l's 4 scales, l ≥ 16 row l - 16's 4 biases (ssrc:
+ * 8 bytes) to sdst = the stage + 2,048 + (l >> 4)·128 + (l & 15)·8. */
+__device__ __forceinline__ void tk_copy(const unsigned char *src, const uint16_t *ssrc, uint32_t dst, uint32_t sdst) {
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 512 * k), "l"(src + 4096 * k));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(sdst), "l"(ssrc));
+}
+
+/* Element gi (0..3, compile-time) of 4 bf16 in w as fp32: bf(sb[.. + gi]) of tcv_smem_group. */
+__device__ __forceinline__ float tk_bf(uint2 w, int gi) {
+    const uint32_t v = gi < 2 ? w.x : w.y;
+    return gi & 1 ? bf_hi(v) : bf_lo(v);
+}
+
+/* Group gi of a step's stage wsm as tcv_smem_group<4>'s sk_w for lane (gq, c): code words at
+ * wsm + gq·128 + ((gi ^ (gq & 3))·32) + 8c and 1,024 on (row gq + 8); its scales and biases
+ * from sb, the step's [s0, s1, b0, b1] (rows gq, gq + 8: 4 bf16 each, one 8-byte load). */
+__device__ __forceinline__ sk_w tk_group(const unsigned char *wq_lane, int gi, int qx, const uint2 (&sb)[4]) {
+    sk_w f;
+    const unsigned char *p = wq_lane + ((gi ^ qx) << 5);
+    f.q0 = *reinterpret_cast<const uint2 *>(p);
+    f.q1 = *reinterpret_cast<const uint2 *>(p + 1024);
+    f.s0 = tk_bf(sb[0], gi);
+    f.s1 = tk_bf(sb[1], gi);
+    f.b0 = tk_bf(sb[2], gi);
+    f.b1 = tk_bf(sb[3], gi);
+    return f;
+}
+
+/* wg_group_issue<TW_N, true> with the group's first descriptor given: sk_frags' LOP3 form,
+ * then k16 step st's descriptor desc + 2·st (wg_desc(xg_s + 32·st): the address field is
+ * the shared address >> 4, below 2^14 — every shared address of the block is below 2^18 —
+ * so 32 bytes on is 2 on in the low word with no carry into the LBO field at bit 16), the
+ * same fences and the same four wgmma (the first writes, three add), one commit group. */
+__device__ __forceinline__ void tk_issue(const sk_w &f, uint32_t dlo, uint32_t dhi, float (&cg)[TW_N / 2]) {
+    uint32_t af[4][4];
+    sk_frags<true>(f, af);
+    uint64_t d[4];
+#pragma unroll
+    for (int st = 0; st < 4; st++) d[st] = (uint64_t)dhi << 32 | (dlo + 2 * st);
+    reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
+    reg_fence(cg);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_k16<TW_N, 0>(cg, af[0], d[0]);
+#pragma unroll
+    for (int st = 1; st < 4; st++) wgmma_k16<TW_N>(cg, af[st], d[st]);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/* wg_group_scale<TW_N, W> with the group's Σx from xq (lane c's 8 sums: two 16-byte loads,
+ * issued before the wait; sx[2j + e] = token 8j + 2c + e's, the value wg_group_scale reads
+ * from xsum[(8j + 2c + e)·ld]): the wait, the fence, then sk_group_scale for n-tiles j = 0..3
+ * in order — the same function on the same values. */
+template <int W>
+__device__ __forceinline__ void tk_scale(const sk_w &f, float (&cg)[TW_N / 2], const float *xq_g, float (*acc)[4]) {
+    const float4 lo = reinterpret_cast<const float4 *>(xq_g)[0], hi = reinterpret_cast<const float4 *>(xq_g)[1];
+    const float sx[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(W) : "memory");
+    reg_fence(cg);
+#pragma unroll
+    for (int j = 0; j < TW_N / 8; j++) {
+        const float cj[4] = {cg[4 * j], cg[4 * j + 1], cg[4 * j + 2], cg[4 * j + 3]};
+        sk_group_scale(f, cj, sx[2 * j], sx[2 * j + 1], acc[j]);
+    }
+}
+
+/* The K = 2,048 body (see above): the generic one's steps, copies, waits and arithmetic in
+ * the same order. */
+template <int GPW>
+__device__ __forceinline__ void tk_run(const cuda_qmat &m, const uint16_t *x, int ldx, int T, float *y, int ldy,
+                                       int accumulate) {
+    static_assert(GPW == 4 || GPW == 8, "tall_wg_kernel: a slice of 4 or 8 groups");
+    constexpr int G = TK_G, xs_ld = G + 4;
+    extern __shared__ __align__(16) unsigned char sm[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(sm);
+    unsigned char *xb = sm + ((1024 - (raw_s & 1023)) & 1023);
+    const uint32_t xb_s = (uint32_t)__cvta_generic_to_shared(xb);
+    float *xsum = reinterpret_cast<float *>(xb + (size_t)G * TW_N * 128);
+    float *xq = xsum + TW_N * xs_ld;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3, wq = warp & 3;
+    /* 128-byte aligned (xb + 131,072 + 4,608 + 4,096, stages of 2,304 = 18·128): tk_group's XOR */
+    unsigned char *ring = reinterpret_cast<unsigned char *>(xq + G * TW_N) + (size_t)warp * TW_ST * TW_WSM;
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+    const int t0 = (int)blockIdx.y * TW_N, nT = min(TW_N, T - t0);
+    const int n_tiles = (m.rows + 63) / 64, wg0 = (int)blockIdx.x * TW_WGS + (warp >> 2), wgs = (int)gridDim.x * TW_WGS;
+    const int mine = wg0 < n_tiles ? (n_tiles - 1 - wg0) / wgs + 1 : 0;
+    /* the warp's tiles whose 16 rows are all in the matrix: all but perhaps the last */
+    const int full = mine > 0 && (wg0 + (mine - 1) * wgs) * 64 + wq * 16 + 16 > m.rows ? mine - 1 : mine;
+
+    /* the next copy: tile it of the warp's, step iu of it, into stage offset io; its lane's
+     * code source ic (row r0 + (lane >> 3), chunk lane & 7 of the step's groups) and scale or
+     * bias source isb (row r0 + (lane & 15), the step's first group) — 128 bytes and 4 bf16 a
+     * step, and from a tile's last step to the next tile's first wgs·64 rows less 7 steps */
+    const int r00 = wg0 * 64 + wq * 16;
+    const unsigned char *ic =
+        reinterpret_cast<const unsigned char *>(m.codes) + ((size_t)r00 + (lane >> 3)) * TK_RB + (lane & 7) * 16;
+    const uint16_t *isb = (lane < 16 ? m.scales : m.biases) + ((size_t)r00 + (lane & 15)) * G;
+    const uint32_t cdst = (lane >> 3) * 128 + ((((lane & 7) >> 1) ^ (lane >> 3)) << 5) + (lane & 1) * 16;
+    const uint32_t sdst = 4 * 512 + (lane >> 4) * 128 + (lane & 15) * 8;
+    const size_t cjump = (size_t)wgs * 64 * TK_RB - (TK_SPT - 1) * 128, sjump = (size_t)wgs * 64 * G - (TK_SPT - 1) * 4;
+    int it = 0, iu = 0;
+    uint32_t io = 0;
+    auto issue = [&]() { /* the generic issue(s) for the next s: always a commit group */
+        if (it < full) tk_copy(ic, isb, ring_s + io + cdst, ring_s + io + sdst);
+        else if (it < mine) { /* the partial last tile: rows past the matrix zeroed */
+            const int r0 = (wg0 + it * wgs) * 64 + wq * 16;
+            tcv_tile_async<4>(m, (size_t)r0, m.rows - r0, iu * 4, ring + io);
+        }
+        cpa_commit();
+        const bool last = iu == TK_SPT - 1;
+        ic += last ? cjump : (size_t)128;
+        isb += last ? sjump : (size_t)4;
+        it += last;
+        iu = last ? 0 : iu + 1;
+        io = io == (TW_ST - 1) * TW_WSM ? 0 : io + TW_WSM;
+    };
+    pdl_trigger();
+    for (int s = 0; s < TW_ST - 1; s++) issue(); /* weights: before the wait */
+    pdl_wait();
+    wg_stage_tokens<TW_N>(xb, xsum, xs_ld, x, ldx, t0, nT, G, 0);
+    /* xq[g][c][j][e] = token 8j + 2c + e's Σx of group g, copied (tokens past nT, never
+     * stored: 0; the generic instance reads xsum's unwritten rows for them) */
+    for (int i = tid; i < G * TW_N; i += blockDim.x) {
+        const int g = i >> 5, t = 8 * ((i >> 1) & 3) + 2 * ((i >> 3) & 3) + (i & 1);
+        xq[i] = t < nT ? xsum[t * xs_ld + g] : 0.0f;
+    }
+    __syncthreads();
+
+    const unsigned char *wq_lane = ring + gq * 128 + c * 8; /* + the stage: tk_group's code words */
+    const float *xq_lane = xq + c * 8;                         /* + 32 g: lane c's Σx of group g */
+    const uint64_t desc0 = wg_desc(xb_s); /* low word + 256 g: group g's first k16 step (tk_issue) */
+    const uint32_t dlo0 = (uint32_t)desc0;
+    const uint32_t dhi = (uint32_t)(desc0 >> 32);
+    const int qx = gq & 3;
+    float acc[TW_N / 8][4], tot[TW_N / 8][4];
+#pragma unroll
+    for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = tot[j][e] = 0.0f;
+    uint32_t so = 0; /* the step's stage offset (step s: stage s % TW_ST) */
+    for (int ti = 0; ti < mine; ti++) {
+#pragma unroll 1
+        for (int g0 = 0; g0 < G; g0 += 4) { /* the tile's steps: groups g0 .. g0 + 3 */
+            { /* the generic loop's step: its copy, wait and four groups, two in flight */
+                __syncwarp(); /* every lane is past the previous step, whose stage issue() refills */
+                issue();
+                cpa_wait<TW_ST - 1>();
+                __syncwarp();
+                const unsigned char *wl = wq_lane + so;
+                const uint2 *sbp = reinterpret_cast<const uint2 *>(ring + so + 4 * 512) + gq; /* [4][16] uint2 */
+                const uint2 sb[4] = {sbp[0], sbp[8], sbp[16], sbp[24]};
+                const float *xg = xq_lane + g0 * 32;
+                const uint32_t dg = dlo0 + g0 * 256;
+                float ca[TW_N / 2], cb[TW_N / 2];
+                const sk_w f0 = tk_group(wl, 0, qx, sb);
+                tk_issue(f0, dg, dhi, ca);
+                const sk_w f1 = tk_group(wl, 1, qx, sb);
+                tk_issue(f1, dg + 256, dhi, cb);
+                tk_scale<1>(f0, ca, xg, acc);
+                const sk_w f2 = tk_group(wl, 2, qx, sb);
+                tk_issue(f2, dg + 512, dhi, ca);
+                tk_scale<1>(f1, cb, xg + 32, acc);
+                const sk_w f3 = tk_group(wl, 3, qx, sb);
+                tk_issue(f3, dg + 768, dhi, cb);
+                tk_scale<1>(f2, ca, xg + 64, acc);
+                tk_scale<0>(f3, cb, xg + 96, acc);
+                so = so == (TW_ST - 1) * TW_WSM ? 0 : so + TW_WSM;
+            }
+            if ((g0 & (GPW - 1)) == GPW - 4) { /* a slice ends: its sum onto the slices before (from 0) */
+#pragma unroll
+                for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        tot[j][e] += acc[j][e];
+                        acc[j][e] = 0.0f;
+                    }
+            }
+        }
+        /* the tile ends: rows gq, gq + 8 of the warp's 16, tokens 8j + 2c (+ 1) */
+        const int r = (wg0 + ti * wgs) * 64 + wq * 16 + gq;
+        if (ti < full && nT == TW_N) { /* every (row, token) of the lane's is stored */
+            float *yl = y + (size_t)(t0 + 2 * c) * ldy + r;
+#pragma unroll
+            for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float *d = yl + (size_t)(8 * j + (e & 1)) * ldy + 8 * (e >> 1);
+                    *d = accumulate ? *d + tot[j][e] : tot[j][e];
+                    tot[j][e] = 0.0f;
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int tok = 8 * j + 2 * c + (e & 1), rr = r + 8 * (e >> 1);
+                    if (tok < nT && rr < m.rows) {
+                        float *d = y + (size_t)(t0 + tok) * ldy + rr;
+                        *d = accumulate ? *d + tot[j][e] : tot[j][e];
+                    }
+                    tot[j][e] = 0.0f;
+                }
+        }
+    }
+    cpa_wait<0>(); /* no copy outlives the block (the issues past the last tile are empty groups) */
+}
 #endif
 
-/* gpw: groups of a k-slice (the reduction's slices: cuda_skinny_kslices), a multiple of 4. */
+/* gpw: groups of a k-slice (the reduction's slices: cuda_skinny_kslices), a multiple of 4.
+ * GPW 0: any K (G, gpw at run time); 8: K = 2,048 with gpw = 8 (tk_run; the launcher's only other instance). */
+template <int GPW>
 static __global__ void __launch_bounds__(TW_WGS * 128, 1)
     tall_wg_kernel(cuda_qmat m, const uint16_t *x, int ldx, int T, float *y, int ldy, int accumulate, int gpw) {
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (GPW != 0) {
+        (void)gpw;
+        tk_run<GPW>(m, x, ldx, T, y, ldy, accumulate);
+        return;
+    }
     extern __shared__ __align__(16) unsigned char sm[];
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(sm);
     unsigned char *xb = sm + ((1024 - (raw_s & 1023)) & 1023);
@@ -252,6 +498,9 @@ static __global__ void __launch_bounds__(TW_WGS * 128, 1)
 #define TL_STAGES 2
 static int tl_grid[3][2]; /* [NT 1/2/4][GPW 4/8]: resident blocks (0: off) */
 static int tw_grid = 0;    /* tall_wg_kernel's resident blocks (0: not this device) */
+static int tw_grid_k = 0;  /* its K = 2,048 instance's (GPW 8; 0: the generic one takes K = 2,048) */
+static int tk_on = 0;      /* it takes K = 2,048 (ORCHID_TL_K2048=1; cuda_skinny_tall_k2048_enable) */
+static int tk_launches = 0;
 static int tl_gpw(const struct cuda_qmat *m);
 static int tw_on = 0;      /* the wgmma form takes 17..64 tokens (cuda_skinny_tall_wg_enable) */
 static int tw_launches = 0; /* its launches (tests: the form ran) */
@@ -274,16 +523,26 @@ extern "C" int cuda_skinny_tall_init(char *err, size_t errlen) {
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny tall: setup: %s", cudaGetErrorString(e));
     if (env_flag("ORCHID_NO_TALL")) memset(tl_grid, 0, sizeof tl_grid); /* A/B: the wide form's chunks again */
     /* the wgmma form: sm_90a code running and its shared memory (K = 2,048) within the opt-in */
-    tw_grid = 0;
+    tw_grid = tw_grid_k = 0;
     const int code = cuda_sm90a_code(err, errlen);
     if (code < 0) return code;
     if (code == 1) {
-        e = persistent_grid(tall_wg_kernel, TW_WGS * 128, tw_smem(2048), n, optin, &tw_grid);
+        e = persistent_grid(tall_wg_kernel<0>, TW_WGS * 128, tw_smem(2048), n, optin, &tw_grid);
+        if (e == cudaSuccess) e = persistent_grid(tall_wg_kernel<8>, TW_WGS * 128, tk_smem(), n, optin, &tw_grid_k);
         if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny tall (wgmma): setup: %s", cudaGetErrorString(e));
     }
     tw_on = tw_grid > 0 && !env_flag("ORCHID_TL_NOWG");
+    tk_on = tw_grid_k > 0 && env_flag("ORCHID_TL_K2048"); /* opt-in until measured on a card */
     return 0;
 }
+
+extern "C" int cuda_skinny_tall_k2048_enable(int on) {
+    const int was = tk_on;
+    tk_on = on && tw_grid_k > 0;
+    return was;
+}
+
+extern "C" int cuda_skinny_tall_k2048_launches(void) { return tk_launches; }
 
 extern "C" int cuda_skinny_tall_wg_enable(int on) {
     const int was = tw_on;
@@ -326,10 +585,13 @@ extern "C" int cuda_skinny_tall(const struct cuda_ctx *c, const struct cuda_qmat
     const int nti = tl_nt_index(T), g8 = tl_gpw(m) == 8, grid = tl_grid[nti][g8];
     cudaError_t e;
     if (tw_on && T > 16) { /* the wgmma form: token groups of 32 (blockIdx.y) over the resident blocks */
-        const int groups = (T + TW_N - 1) / TW_N, per = tw_grid / groups > 0 ? tw_grid / groups : 1;
-        e = launch_k(tall_wg_kernel, dim3(per, groups), dim3(TW_WGS * 128), tw_smem(m->cols), cstream(c), *m, x, ldx, T, y,
-                     ldy, accumulate, tl_gpw(m));
-        if (e == cudaSuccess) tw_launches++;
+        /* K = 2,048 has slices of 8 groups (cuda_skinny_kslices is K's): tall_wg_kernel<8> */
+        const int gpw = tl_gpw(m), k = m->cols == TK_G * QGROUP && gpw == 8 && tk_on, wgrid = k ? tw_grid_k : tw_grid;
+        const int groups = (T + TW_N - 1) / TW_N, per = wgrid / groups > 0 ? wgrid / groups : 1;
+        const dim3 wgd(per, groups), block(TW_WGS * 128);
+        if (k) e = launch_k(tall_wg_kernel<8>, wgd, block, tk_smem(), cstream(c), *m, x, ldx, T, y, ldy, accumulate, gpw);
+        else e = launch_k(tall_wg_kernel<0>, wgd, block, tw_smem(m->cols), cstream(c), *m, x, ldx, T, y, ldy, accumulate, gpw);
+        if (e == cudaSuccess) tw_launches++, tk_launches += k;
     } else if (nti == 0) e = g8 ? tl_launch<8, 1>(c, m, x, T, ldx, y, ldy, accumulate, grid)
                          : tl_launch<4, 1>(c, m, x, T, ldx, y, ldy, accumulate, grid);
     else if (nti == 1) e = g8 ? tl_launch<8, 2>(c, m, x, T, ldx, y, ldy, accumulate, grid)

@@ -1720,16 +1720,22 @@ int main(void) {
         /* taller: the persistent form (cuda_skinny_tall.cu), every token vs alone */
         const int Ttall[] = {2, 8, 9, 16, 17, 40, 64};
         /* both forms of 17..64 tokens: mma.sync, then wgmma where the device has it (and it ran) */
-        const int tw = cuda_skinny_tall_wg_enable(0);
-        for (int form = 0; form < 1 + tw; form++) {
-            cuda_skinny_tall_wg_enable(form);
-            const int n0 = cuda_skinny_tall_wg_launches();
+        /* and, form 2, the wgmma form's K = 2,048 instance (tall_wg_kernel<8>) */
+        const int tw = cuda_skinny_tall_wg_enable(0), tk0 = cuda_skinny_tall_k2048_enable(1);
+        const int tk = tw && cuda_skinny_tall_k2048_enable(tk0);
+        for (int form = 0; form < 1 + tw + tk; form++) {
+            cuda_skinny_tall_wg_enable(form > 0);
+            cuda_skinny_tall_k2048_enable(form == 2);
+            const int n0 = cuda_skinny_tall_wg_launches(), k0 = cuda_skinny_tall_k2048_launches();
             for (size_t i = 0; i < sizeof Ttall / sizeof Ttall[0]; i++) test_skinny(70000 + 3, 2048, 1, 0, Ttall[i], (int)(i & 1));
             test_skinny(66000, 1024, 1, 0, 33, 0);
             test_skinny(65600, 2048, 1, 0, 24, 1);
             if (form) CHECK(cuda_skinny_tall_wg_launches() > n0, "skinny tall: the wgmma form took no launch");
+            CHECK((cuda_skinny_tall_k2048_launches() > k0) == (form == 2), "skinny tall: the K = 2,048 instance took %d launches in form %d",
+                  cuda_skinny_tall_k2048_launches() - k0, form);
         }
         cuda_skinny_tall_wg_enable(tw);
+        cuda_skinny_tall_k2048_enable(tk0);
         test_skinny_multi(512, 3, 0);
         test_skinny_multi(2048, 40, 1); /* the stage ignored by forms that do not read it */
         /* the looped wide form (every k-slice of a tile in one block, cuda_skinny_wide.cu's
