@@ -189,6 +189,34 @@ __device__ __forceinline__ sk_w tw_issue(const unsigned char *wsm, int gi, int g
     return f;
 }
 
+/* A slice's end: its sums onto the slices before (tot from 0, in slice order), acc zeroed. */
+__device__ __forceinline__ void tw_slice_end(float (&acc)[TW_N / 8][4], float (&tot)[TW_N / 8][4]) {
+#pragma unroll
+    for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            tot[j][e] += acc[j][e];
+            acc[j][e] = 0.0f;
+        }
+}
+
+/* A tile's end: lane c's rows r, r + 8 and tokens 8j + 2c (+ 1) of the block's t0.., those
+ * inside the matrix and below nT stored (accumulate: onto the old values), tot zeroed. */
+__device__ __forceinline__ void tw_store_tile(float *y, int ldy, int t0, int r, int c, int nT, int rows, int accumulate,
+                                              float (&tot)[TW_N / 8][4]) {
+#pragma unroll
+    for (int j = 0; j < TW_N / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = 8 * j + 2 * c + (e & 1), rr = r + 8 * (e >> 1);
+            if (tok < nT && rr < rows) {
+                float *d = y + (size_t)(t0 + tok) * ldy + rr;
+                *d = accumulate ? *d + tot[j][e] : tot[j][e];
+            }
+            tot[j][e] = 0.0f;
+        }
+}
+
 /* One step's copy of a tile whose 16 rows are all in the matrix: tcv_tile_async<4>'s bytes to
  * its shared addresses, the same instructions (cp.async.cg 16 bytes, .ca 8), its per-lane
  * offsets hoisted. Its i = lane + 32k (k = 0..3) is row r = (lane >> 3) + 4k, chunk ch =
@@ -365,13 +393,7 @@ __device__ __forceinline__ void tk_run(const cuda_qmat &m, const uint16_t *x, in
                 so = so == (TW_ST - 1) * TW_WSM ? 0 : so + TW_WSM;
             }
             if ((g0 & (GPW - 1)) == GPW - 4) { /* a slice ends: its sum onto the slices before (from 0) */
-#pragma unroll
-                for (int j = 0; j < TW_N / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        tot[j][e] += acc[j][e];
-                        acc[j][e] = 0.0f;
-                    }
+                tw_slice_end(acc, tot);
             }
         }
         /* the tile ends: rows gq, gq + 8 of the warp's 16, tokens 8j + 2c (+ 1) */
@@ -387,17 +409,7 @@ __device__ __forceinline__ void tk_run(const cuda_qmat &m, const uint16_t *x, in
                     tot[j][e] = 0.0f;
                 }
         } else {
-#pragma unroll
-            for (int j = 0; j < TW_N / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int tok = 8 * j + 2 * c + (e & 1), rr = r + 8 * (e >> 1);
-                    if (tok < nT && rr < m.rows) {
-                        float *d = y + (size_t)(t0 + tok) * ldy + rr;
-                        *d = accumulate ? *d + tot[j][e] : tot[j][e];
-                    }
-                    tot[j][e] = 0.0f;
-                }
+            tw_store_tile(y, ldy, t0, r, c, nT, m.rows, accumulate, tot);
         }
     }
     cpa_wait<0>(); /* no copy outlives the block (the issues past the last tile are empty groups) */
@@ -463,27 +475,11 @@ static __global__ void __launch_bounds__(TW_WGS * 128, 1)
         wg_group_scale<TW_N, 1>(f2, ca, xsum + g0 + 2, xs_ld, c, acc);
         wg_group_scale<TW_N, 0>(f3, cb, xsum + g0 + 3, xs_ld, c, acc);
         if ((g0 + 4) % gpw == 0) { /* a slice ends: its sum onto the slices before (from 0) */
-#pragma unroll
-            for (int j = 0; j < TW_N / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    tot[j][e] += acc[j][e];
-                    acc[j][e] = 0.0f;
-                }
+            tw_slice_end(acc, tot);
         }
         if (sg == SPT - 1) { /* the tile ends: rows gq, gq + 8 of the warp's 16, tokens 8j + 2c (+ 1) */
             const int r = (wg0 + (s / SPT) * wgs) * 64 + wq * 16 + gq;
-#pragma unroll
-            for (int j = 0; j < TW_N / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int tok = 8 * j + 2 * c + (e & 1), rr = r + 8 * (e >> 1);
-                    if (tok < nT && rr < m.rows) {
-                        float *d = y + (size_t)(t0 + tok) * ldy + rr;
-                        *d = accumulate ? *d + tot[j][e] : tot[j][e];
-                    }
-                    tot[j][e] = 0.0f;
-                }
+            tw_store_tile(y, ldy, t0, r, c, nT, m.rows, accumulate, tot);
         }
     }
     cpa_wait<0>(); /* no copy outlives the block (the issues past `steps` are empty groups) */
