@@ -400,6 +400,11 @@ int cuda_skinny_pipe_init(char *err, size_t errlen);
 int cuda_skinny_pipe_enable(int on);
 int cuda_skinny_pipe_launches(void);
 int cuda_skinny_pipe_down_sets(int sets); /* the direct down launch's consumer sets (1 or 2); the previous */
+/* The gate/up launch's compile-time K = 2,048 instance (the same bits; opt-in by
+ * ORCHID_SP_K2048): mode -1 by the environment, 0 never, 1 whenever the shape matches (K =
+ * 2,048, RB 32); returns whether this device and build can run it. _launches: those it took. */
+int cuda_skinny_pipe_k2048_force(int mode);
+int cuda_skinny_pipe_k2048_launches(void);
 int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act);
 int cuda_skinny_pipe_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,

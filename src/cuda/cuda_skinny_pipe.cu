@@ -11,6 +11,7 @@
 // each consumer warp adds its own k-slices and stores, two sets of 8 consumer warps taking
 // every other unit) is 67.5 -> 59.5 µs a layer at 64 sequences on the H100. Both launches
 // come here by default (ORCHID_SK_PIPE=0 / swiglu / down: A/B; cuda_skinny_pipe_init).
+// Opt-in (ORCHID_SP_K2048=1, A/B): gate/up at K = 2,048 in an instance with its shapes compile-time.
 //
 // Measured and removed (session 30, H100, 64 sequences): gate/up as 128-row units in
 // k-range stages (four stages of 45 KB, three copies in flight) 115 -> 119 µs, with two
@@ -60,6 +61,10 @@
 /* a block with SETS sets of 8 consumer warps (the direct down launch takes 2) */
 #define SP_THREADS_SETS(SETS) (SP_CONSUMERS * (SETS) + SP_REDUCERS + SP_SUMS + SP_PRODUCER)
 #define SP_SEG 32        /* words of a 128-byte codes segment (4 groups) */
+/* The opt-in compile-time gate/up instance (skinny_pipe_kernel<0, SP_KC_K>, ORCHID_SP_K2048):
+ * K = 2,048 with cuda_skinny.cu's RB for it (sk_rb: 32 rows, 2 m-tiles × 4 k-slices) */
+#define SP_KC_K 2048
+#define SP_KC_RB 32
 
 /* Kernel arguments; the tensor maps live in the parameter space (__grid_constant__) where
  * the TMA reads them. [h]: half h of a tile (gate, up; down: [0] only). */
@@ -286,8 +291,9 @@ __device__ __forceinline__ void sp_products(const uint32_t *cw0, const uint32_t 
  *     units i with i % sets == s): wait ready[st], every k-slice of cuda_skinny.cu's split for
  *     K (a.KS) summed apart and added in slice order onto 0 — the reducers' operations —
  *     arrive empty[st], store y; the reducer warps exit at once. */
-template <int DIRECT>
+template <int DIRECT, int KC = 0> /* KC: 0 = K, RB from the arguments; SP_KC_K = the compile-time gate/up instance */
 static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1), 1) skinny_pipe_kernel(const __grid_constant__ sp_args a) {
+    static_assert(KC == 0 || (KC == SP_KC_K && DIRECT == 0), "the compile-time instance is gate/up's K = 2,048 only");
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr bool SWIGLU = DIRECT == 0; /* the gate/up launch (reducers); the down launch is always direct */
@@ -297,7 +303,8 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     /* the swizzled boxes need 1,024-byte aligned destinations (sp_lay leaves the room) */
     unsigned char *sm = sm_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(sm_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
-    const int RB = a.RB, S = a.stages, K = a.K, G = K / QGROUP, xstride = K + 8;
+    /* KC: the shape is the launch's (sp_launch checks it), here a constant for every role */
+    const int RB = KC ? SP_KC_RB : a.RB, S = a.stages, K = KC ? KC : a.K, G = K / QGROUP, xstride = K + 8;
     const int E = a.E, orows = SWIGLU ? RB / 2 : RB, upt = a.rows / orows;
     const sp_layout L = sp_lay(RB, K, S, E);
     int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E;
@@ -383,7 +390,83 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     const int seg = orows * SP_SEG; /* words of one segment of a half */
     const size_t cw = (size_t)h * orows * (K / 8) + (size_t)rr * SP_SEG + (c & 1) * 2;
     clk.lap(0);
-    for (int i = DIRECT ? warp >> 3 : 0; i < n_mine; i += SETS) {
+    if constexpr (KC != 0) {
+        /* The K = 2,048 instance (SWIGLU, RB 32): G = 32, orows 16, MT 2, KS 4, so warp w
+         * takes m-tile mt = w & 1 (= the half: gate, up) and groups [8·ks, 8·ks + 8), ks =
+         * w >> 1; lane (gq, c)'s rows are half mt's rows rr = sp_prow(gq) and rr + 8 (X = rr).
+         * sp_products' loop with every shape a constant, its four group pairs unrolled: each
+         * shared read is the stage base + a per-lane offset set once here + an immediate
+         * (it must be fully unrolled: in the CPU study's prototype, #pragma unroll 2 put the
+         * per-pair arrays in local memory). The same loads
+         * of the same bits, the same sk_frags, sk_mma2 and sk_group_scale calls in the same
+         * group order onto acc = 0: the same sums as the loop below. */
+        constexpr int CG = SP_KC_K / QGROUP, COR = SP_KC_RB / 2, CGP = 8, CXS = SP_KC_K + 8, CSX = CG + 4;
+        constexpr int CSEGB = COR * SP_SEG * 4; /* bytes of one segment of a half (4 groups of its 16 rows) */
+        static_assert(CG == 32 && CGP * 4 == CG && SP_KC_RB == 32, "the instance's split: 2 m-tiles × 4 k-slices of 8 groups");
+        const int cmt = warp & 1, cks = warp >> 1, cg0 = cks * CGP, crr = sp_prow(gq), cr0 = cmt * 16 + crr;
+        /* codes: byte offset of the lane's two words in group chunk j (group % 4 = j) of the
+         * slice's first segment, swizzled ((2j + c/2) ^ X); row rr + 8 is 8 rows (1 KB) on */
+        int cco[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            cco[j] = (cmt * COR * (SP_KC_K / 8) + crr * SP_SEG + (c & 1) * 2) * 4 + (cg0 >> 2) * CSEGB +
+                     ((((j << 1) | (c >> 1)) ^ crr) << 4);
+        /* the slice's 8 scales of row lr0 (16 bytes from group cg0: 16-byte aligned), of lr1 8 rows
+         * on, the biases RB·G on; the lane's x (x16 of group cg0) and Σx (columns 2c, 2c + 1) */
+        const int cso = (int)L.scales + (cr0 * CG + cg0) * 2;
+        const int cxo = (int)L.x + (gq * CXS + 16 * c + cg0 * QGROUP) * 2;
+        const int csx = (int)L.xsum + (2 * c * CSX + cg0) * 4;
+        int st = 0, ph = 0; /* unit i's stage i % S and parity (i / S) & 1, without the divisions */
+        for (int i = 0; i < n_mine; i++) {
+            const unsigned char *base = sm + (size_t)st * L.stage;
+            mbar_wait(&ready[st], (unsigned)ph);
+            clk.lap(1);
+            /* word k of a row's 16 bytes: groups cg0 + 2k (low half), cg0 + 2k + 1 (high) — the
+             * 4-byte loads of sp_products at grp = cg0 + 2k */
+            const uint4 s0v = *reinterpret_cast<const uint4 *>(base + cso);
+            const uint4 s1v = *reinterpret_cast<const uint4 *>(base + cso + 8 * CG * 2);
+            const uint4 b0v = *reinterpret_cast<const uint4 *>(base + cso + SP_KC_RB * CG * 2);
+            const uint4 b1v = *reinterpret_cast<const uint4 *>(base + cso + SP_KC_RB * CG * 2 + 8 * CG * 2);
+            const uint32_t s0a[4] = {s0v.x, s0v.y, s0v.z, s0v.w}, s1a[4] = {s1v.x, s1v.y, s1v.z, s1v.w};
+            const uint32_t b0a[4] = {b0v.x, b0v.y, b0v.z, b0v.w}, b1a[4] = {b1v.x, b1v.y, b1v.z, b1v.w};
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int gi = 0; gi < CGP; gi += 2) { /* groups grp = cg0 + gi, grp + 1: sp_products' pair */
+                const int j = gi & 3, sg = (gi >> 2) * CSEGB; /* grp % 4 = j, grp / 4 = cg0 / 4 + gi / 4 */
+                sk_w wa, wb;
+                uint32_t fa[4][4], fb[4][4];
+                wa.q0 = *reinterpret_cast<const uint2 *>(base + cco[j] + sg);
+                wa.q1 = *reinterpret_cast<const uint2 *>(base + cco[j] + sg + 8 * SP_SEG * 4);
+                sk_frags(wa, fa);
+                wb.q0 = *reinterpret_cast<const uint2 *>(base + cco[j + 1] + sg);
+                wb.q1 = *reinterpret_cast<const uint2 *>(base + cco[j + 1] + sg + 8 * SP_SEG * 4);
+                sk_frags(wb, fb);
+                const uint32_t s0 = s0a[gi >> 1], b0 = b0a[gi >> 1], s1 = s1a[gi >> 1], b1 = b1a[gi >> 1];
+                wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
+                wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
+                float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const uint16_t *xa = reinterpret_cast<const uint16_t *>(base + cxo + gi * QGROUP * 2);
+                sk_mma2(fa, fb, xa, xa + QGROUP, ca, cb);
+                const float *sxa = reinterpret_cast<const float *>(base + csx + gi * 4), *sxb = sxa + CSX;
+                sk_group_scale(wa, ca, sxa[0], sxb[0], acc);
+                sk_group_scale(wb, cb, sxa[1], sxb[1], acc);
+            }
+            /* the hand-off as below */
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[st]);
+            clk.lap(2);
+            const int rb = i & 1;
+            if (i >= 2) mbar_wait(&redfree[rb], (unsigned)(i / 2 - 1) & 1u);
+            float *red = reinterpret_cast<float *>(sm + L.red) + (size_t)rb * 8 * 4 * 32;
+#pragma unroll
+            for (int q = 0; q < 4; q++) red[((size_t)warp * 4 + q) * 32 + lane] = acc[q];
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&redfull[rb]);
+            clk.lap(3);
+            if (++st == S) st = 0, ph ^= 1;
+        }
+    }
+    for (int i = DIRECT ? warp >> 3 : 0; !KC && i < n_mine; i += SETS) { /* KC: the loop above */
         const int st = i % S, rb = i & 1;
         const unsigned char *stage = sm + (size_t)st * L.stage;
         const uint32_t *codes = reinterpret_cast<const uint32_t *>(stage);
@@ -441,6 +524,9 @@ static int sp_sms = 0, sp_optin = 0, sp_sm90 = 0; /* sp_sm90: the device takes t
 static int sp_on_swiglu = 0, sp_on_down = 0;       /* which of the two launches go here */
 static int sp_down_sets = 2; /* consumer sets of the direct down launch (ORCHID_SP_DOWN_SETS=1: one; A/B) */
 static int sp_launches = 0;                                  /* launches taken (tests: the kernel ran) */
+/* the compile-time K = 2,048 gate/up instance: ORCHID_SP_K2048 (read at init), the tests'
+ * override (-1: the environment, 0: never, 1: whenever the shape matches), launches it took */
+static int sp_kc_env = 0, sp_kc_force = -1, sp_kc_launches = 0;
 static PFN_cuTensorMapEncodeTiled_v12000 sp_encode = NULL;    /* the driver's encoder (init) */
 static int sp_stages_env(const char *name) {
     const char *s = getenv(name);
@@ -464,6 +550,8 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(skinny_pipe_kernel<0, SP_KC_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
     sp_sm90 = 0;
     /* the sm_90a body must be what runs (another architecture or a build without sm_90a gets
@@ -491,6 +579,7 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     sp_on_swiglu = sp_sm90 && (!set || all || sw);
     sp_on_down = sp_sm90 && (!set || all || dn);
     sp_down_sets = sp_stages_env("ORCHID_SP_DOWN_SETS") == 1 ? 1 : 2;
+    sp_kc_env = env_flag("ORCHID_SP_K2048"); /* opt-in (A/B): the compile-time gate/up instance */
     return 0;
 }
 
@@ -508,6 +597,13 @@ extern "C" int cuda_skinny_pipe_down_sets(int sets) {
 }
 
 extern "C" int cuda_skinny_pipe_launches(void) { return sp_launches; }
+
+extern "C" int cuda_skinny_pipe_k2048_force(int mode) {
+    sp_kc_force = mode < 0 ? -1 : mode ? 1 : 0;
+    return sp_sm90; /* the instance is in the sm_90a body with the rest */
+}
+
+extern "C" int cuda_skinny_pipe_k2048_launches(void) { return sp_kc_launches; }
 
 /* Stages for a unit layout: as many as fit the opt-in (at most SP_MAX_STAGES, or the
  * ORCHID_SP_STAGES_SWIGLU / _DOWN override), 0 when fewer than 2 fit. */
@@ -611,13 +707,18 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
     }
     const size_t smem = sp_lay(a.RB, K, a.stages, a.E).total;
     const dim3 grid(sp_sms);
-    if (swiglu)
+    /* the compile-time instance where switched on and the shape is the one it was built for */
+    const bool kc = swiglu && (sp_kc_force < 0 ? sp_kc_env : sp_kc_force) && K == SP_KC_K && a.RB == SP_KC_RB;
+    if (kc)
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0, SP_KC_K>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
+    else if (swiglu)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     else if (sp_down_sets == 2)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<2>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a), what);
     else
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<1>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     sp_launches++;
+    sp_kc_launches += kc;
     return 1;
 }
 

@@ -1514,6 +1514,27 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                       E, K, H, I, T, on ? "on" : "off (not sm_90)", sets, da ? "differs" : "same",
                       de ? "differs" : "same");
             }
+            /* the gate/up launch's compile-time K = 2,048 instance (opt-in: ORCHID_SP_K2048)
+             * forced on: the same act bits as the grouped kernel's, from a cleared buffer, and
+             * taken exactly where its shape is the launch's (K = 2,048 at RB 32: 4 k-slices) */
+            {
+                if (cuda_memset0(dact2, (size_t)T * K * I * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+                const int kc = cuda_skinny_pipe_k2048_force(1);
+                cuda_skinny_pipe_enable(1);
+                const int on = cuda_skinny_pipe_enable(1) == 1 && kc;
+                const int k0 = cuda_skinny_pipe_k2048_launches();
+                OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact2));
+                const int k1 = cuda_skinny_pipe_k2048_launches();
+                cuda_skinny_pipe_enable(was);
+                cuda_skinny_pipe_k2048_force(-1);
+                const int want = on && H == 2048 && cuda_skinny_kslices(H) == 4;
+                CHECK(k1 - k0 == want, "skinny pipe K=2048 instance E=%d H=%d I=%d: launches taken %d, expected %d", E, H, I,
+                      k1 - k0, want);
+                D2H(a2, dact2, (size_t)T * K * I * 2);
+                const int da = memcmp(a1, a2, (size_t)T * K * I * 2) != 0;
+                CHECK(!da, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined K=2048 instance %s): act differs", E, K, H, I,
+                      T, want ? "on" : "not taken");
+            }
             free(a1); free(a2); free(e1); free(e2); cuda_free(dact2); cuda_free(ded2);
             OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
             OK(cuda_skinny_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
