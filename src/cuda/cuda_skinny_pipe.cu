@@ -176,6 +176,24 @@ __device__ __forceinline__ void sp_reduce_unit(const float *red, int MT, int KS,
     if ((threadIdx.x & 31) == 0) mbar_arrive(&redfree[rb]);
 }
 
+/* A consumer warp's unit i handed on (the gate/up launch): the stage released (its empty
+ * barrier), then its four partial sums a lane into red buffer rb = i & 1 — once the reducers
+ * have freed it (unit i - 2's) — and that buffer's full barrier. */
+__device__ __forceinline__ void sp_handoff(unsigned long long *empty_st, unsigned long long *redfree,
+                                           unsigned long long *redfull, float *red0, int i, int rb, int warp, int lane,
+                                           const float (&acc)[4], trace_clock &clk) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_st); /* this warp is done with the stage */
+    clk.lap(2);
+    if (i >= 2) mbar_wait(&redfree[rb], (unsigned)(i / 2 - 1) & 1u);
+    float *red = red0 + (size_t)rb * 8 * 4 * 32;
+#pragma unroll
+    for (int q = 0; q < 4; q++) red[((size_t)warp * 4 + q) * 32 + lane] = acc[q];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&redfull[rb]);
+    clk.lap(3);
+}
+
 /* Trace builds: thread 0's (a consumer's) time in each phase of its unit loop (trace_clock),
  * marks 4..7 after the wait: 4 = prologue (route scan), 5 = waiting for a stage (copies and
  * Σx), 6 = products, 7 = handing the partials to the reducers. */
@@ -451,18 +469,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
                 sk_group_scale(wa, ca, sxa[0], sxb[0], acc);
                 sk_group_scale(wb, cb, sxa[1], sxb[1], acc);
             }
-            /* the hand-off as below */
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[st]);
-            clk.lap(2);
-            const int rb = i & 1;
-            if (i >= 2) mbar_wait(&redfree[rb], (unsigned)(i / 2 - 1) & 1u);
-            float *red = reinterpret_cast<float *>(sm + L.red) + (size_t)rb * 8 * 4 * 32;
-#pragma unroll
-            for (int q = 0; q < 4; q++) red[((size_t)warp * 4 + q) * 32 + lane] = acc[q];
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&redfull[rb]);
-            clk.lap(3);
+            sp_handoff(&empty[st], redfree, redfull, reinterpret_cast<float *>(sm + L.red), i, i & 1, warp, lane, acc, clk);
             if (++st == S) st = 0, ph ^= 1;
         }
     }
@@ -501,16 +508,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
         sp_products(codes + cw, codes + cw + 8 * SP_SEG, rr & 7, c >> 1, seg, scs + lr0 * G, bis + lr0 * G, scs + lr1 * G,
                     bis + lr1 * G, xs + (size_t)gq * xstride + 16 * c, xsum + (2 * c) * (G + 4), xsum + (2 * c + 1) * (G + 4),
                     g0, gper, acc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[st]); /* this warp is done with the stage */
-        clk.lap(2);
-        if (i >= 2) mbar_wait(&redfree[rb], (unsigned)(i / 2 - 1) & 1u);
-        float *red = reinterpret_cast<float *>(sm + L.red) + (size_t)rb * 8 * 4 * 32;
-#pragma unroll
-        for (int q = 0; q < 4; q++) red[((size_t)warp * 4 + q) * 32 + lane] = acc[q];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&redfull[rb]);
-        clk.lap(3);
+        sp_handoff(&empty[st], redfree, redfull, reinterpret_cast<float *>(sm + L.red), i, rb, warp, lane, acc, clk);
     }
     clk.lap(4);
     clk.finish(TRACE_WAITED);
