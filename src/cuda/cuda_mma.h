@@ -635,6 +635,18 @@ __device__ __forceinline__ void wg_stage_tokens(unsigned char *xb, float *xsum, 
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* A group's four k16 steps on wgmma from its A fragments and the steps' descriptors (built by
+ * wg_group_issue_af below, or kept by the caller: cuda_skinny_tall.cu's tk_issue). */
+template <int N>
+__device__ __forceinline__ void wg_group_issue_desc(uint32_t (&af)[4][4], const uint64_t (&desc)[4], float (&cg)[N / 2]) {
+    reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
+    reg_fence(cg);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_k16<N, 0>(cg, af[0], desc[0]);
+#pragma unroll
+    for (int st = 1; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 /* One quantization group on wgmma (sw_wg_kernel, tall_wg_kernel): f's A fragments (LOP3:
  * sk_frags' fused form, else its C form — the same values) against the N tokens' row of the
  * group at xg_s (wg_stage_tokens' layout), four k16 steps into cg — the first writes (cg's old
@@ -648,13 +660,7 @@ __device__ __forceinline__ void wg_group_issue_af(uint32_t (&af)[4][4], uint32_t
         desc[st] = wg_desc(xg_s + (uint32_t)(st * 32));
         asm volatile("" : "+l"(desc[st])::"memory");
     }
-    reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
-    reg_fence(cg);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    wgmma_k16<N, 0>(cg, af[0], desc[0]);
-#pragma unroll
-    for (int st = 1; st < 4; st++) wgmma_k16<N>(cg, af[st], desc[st]);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    wg_group_issue_desc<N>(af, desc, cg);
 }
 /* The same from f, its A fragments built here (dead once issued: the caller waits for the
  * group before building another's). With two groups in flight the caller keeps each group's

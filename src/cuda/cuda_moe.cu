@@ -1102,8 +1102,7 @@ extern "C" int cuda_moe_combine(const struct cuda_ctx *c, const float *ed, const
                                         COMBINE_KMAX);
     if (H % 4 == 0 && !(((uintptr_t)ed | (uintptr_t)sd | (uintptr_t)x) & 15))
         LAUNCH_CHECK_RC(c, launch_k(K <= 8 ? combine4_kernel<8> : combine4_kernel<COMBINE_KMAX>, dim3(T, (H / 8 + 255) / 256),
-                                    dim3(256), 0, cstream(c), ed, slot_of_pair,
-                                    w, sd, seg, ld_seg, K, H, x),
+                                    dim3(256), 0, cstream(c), ed, slot_of_pair, w, sd, seg, ld_seg, K, H, x),
                         "moe_combine");
     LAUNCH_CHECK_RC(c, launch_k(combine_kernel, dim3(T, (H + 255) / 256), dim3(256), 0, cstream(c), ed, slot_of_pair, w, sd, seg,
                                 ld_seg, K, H, x),

@@ -438,8 +438,8 @@ int cuda_skinny_tall(const struct cuda_ctx *c, const struct cuda_qmat *m, const 
  * takes it) or off, returning the previous state; launches taken so far (tests). */
 int cuda_skinny_tall_wg_enable(int on);
 int cuda_skinny_tall_wg_launches(void);
-/* test hooks: the wgmma form's K = 2,048 instances on (1) or off (0) — returns the previous
- * state — and the launches they took */
+/* test hooks: the wgmma form's K = 2,048 instance on (1) or off (0; opt-in by
+ * ORCHID_TL_K2048) — returns the previous state — and the launches it took */
 int cuda_skinny_tall_k2048_enable(int on);
 int cuda_skinny_tall_k2048_launches(void);
 

@@ -257,20 +257,15 @@ __device__ __forceinline__ sk_w tk_group(const unsigned char *wq_lane, int gi, i
  * then k16 step st's descriptor desc + 2·st (wg_desc(xg_s + 32·st): the address field is
  * the shared address >> 4, below 2^14 — every shared address of the block is below 2^18 —
  * so 32 bytes on is 2 on in the low word with no carry into the LBO field at bit 16), the
- * same fences and the same four wgmma (the first writes, three add), one commit group. */
+ * same fences and the same four wgmma (wg_group_issue_desc: the first writes, three add), one
+ * commit group. */
 __device__ __forceinline__ void tk_issue(const sk_w &f, uint32_t dlo, uint32_t dhi, float (&cg)[TW_N / 2]) {
     uint32_t af[4][4];
     sk_frags<true>(f, af);
     uint64_t d[4];
 #pragma unroll
     for (int st = 0; st < 4; st++) d[st] = (uint64_t)dhi << 32 | (dlo + 2 * st);
-    reg_fence(*reinterpret_cast<uint32_t(*)[16]>(&af));
-    reg_fence(cg);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-    wgmma_k16<TW_N, 0>(cg, af[0], d[0]);
-#pragma unroll
-    for (int st = 1; st < 4; st++) wgmma_k16<TW_N>(cg, af[st], d[st]);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    wg_group_issue_desc<TW_N>(af, d, cg);
 }
 
 /* wg_group_scale<TW_N, W> with the group's Σx from xq (lane c's 8 sums: two 16-byte loads,
