@@ -400,9 +400,10 @@ int cuda_skinny_pipe_init(char *err, size_t errlen);
 int cuda_skinny_pipe_enable(int on);
 int cuda_skinny_pipe_launches(void);
 int cuda_skinny_pipe_down_sets(int sets); /* the direct down launch's consumer sets (1 or 2); the previous */
-/* The gate/up launch's compile-time K = 2,048 instance (the same bits; opt-in by
- * ORCHID_SP_K2048): mode -1 by the environment, 0 never, 1 whenever the shape matches (K =
- * 2,048, RB 32); returns whether this device and build can run it. _launches: those it took. */
+/* The gate/up launch's compile-time K = 2,048 forms (the same bits; opt-in by
+ * ORCHID_SP_K2048=1 the instance, =2 the x-staged kernel): mode -1 by the environment, 0
+ * never, 1 or 2 that form whenever the shape matches (K = 2,048, RB 32); returns whether this
+ * device and build can run them. _launches: those they took. */
 int cuda_skinny_pipe_k2048_force(int mode);
 int cuda_skinny_pipe_k2048_launches(void);
 int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,

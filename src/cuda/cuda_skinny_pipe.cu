@@ -11,7 +11,8 @@
 // each consumer warp adds its own k-slices and stores, two sets of 8 consumer warps taking
 // every other unit) is 67.5 -> 59.5 µs a layer at 64 sequences on the H100. Both launches
 // come here by default (ORCHID_SK_PIPE=0 / swiglu / down: A/B; cuda_skinny_pipe_init).
-// Opt-in (ORCHID_SP_K2048=1, A/B): gate/up at K = 2,048 in an instance with its shapes compile-time.
+// Opt-in (A/B): gate/up at K = 2,048 in an instance with its shapes compile-time
+// (ORCHID_SP_K2048=1), or in skinny_pipe_x_kernel with each (expert, pass)'s x staged once (=2).
 //
 // Measured and removed (session 30, H100, 64 sequences): gate/up as 128-row units in
 // k-range stages (four stages of 45 KB, three copies in flight) 115 -> 119 µs, with two
@@ -518,6 +519,271 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
 #endif
 }
 
+/* ---- Gate/up at K = 2,048 with each (expert, pass)'s x staged once (ORCHID_SP_K2048=2) ----
+ * skinny_pipe_kernel<0> copies a unit's slots' x rows (4 KB each) into its stage and
+ * recomputes their Σx for every unit, though an expert's 32 row blocks of one pass read the
+ * same rows; its reducers walk all 128 (row, slot) outputs of a unit whatever its slots
+ * (2.3 on average at 64 tokens) and every role finds its unit by sp_locate's division. A SASS
+ * count (docs/PERFORMANCE.md, session 46) put that at ~1,600 of a unit's ~7,250
+ * warp-instructions; on the H200 the launch is held by its issue rate. This kernel:
+ *  - orders an expert's units pass-major (pass p, then row block rb = 0..upt-1), so an
+ *    (expert, pass) — an epoch — is up to upt consecutive units of a block's range; its x rows
+ *    go once into one of two x buffers (barriers xfull: the producer's copies, xready: the Σx
+ *    warps' sums and rearrangement, xempty: the consumers' release after the epoch's last
+ *    unit) and the stages carry only the weights (36 KB: 4 stages fit beside the two buffers);
+ *  - walks the units with a cursor (spx_cursor: one binary search and division a block, then
+ *    increments), the consumers with the row block only (epoch starts at rb = 0, ends at upt - 1);
+ *  - has the consumers write their partials swizzled (element q of lane l at l ^ q of row q)
+ *    so that a reducer warp takes one slot pair — 32 lanes = 8 fragment rows × the 4 outputs
+ *    (2 slots × rows g, g + 8) — conflict-free, and only the unit's slot pairs.
+ * The consumers are skinny_pipe_kernel<0, SP_KC_K>'s (the same loads, sk_frags, sk_mma2 and
+ * sk_group_scale in group order), the reducers add the same 4 slices from 0 in slice order
+ * and the Σx are sk_group_sums_by's: the same act bits (test_moe compares them). */
+struct spx_layout {
+    size_t stage, xsum, xbuf, xb, red, pfx, total;
+};
+__host__ __device__ __forceinline__ spx_layout spx_lay(int S, int E) {
+    constexpr int G = SP_KC_K / QGROUP;
+    spx_layout l;
+    l.stage = (size_t)SP_KC_RB * SP_KC_K / 2 + (size_t)4 * SP_KC_RB * G;    /* codes, scales, biases: 36,864 (1,024-aligned) */
+    l.xsum = (size_t)SP_SLOTS * (SP_KC_K + 8) * 2;                             /* in an x buffer: 8 rows of K + 8 bf16, then Σx */
+    l.xbuf = (l.xsum + (size_t)SP_SLOTS * (G + 4) * 4 + 1023) & ~(size_t)1023; /* 34,816 */
+    l.xb = l.stage * S;
+    l.red = l.xb + 2 * l.xbuf;
+    l.pfx = l.red + (size_t)2 * 8 * 4 * 32 * 4;
+    l.total = l.pfx + (size_t)4 * ((E + 1) + 2 * E) + 1024; /* + the base's alignment */
+    return l;
+}
+
+/* A block's walk over its units: expert e (with units), pass p of its `passes`, row block rb
+ * of upt; an expert's units are p·upt + rb. spx_first: unit u's (the route's units prefix
+ * pfx, as sp_locate); spx_next: the unit after (the caller knows there is one). */
+struct spx_cursor {
+    int e, p, rb, passes;
+};
+__device__ __forceinline__ spx_cursor spx_first(int u, const int *pfx, const int *cnt, int E, int upt) {
+    int lo = 0, hi = E; /* pfx[lo] <= u < pfx[hi]: lo ends on the expert with units that owns u */
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (pfx[mid] <= u) lo = mid;
+        else hi = mid;
+    }
+    spx_cursor k;
+    const int v = u - pfx[lo];
+    k.e = lo;
+    k.p = v / upt;
+    k.rb = v - k.p * upt;
+    k.passes = (cnt[lo] + SP_SLOTS - 1) / SP_SLOTS;
+    return k;
+}
+__device__ __forceinline__ void spx_next(spx_cursor &k, const int *pfx, const int *cnt, int upt) {
+    if (++k.rb < upt) return;
+    k.rb = 0;
+    if (++k.p < k.passes) return;
+    k.p = 0;
+    do k.e++;
+    while (pfx[k.e + 1] == pfx[k.e]); /* experts without slots have no units */
+    k.passes = (cnt[k.e] + SP_SLOTS - 1) / SP_SLOTS;
+}
+
+static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_x_kernel(const __grid_constant__ sp_args a) {
+    TRACE_KERNEL();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int K = SP_KC_K, G = K / QGROUP, RB = SP_KC_RB, OR = RB / 2, XS = K + 8, SXS = G + 4;
+    constexpr int NC = SP_CONSUMERS, NW = NC / 32;
+    extern __shared__ __align__(1024) unsigned char sm_raw[];
+    /* stages: full (the producer's weight copies), empty (the 8 consumers); x buffers: xfull,
+     * xready (the 64 Σx threads), xempty (the 8 consumers, after an epoch's last unit); the
+     * red buffers: redfull (8 consumers), redfree (2 reducers) */
+    __shared__ __align__(8) unsigned long long full[SP_MAX_STAGES], empty[SP_MAX_STAGES], xfull[2], xready[2], xempty[2],
+        redfull[2], redfree[2];
+    __shared__ int wtot[16];
+    unsigned char *sm = sm_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(sm_raw) & 1023)) & 1023);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int S = a.stages, E = a.E, upt = a.rows / OR;
+    const spx_layout L = spx_lay(S, E);
+    int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E;
+    pdl_trigger();
+    if (tid < S) {
+        mbar_init(&full[tid], 1);
+        mbar_init(&empty[tid], NW);
+    }
+    if (tid < 2) {
+        mbar_init(&xfull[tid], 1);
+        mbar_init(&xready[tid], SP_SUMS);
+        mbar_init(&xempty[tid], NW);
+        mbar_init(&redfull[tid], NW);
+        mbar_init(&redfree[tid], SP_REDUCERS / 32);
+    }
+    mbar_init_fence();
+    pdl_wait(); /* the route is the previous kernels' */
+    trace_clock clk;
+    clk.start();
+    const int U = sp_route_units<NC>(a.counts, a.offsets, E, upt, pfx, cnt, off, wtot); /* its block barriers order the inits */
+    const int u0 = (int)((long long)U * blockIdx.x / gridDim.x), u1 = (int)((long long)U * (blockIdx.x + 1) / gridDim.x);
+    const int n_mine = u1 - u0;
+    if (n_mine <= 0) return;
+    spx_cursor k = spx_first(u0, pfx, cnt, E, upt);
+    /* the unit's (epoch's) first slot and slot count */
+    auto slot0 = [&](const spx_cursor &q) { return off[q.e] + q.p * SP_SLOTS; };
+    auto slots = [&](const spx_cursor &q) { return min(SP_SLOTS, cnt[q.e] - q.p * SP_SLOTS); };
+
+    if (tid >= NC + SP_REDUCERS + SP_SUMS) { /* the producer warp */
+        constexpr unsigned wbytes = (unsigned)(RB * (K / 2 + 4 * G));
+        int st = 0, ph = 0, ep = 0; /* unit i's stage and parity; epochs begun */
+        for (int i = 0; i < n_mine; i++) {
+            if (i == 0 || k.rb == 0) { /* an epoch: its slots' x rows into buffer ep & 1 once the epoch two before is done */
+                const int xb = ep & 1, n = slots(k), m0 = slot0(k);
+                if (ep >= 2) mbar_wait(&xempty[xb], (unsigned)((ep >> 1) - 1) & 1u);
+                const int xr = lane < n ? (a.x_rows ? a.x_rows[m0 + lane] : m0 + lane) : 0;
+                const unsigned xbar = (unsigned)__cvta_generic_to_shared(&xfull[xb]);
+                if (lane == 0) sp_expect_tx(xbar, (unsigned)(n * K * 2));
+                __syncwarp();
+                if (lane < n) sp_bulk(sm + L.xb + xb * L.xbuf + (size_t)lane * XS * 2, a.x + (size_t)xr * a.ldx, K * 2, xbar);
+                ep++;
+            }
+            if (i >= S) mbar_wait(&empty[st], (unsigned)(ph ^ 1)); /* unit i - S's consumers are done */
+            if (lane == 0) {
+                unsigned char *stage = sm + (size_t)st * L.stage;
+                const unsigned bar = (unsigned)__cvta_generic_to_shared(&full[st]);
+                sp_expect_tx(bar, wbytes);
+                const int row = k.e * a.rows + k.rb * OR;
+                uint16_t *scs = reinterpret_cast<uint16_t *>(stage + RB * K / 2), *bis = scs + RB * G;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    sp_tma3(stage + h * OR * K / 2, &a.codes[h], 0, row, 0, bar);
+                    sp_bulk(scs + h * OR * G, a.scales[h] + (size_t)row * G, OR * G * 2, bar);
+                    sp_bulk(bis + h * OR * G, a.biases[h] + (size_t)row * G, OR * G * 2, bar);
+                }
+            }
+            if (i + 1 < n_mine) spx_next(k, pfx, cnt, upt);
+            if (++st == S) st = 0, ph ^= 1;
+        }
+        return; /* the consumers wait for every copy: they land before the block ends */
+    }
+
+    if (tid >= NC + SP_REDUCERS) { /* Σx of each epoch's tokens, the tokens rearranged (sk_bperm) in place */
+        const int at = tid - NC - SP_REDUCERS;
+        for (int i = 0, ep = 0; i < n_mine; ep++) {
+            const int xb = ep & 1;
+            unsigned char *xbuf = sm + L.xb + xb * L.xbuf;
+            mbar_wait(&xfull[xb], (unsigned)(ep >> 1) & 1u);
+            sk_group_sums_by<true>(reinterpret_cast<const uint16_t *>(xbuf), slots(k), XS, G,
+                                   reinterpret_cast<float *>(xbuf + L.xsum), at, SP_SUMS, SXS);
+            mbar_arrive(&xready[xb]);
+            i += upt - k.rb; /* the epoch's units; then the next epoch's first */
+            if (i < n_mine) {
+                k.rb = upt - 1;
+                spx_next(k, pfx, cnt, upt);
+            }
+        }
+        return;
+    }
+
+    if (tid >= NC) { /* reducers: warp rw takes slot pairs rw, rw + 2, ..: lane = fragment row gf × output k4 */
+        const int rw = (tid - NC) >> 5, k4 = lane & 3, gf = lane >> 2;
+        const int rofs = sp_prow(gf) + (k4 >= 2 ? 8 : 0), sl = k4 & 1;
+        for (int j = 0; j < n_mine; j++) {
+            const int rb = j & 1, n = slots(k), m0 = slot0(k), r = k.rb * OR + rofs;
+            const float *red = reinterpret_cast<const float *>(sm + L.red) + (size_t)rb * NW * 4 * 32;
+            mbar_wait(&redfull[rb], (unsigned)(j >> 1) & 1u);
+            for (int pr = rw; 2 * pr < n; pr += SP_REDUCERS / 32) {
+                /* consumer warp w = 2·slice + m-tile wrote its output k4 of lane (gf, pr) at
+                 * [w][k4][(4·gf + pr) ^ k4]; the gate's m-tile 0, the up's 1 */
+                const int pos = k4 * 32 + ((gf * 4 + pr) ^ k4), jj = 2 * pr + sl;
+                float v = 0.0f, u = 0.0f;
+#pragma unroll
+                for (int s = 0; s < 4; s++) v += red[(size_t)(2 * s) * 128 + pos];
+#pragma unroll
+                for (int s = 0; s < 4; s++) u += red[(size_t)(2 * s + 1) * 128 + pos];
+                if (jj < n) a.act[(size_t)(m0 + jj) * a.ld_act + r] = f2bf(silu(v) * u);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&redfree[rb]);
+            if (j + 1 < n_mine) spx_next(k, pfx, cnt, upt);
+        }
+        return;
+    }
+
+    /* consumers: skinny_pipe_kernel<0, SP_KC_K>'s (see there): warp w takes m-tile (half)
+     * cmt = w & 1 and groups [8·cks, 8·cks + 8), cks = w >> 1; x and Σx from the epoch's buffer */
+    const int gq = lane >> 2, c = lane & 3;
+    constexpr int CGP = 8, CSEGB = OR * SP_SEG * 4;
+    static_assert(G == 32 && CGP * 4 == G && RB == 32, "the instance's split: 2 m-tiles × 4 k-slices of 8 groups");
+    const int cmt = warp & 1, cks = warp >> 1, cg0 = cks * CGP, crr = sp_prow(gq), cr0 = cmt * 16 + crr;
+    int cco[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        cco[j] = (cmt * OR * (K / 8) + crr * SP_SEG + (c & 1) * 2) * 4 + (cg0 >> 2) * CSEGB + ((((j << 1) | (c >> 1)) ^ crr) << 4);
+    const int cso = RB * K / 2 + (cr0 * G + cg0) * 2;
+    const int cxo = (gq * XS + 16 * c + cg0 * QGROUP) * 2;
+    const int csx = (int)L.xsum + (2 * c * SXS + cg0) * 4;
+    clk.lap(0);
+    int st = 0, ph = 0, ep = 0, rb = k.rb;
+    const unsigned char *xbase = sm + L.xb;
+    float *red0 = reinterpret_cast<float *>(sm + L.red);
+    for (int i = 0; i < n_mine; i++) {
+        if (i == 0 || rb == 0) { /* an epoch's first unit: its x and Σx */
+            xbase = sm + L.xb + (ep & 1) * L.xbuf;
+            mbar_wait(&xready[ep & 1], (unsigned)(ep >> 1) & 1u);
+            ep++;
+        }
+        const unsigned char *base = sm + (size_t)st * L.stage;
+        mbar_wait(&full[st], (unsigned)ph);
+        clk.lap(1);
+        const uint4 s0v = *reinterpret_cast<const uint4 *>(base + cso);
+        const uint4 s1v = *reinterpret_cast<const uint4 *>(base + cso + 8 * G * 2);
+        const uint4 b0v = *reinterpret_cast<const uint4 *>(base + cso + RB * G * 2);
+        const uint4 b1v = *reinterpret_cast<const uint4 *>(base + cso + RB * G * 2 + 8 * G * 2);
+        const uint32_t s0a[4] = {s0v.x, s0v.y, s0v.z, s0v.w}, s1a[4] = {s1v.x, s1v.y, s1v.z, s1v.w};
+        const uint32_t b0a[4] = {b0v.x, b0v.y, b0v.z, b0v.w}, b1a[4] = {b1v.x, b1v.y, b1v.z, b1v.w};
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int gi = 0; gi < CGP; gi += 2) {
+            const int j = gi & 3, sg = (gi >> 2) * CSEGB;
+            sk_w wa, wb;
+            uint32_t fa[4][4], fb[4][4];
+            wa.q0 = *reinterpret_cast<const uint2 *>(base + cco[j] + sg);
+            wa.q1 = *reinterpret_cast<const uint2 *>(base + cco[j] + sg + 8 * SP_SEG * 4);
+            sk_frags(wa, fa);
+            wb.q0 = *reinterpret_cast<const uint2 *>(base + cco[j + 1] + sg);
+            wb.q1 = *reinterpret_cast<const uint2 *>(base + cco[j + 1] + sg + 8 * SP_SEG * 4);
+            sk_frags(wb, fb);
+            const uint32_t s0 = s0a[gi >> 1], b0 = b0a[gi >> 1], s1 = s1a[gi >> 1], b1 = b1a[gi >> 1];
+            wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
+            wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
+            float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const uint16_t *xa = reinterpret_cast<const uint16_t *>(xbase + cxo + gi * QGROUP * 2);
+            sk_mma2(fa, fb, xa, xa + QGROUP, ca, cb);
+            const float *sxa = reinterpret_cast<const float *>(xbase + csx + gi * 4), *sxb = sxa + SXS;
+            sk_group_scale(wa, ca, sxa[0], sxb[0], acc);
+            sk_group_scale(wb, cb, sxa[1], sxb[1], acc);
+        }
+        __syncwarp();
+        if (lane == 0) {
+            mbar_arrive(&empty[st]);                                              /* the stage */
+            if (i == n_mine - 1 || rb == upt - 1) mbar_arrive(&xempty[(ep - 1) & 1]); /* the epoch's x */
+        }
+        clk.lap(2);
+        const int rbuf = i & 1;
+        if (i >= 2) mbar_wait(&redfree[rbuf], (unsigned)((i >> 1) - 1) & 1u);
+        float *red = red0 + (size_t)rbuf * NW * 4 * 32;
+#pragma unroll
+        for (int q = 0; q < 4; q++) red[((size_t)warp * 4 + q) * 32 + (lane ^ q)] = acc[q]; /* swizzled: the reducers' pairs */
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&redfull[rbuf]);
+        clk.lap(3);
+        rb = rb + 1 == upt ? 0 : rb + 1;
+        if (++st == S) st = 0, ph ^= 1;
+    }
+    clk.lap(4);
+    clk.finish(TRACE_WAITED);
+#else
+    pdl_trigger();
+    pdl_wait();
+#endif
+}
+
 static int sp_sms = 0, sp_optin = 0, sp_sm90 = 0; /* sp_sm90: the device takes them (init) */
 static int sp_on_swiglu = 0, sp_on_down = 0;       /* which of the two launches go here */
 static int sp_down_sets = 2; /* consumer sets of the direct down launch (ORCHID_SP_DOWN_SETS=1: one; A/B) */
@@ -541,15 +807,20 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     sp_optin = caps.optin;
     sp_sms = caps.sms;
     /* the dynamic opt-in is what the static barriers leave of the block's maximum */
-    cudaFuncAttributes fa0, fa1;
+    cudaFuncAttributes fa0, fa1, fa2;
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa0, skinny_pipe_kernel<0>);
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa1, skinny_pipe_kernel<2>);
-    if (e == cudaSuccess) sp_optin -= (int)(fa0.sharedSizeBytes > fa1.sharedSizeBytes ? fa0.sharedSizeBytes : fa1.sharedSizeBytes);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa2, skinny_pipe_x_kernel);
+    if (e == cudaSuccess) {
+        size_t st = fa0.sharedSizeBytes > fa1.sharedSizeBytes ? fa0.sharedSizeBytes : fa1.sharedSizeBytes;
+        sp_optin -= (int)(st > fa2.sharedSizeBytes ? st : fa2.sharedSizeBytes);
+    }
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(skinny_pipe_kernel<0, SP_KC_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_x_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
     sp_sm90 = 0;
     /* the sm_90a body must be what runs (another architecture or a build without sm_90a gets
@@ -577,7 +848,9 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     sp_on_swiglu = sp_sm90 && (!set || all || sw);
     sp_on_down = sp_sm90 && (!set || all || dn);
     sp_down_sets = sp_stages_env("ORCHID_SP_DOWN_SETS") == 1 ? 1 : 2;
-    sp_kc_env = env_flag("ORCHID_SP_K2048"); /* opt-in (A/B): the compile-time gate/up instance */
+    /* opt-in (A/B): =1 the compile-time gate/up instance, =2 skinny_pipe_x_kernel */
+    sp_kc_env = sp_stages_env("ORCHID_SP_K2048");
+    if (sp_kc_env < 0 || sp_kc_env > 2) sp_kc_env = 1;
     return 0;
 }
 
@@ -597,7 +870,7 @@ extern "C" int cuda_skinny_pipe_down_sets(int sets) {
 extern "C" int cuda_skinny_pipe_launches(void) { return sp_launches; }
 
 extern "C" int cuda_skinny_pipe_k2048_force(int mode) {
-    sp_kc_force = mode < 0 ? -1 : mode ? 1 : 0;
+    sp_kc_force = mode < 0 ? -1 : mode > 2 ? 1 : mode;
     return sp_sm90; /* the instance is in the sm_90a body with the rest */
 }
 
@@ -609,6 +882,15 @@ static int sp_stages(int RB, int K, int E, bool swiglu) {
     const int want = sp_stages_env(swiglu ? "ORCHID_SP_STAGES_SWIGLU" : "ORCHID_SP_STAGES_DOWN");
     int S = SP_MAX_STAGES;
     while (S >= 2 && sp_lay(RB, K, S, E).total > (size_t)sp_optin) S--;
+    if (want >= 2 && want < S) S = want;
+    return S >= 2 ? S : 0;
+}
+
+/* skinny_pipe_x_kernel's stages (ORCHID_SP_STAGES_SWIGLU caps them too); 0 when fewer than 2 fit */
+static int spx_stages(int E) {
+    const int want = sp_stages_env("ORCHID_SP_STAGES_SWIGLU");
+    int S = SP_MAX_STAGES;
+    while (S >= 2 && spx_lay(S, E).total > (size_t)sp_optin) S--;
     if (want >= 2 && want < S) S = want;
     return S >= 2 ? S : 0;
 }
@@ -703,11 +985,18 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
         a.scales[h] = w.scales;
         a.biases[h] = w.biases;
     }
-    const size_t smem = sp_lay(a.RB, K, a.stages, a.E).total;
+    size_t smem = sp_lay(a.RB, K, a.stages, a.E).total;
     const dim3 grid(sp_sms);
-    /* the compile-time instance where switched on and the shape is the one it was built for */
-    const bool kc = swiglu && (sp_kc_force < 0 ? sp_kc_env : sp_kc_force) && K == SP_KC_K && a.RB == SP_KC_RB;
-    if (kc)
+    /* the compile-time forms where switched on and the shape is the one they were built for
+     * (the x-staged kernel also needs two stages beside its x buffers) */
+    const int kmode = swiglu && K == SP_KC_K && a.RB == SP_KC_RB ? (sp_kc_force < 0 ? sp_kc_env : sp_kc_force) : 0;
+    const int xs = kmode == 2 ? spx_stages(a.E) : 0;
+    const bool kc = kmode == 1 || xs > 0;
+    if (xs) {
+        a.stages = xs;
+        smem = spx_lay(xs, a.E).total;
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_x_kernel, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
+    } else if (kc)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0, SP_KC_K>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     else if (swiglu)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);

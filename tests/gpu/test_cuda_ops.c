@@ -1514,12 +1514,13 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                       E, K, H, I, T, on ? "on" : "off (not sm_90)", sets, da ? "differs" : "same",
                       de ? "differs" : "same");
             }
-            /* the gate/up launch's compile-time K = 2,048 instance (opt-in: ORCHID_SP_K2048)
-             * forced on: the same act bits as the grouped kernel's, from a cleared buffer, and
-             * taken exactly where its shape is the launch's (K = 2,048 at RB 32: 4 k-slices) */
-            {
+            /* the gate/up launch's compile-time K = 2,048 forms (opt-in: ORCHID_SP_K2048 = 1, the
+             * instance; = 2, skinny_pipe_x_kernel) forced on: the same act bits as the grouped
+             * kernel's, from a cleared buffer, and taken exactly where their shape is the launch's
+             * (K = 2,048 at RB 32: 4 k-slices) */
+            for (int mode = 1; mode <= 2; mode++) {
                 if (cuda_memset0(dact2, (size_t)T * K * I * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
-                const int kc = cuda_skinny_pipe_k2048_force(1);
+                const int kc = cuda_skinny_pipe_k2048_force(mode);
                 cuda_skinny_pipe_enable(1);
                 const int on = cuda_skinny_pipe_enable(1) == 1 && kc;
                 const int k0 = cuda_skinny_pipe_k2048_launches();
@@ -1528,12 +1529,12 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                 cuda_skinny_pipe_enable(was);
                 cuda_skinny_pipe_k2048_force(-1);
                 const int want = on && H == 2048 && cuda_skinny_kslices(H) == 4;
-                CHECK(k1 - k0 == want, "skinny pipe K=2048 instance E=%d H=%d I=%d: launches taken %d, expected %d", E, H, I,
-                      k1 - k0, want);
+                CHECK(k1 - k0 == want, "skinny pipe K=2048 form %d E=%d H=%d I=%d: launches taken %d, expected %d", mode, E, H,
+                      I, k1 - k0, want);
                 D2H(a2, dact2, (size_t)T * K * I * 2);
                 const int da = memcmp(a1, a2, (size_t)T * K * I * 2) != 0;
-                CHECK(!da, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined K=2048 instance %s): act differs", E, K, H, I,
-                      T, want ? "on" : "not taken");
+                CHECK(!da, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined K=2048 form %d %s): act differs", E, K, H, I, T,
+                      mode, want ? "on" : "not taken");
             }
             free(a1); free(a2); free(e1); free(e2); cuda_free(dact2); cuda_free(ded2);
             OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
@@ -1933,6 +1934,8 @@ int main(void) {
     test_moe(8, 2, 128, 64, 70, 1);
     test_moe(256, 8, 2048, 512, 2, 2);
     test_moe(256, 8, 2048, 512, 64, 2);
+    test_moe(16, 8, 2048, 512, 40, 2); /* ~20 slots an expert at K = 2,048: 3 passes, epochs of the x-staged form */
+    test_moe(40, 8, 2048, 256, 33, 2); /* 16 row blocks an expert, some experts without slots */
     test_moe(16, 8, 256, 128, 40, 2); /* 40 tokens x 8 of 16 experts: tiles of up to 64 slots, several passes */
     test_moe(8, 2, 128, 64, 7, 2);
     test_moe(16, 8, 1024, 512, 40, 2); /* ~20 slots an expert: several passes a row block in the pipelined form */
