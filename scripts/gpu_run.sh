@@ -23,6 +23,7 @@
 #             ROUNDS rounds, BATCH_ARGS more flags (e.g. '--pack 8': the prompts prefilled
 #             in packs, each timed, the last profiled) (TRACE=1: plus the trace build's
 #             timelines, when packed)
+#             (each run killed after BATCH_TIMEOUT seconds, default 180: a hung kernel)
 #   serve     orchid synth 35b-a3b to /tmp/og_m once, then bench/serve_load.py (python3,
 #             stdlib) against each arm's server: LEVELS (default 1,8,32,64), SERVE_SKIP
 #             (default 'serial,replay'; '' = the issue's full set), SERVE_ARGS (more
@@ -203,7 +204,7 @@ for phase in $PHASES; do
         for ((r = 0; r < ROUNDS; r++)); do
             for i in "${!packs[@]}"; do
                 l=$res/batch_${names[$i]}_r$r.log
-                arm "$i" "$root/${packs[$i]}/bin/bench_batch_decode" --ctx 512 --batches "$BATCHES" $BATCH_ARGS >"$l" 2>&1
+                arm "$i" timeout "${BATCH_TIMEOUT:-180}" "$root/${packs[$i]}/bin/bench_batch_decode" --ctx 512 --batches "$BATCHES" $BATCH_ARGS >"$l" 2>&1
                 note "batch ${names[$i]} round $r: $(grep -c -E '^\| *[0-9]+ \|' "$l") rows$(grep -q -E '^\| *[0-9]+ \|' "$l" || echo ", failed: $(tail -1 "$l")")"
                 grep -E '^\| *[0-9]+ \|' "$l" | head -8 >>"$summary"
             done

@@ -12,7 +12,8 @@
 // every other unit) is 67.5 -> 59.5 µs a layer at 64 sequences on the H100. Both launches
 // come here by default (ORCHID_SK_PIPE=0 / swiglu / down: A/B; cuda_skinny_pipe_init).
 // Opt-in (A/B): gate/up at K = 2,048 in an instance with its shapes compile-time
-// (ORCHID_SP_K2048=1), or in skinny_pipe_x_kernel with each (expert, pass)'s x staged once (=2).
+// (ORCHID_SP_K2048=1), or in skinny_pipe_x_kernel with each (expert, pass)'s x staged once (=2);
+// the direct down at K = 512 likewise (ORCHID_SP_K512=1).
 //
 // Measured and removed (session 30, H100, 64 sequences): gate/up as 128-row units in
 // k-range stages (four stages of 45 KB, three copies in flight) 115 -> 119 µs, with two
@@ -66,6 +67,10 @@
  * K = 2,048 with cuda_skinny.cu's RB for it (sk_rb: 32 rows, 2 m-tiles × 4 k-slices) */
 #define SP_KC_K 2048
 #define SP_KC_RB 32
+/* ... and the down launch's at K = 512 (skinny_pipe_kernel<2, SP_KD_K>, ORCHID_SP_K512): its
+ * direct form's 128-row units, cuda_skinny.cu's RB 64 split for K = 512 (2 k-slices of 4 groups) */
+#define SP_KD_K 512
+#define SP_KD_KS 2
 
 /* Kernel arguments; the tensor maps live in the parameter space (__grid_constant__) where
  * the TMA reads them. [h]: half h of a tile (gate, up; down: [0] only). */
@@ -310,9 +315,11 @@ __device__ __forceinline__ void sp_products(const uint32_t *cw0, const uint32_t 
  *     units i with i % sets == s): wait ready[st], every k-slice of cuda_skinny.cu's split for
  *     K (a.KS) summed apart and added in slice order onto 0 — the reducers' operations —
  *     arrive empty[st], store y; the reducer warps exit at once. */
-template <int DIRECT, int KC = 0> /* KC: 0 = K, RB from the arguments; SP_KC_K = the compile-time gate/up instance */
+/* KC: 0 = K, RB from the arguments; SP_KC_K = the compile-time gate/up instance, SP_KD_K the down's */
+template <int DIRECT, int KC = 0>
 static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1), 1) skinny_pipe_kernel(const __grid_constant__ sp_args a) {
-    static_assert(KC == 0 || (KC == SP_KC_K && DIRECT == 0), "the compile-time instance is gate/up's K = 2,048 only");
+    static_assert(KC == 0 || (KC == SP_KC_K && DIRECT == 0) || (KC == SP_KD_K && DIRECT == 2),
+                  "the compile-time instances: gate/up's K = 2,048, the two-set direct down's K = 512");
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr bool SWIGLU = DIRECT == 0; /* the gate/up launch (reducers); the down launch is always direct */
@@ -323,7 +330,8 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     unsigned char *sm = sm_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(sm_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
     /* KC: the shape is the launch's (sp_launch checks it), here a constant for every role */
-    const int RB = KC ? SP_KC_RB : a.RB, S = a.stages, K = KC ? KC : a.K, G = K / QGROUP, xstride = K + 8;
+    const int RB = KC == SP_KC_K ? SP_KC_RB : KC == SP_KD_K ? 128 : a.RB, S = a.stages, K = KC ? KC : a.K, G = K / QGROUP,
+              xstride = K + 8;
     const int E = a.E, orows = SWIGLU ? RB / 2 : RB, upt = a.rows / orows;
     const sp_layout L = sp_lay(RB, K, S, E);
     int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E;
@@ -409,7 +417,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     const int seg = orows * SP_SEG; /* words of one segment of a half */
     const size_t cw = (size_t)h * orows * (K / 8) + (size_t)rr * SP_SEG + (c & 1) * 2;
     clk.lap(0);
-    if constexpr (KC != 0) {
+    if constexpr (KC == SP_KC_K) {
         /* The K = 2,048 instance (SWIGLU, RB 32): G = 32, orows 16, MT 2, KS 4, so warp w
          * takes m-tile mt = w & 1 (= the half: gate, up) and groups [8·ks, 8·ks + 8), ks =
          * w >> 1; lane (gq, c)'s rows are half mt's rows rr = sp_prow(gq) and rr + 8 (X = rr).
@@ -474,7 +482,76 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
             if (++st == S) st = 0, ph ^= 1;
         }
     }
-    for (int i = DIRECT ? warp >> 3 : 0; !KC && i < n_mine; i += SETS) { /* KC: the loop above */
+    if constexpr (KC == SP_KD_K) {
+        /* The down instance at K = 512 (DIRECT, two sets; G = 8, 128-row units): warp w takes
+         * m-tile dmt = w & 7 of the units i ≡ w / 8 (mod 2); lane (gq, c)'s rows dr0 =
+         * 16·dmt + sp_prow(gq) and dr0 + 8 (X = sp_prow(gq)); its 8 groups as the generic
+         * loop's two k-slices of sp_products (two pairs each, onto a part from 0), added to tot
+         * in slice order — with every offset the stage base + a per-lane constant + an
+         * immediate, a slice's 4 scales (biases) of a row one 8-byte load, no division for the stage */
+        constexpr int DG = SP_KD_K / QGROUP, DGP = DG / SP_KD_KS, DXS = SP_KD_K + 8, DSX = DG + 4, DRB = 128;
+        constexpr int DSEGB = DRB * SP_SEG * 4; /* bytes of one 128-byte-a-row segment (4 groups of 128 rows) */
+        static_assert(DG == 8 && DGP == 4, "the instance's split: 2 k-slices of 4 groups");
+        const int dmt = warp & 7, drr = sp_prow(gq), dr0 = dmt * 16 + drr;
+        int dco[4]; /* codes: the lane's two words of group chunk j of row dr0 (row dr0 + 8: 1 KB on) */
+#pragma unroll
+        for (int j = 0; j < 4; j++) dco[j] = (dr0 * SP_SEG + (c & 1) * 2) * 4 + ((((j << 1) | (c >> 1)) ^ drr) << 4);
+        const int dso = (int)L.scales + dr0 * DG * 2;
+        const int dxo = (int)L.x + (gq * DXS + 16 * c) * 2;
+        const int dsx = (int)L.xsum + 2 * c * DSX * 4;
+        int st = warp >> 3, ph = 0; /* unit i's stage i % S and parity (i / S) & 1; i steps by 2 (S >= 2) */
+        if (st >= S) st -= S, ph = 1;
+        for (int i = warp >> 3; i < n_mine; i += 2) {
+            const unsigned char *base = sm + (size_t)st * L.stage;
+            mbar_wait(&ready[st], (unsigned)ph);
+            clk.lap(1);
+            float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1 /* both slices unrolled spilled (80 registers) */
+            for (int k = 0; k < SP_KD_KS; k++) {
+                /* the slice's 4 scales (biases) of rows dr0, dr0 + 8: 8-byte loads */
+                const uint2 s0v = *reinterpret_cast<const uint2 *>(base + dso + k * 8);
+                const uint2 s1v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + 8 * DG * 2);
+                const uint2 b0v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + DRB * DG * 2);
+                const uint2 b1v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + DRB * DG * 2 + 8 * DG * 2);
+                const uint32_t s0a[2] = {s0v.x, s0v.y}, s1a[2] = {s1v.x, s1v.y}, b0a[2] = {b0v.x, b0v.y}, b1a[2] = {b1v.x, b1v.y};
+                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int gi = 0; gi < DGP; gi += 2) { /* groups grp = 4k + gi, grp + 1: sp_products' pair */
+                    const int grp = k * DGP + gi, sg = k * DSEGB; /* grp % 4 = gi, grp / 4 = k */
+                    sk_w wa, wb;
+                    uint32_t fa[4][4], fb[4][4];
+                    wa.q0 = *reinterpret_cast<const uint2 *>(base + dco[gi] + sg);
+                    wa.q1 = *reinterpret_cast<const uint2 *>(base + dco[gi] + sg + 8 * SP_SEG * 4);
+                    sk_frags(wa, fa);
+                    wb.q0 = *reinterpret_cast<const uint2 *>(base + dco[gi + 1] + sg);
+                    wb.q1 = *reinterpret_cast<const uint2 *>(base + dco[gi + 1] + sg + 8 * SP_SEG * 4);
+                    sk_frags(wb, fb);
+                    const uint32_t s0 = s0a[gi >> 1], b0 = b0a[gi >> 1], s1 = s1a[gi >> 1], b1 = b1a[gi >> 1];
+                    wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
+                    wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
+                    float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const uint16_t *xa = reinterpret_cast<const uint16_t *>(base + dxo + grp * QGROUP * 2);
+                    sk_mma2(fa, fb, xa, xa + QGROUP, ca, cb);
+                    const float *sxa = reinterpret_cast<const float *>(base + dsx + grp * 4), *sxb = sxa + DSX;
+                    sk_group_scale(wa, ca, sxa[0], sxb[0], part);
+                    sk_group_scale(wb, cb, sxa[1], sxb[1], part);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) tot[e] += part[e];
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[st]);
+            const sp_unit w = sp_locate(i + u0, pfx, cnt, off, E, orows, ec);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int jj = 2 * c + (e & 1);
+                if (jj < w.n) a.y[(size_t)(w.m0 + jj) * a.ldy + w.rbase + dr0 + (e >= 2 ? 8 : 0)] = tot[e];
+            }
+            st += 2;
+            if (st >= S) st -= S, ph ^= 1;
+        }
+    }
+    for (int i = DIRECT ? warp >> 3 : 0; !KC && i < n_mine; i += SETS) { /* KC: the loops above */
         const int st = i % S, rb = i & 1;
         const unsigned char *stage = sm + (size_t)st * L.stage;
         const uint32_t *codes = reinterpret_cast<const uint32_t *>(stage);
@@ -791,6 +868,7 @@ static int sp_launches = 0;                                  /* launches taken (
 /* the compile-time K = 2,048 gate/up instance: ORCHID_SP_K2048 (read at init), the tests'
  * override (-1: the environment, 0: never, 1: whenever the shape matches), launches it took */
 static int sp_kc_env = 0, sp_kc_force = -1, sp_kc_launches = 0;
+static int sp_kd_env = 0, sp_kd_force = -1, sp_kd_launches = 0; /* the same for the down's K = 512 instance */
 static PFN_cuTensorMapEncodeTiled_v12000 sp_encode = NULL;    /* the driver's encoder (init) */
 static int sp_stages_env(const char *name) {
     const char *s = getenv(name);
@@ -821,6 +899,8 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(skinny_pipe_kernel<0, SP_KC_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_x_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(skinny_pipe_kernel<2, SP_KD_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
     sp_sm90 = 0;
     /* the sm_90a body must be what runs (another architecture or a build without sm_90a gets
@@ -851,6 +931,7 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     /* opt-in (A/B): =1 the compile-time gate/up instance, =2 skinny_pipe_x_kernel */
     sp_kc_env = sp_stages_env("ORCHID_SP_K2048");
     if (sp_kc_env < 0 || sp_kc_env > 2) sp_kc_env = 1;
+    sp_kd_env = env_flag("ORCHID_SP_K512"); /* opt-in (A/B): the compile-time down instance */
     return 0;
 }
 
@@ -875,6 +956,13 @@ extern "C" int cuda_skinny_pipe_k2048_force(int mode) {
 }
 
 extern "C" int cuda_skinny_pipe_k2048_launches(void) { return sp_kc_launches; }
+
+extern "C" int cuda_skinny_pipe_k512_force(int mode) {
+    sp_kd_force = mode < 0 ? -1 : mode ? 1 : 0;
+    return sp_sm90;
+}
+
+extern "C" int cuda_skinny_pipe_k512_launches(void) { return sp_kd_launches; }
 
 /* Stages for a unit layout: as many as fit the opt-in (at most SP_MAX_STAGES, or the
  * ORCHID_SP_STAGES_SWIGLU / _DOWN override), 0 when fewer than 2 fit. */
@@ -992,6 +1080,8 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
     const int kmode = swiglu && K == SP_KC_K && a.RB == SP_KC_RB ? (sp_kc_force < 0 ? sp_kc_env : sp_kc_force) : 0;
     const int xs = kmode == 2 ? spx_stages(a.E) : 0;
     const bool kc = kmode == 1 || xs > 0;
+    const bool kd = !swiglu && sp_down_sets == 2 && (sp_kd_force < 0 ? sp_kd_env : sp_kd_force) && K == SP_KD_K &&
+                    a.KS == SP_KD_KS;
     if (xs) {
         a.stages = xs;
         smem = spx_lay(xs, a.E).total;
@@ -1000,12 +1090,16 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0, SP_KC_K>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     else if (swiglu)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
+    else if (kd)
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<2, SP_KD_K>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a),
+                   what);
     else if (sp_down_sets == 2)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<2>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a), what);
     else
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<1>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     sp_launches++;
     sp_kc_launches += kc;
+    sp_kd_launches += kd;
     return 1;
 }
 
