@@ -294,6 +294,30 @@ __device__ __forceinline__ void sp_products(const uint32_t *cw0, const uint32_t 
     }
 }
 
+/* One pair of groups (the low and high halves of the scale / bias words s0, b0 of row r and
+ * s1, b1 of row r + 8) of the compile-time instances: the lane's codes words of row r at pa
+ * (the first group) and pb (the second), row r + 8's 1 KB (8 swizzled rows) on; x16 of the
+ * first group at xa (the second QGROUP on), the two token columns' Σx at sxa, sxb (the
+ * second group one on) — sp_products' pair: the same loads, sk_frags, sk_mma2 and
+ * sk_group_scale calls onto acc in group order. */
+__device__ __forceinline__ void spk_pair(const unsigned char *pa, const unsigned char *pb, uint32_t s0, uint32_t b0, uint32_t s1,
+                                         uint32_t b1, const uint16_t *xa, const float *sxa, const float *sxb, float (&acc)[4]) {
+    sk_w wa, wb;
+    uint32_t fa[4][4], fb[4][4];
+    wa.q0 = *reinterpret_cast<const uint2 *>(pa);
+    wa.q1 = *reinterpret_cast<const uint2 *>(pa + 8 * SP_SEG * 4);
+    sk_frags(wa, fa);
+    wb.q0 = *reinterpret_cast<const uint2 *>(pb);
+    wb.q1 = *reinterpret_cast<const uint2 *>(pb + 8 * SP_SEG * 4);
+    sk_frags(wb, fb);
+    wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
+    wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
+    float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    sk_mma2(fa, fb, xa, xa + QGROUP, ca, cb);
+    sk_group_scale(wa, ca, sxa[0], sxb[0], acc);
+    sk_group_scale(wb, cb, sxa[1], sxb[1], acc);
+}
+
 /* Block = four warp roles, unit i in stage i % S, its partials in red buffer i % 2:
  *   producer (1 warp): wait empty[st] (the unit S before is consumed); lane 0 posts the
  *     unit's bytes on full[st] and issues its weight boxes, lane j < n slot j's x row;
@@ -460,23 +484,9 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
 #pragma unroll
             for (int gi = 0; gi < CGP; gi += 2) { /* groups grp = cg0 + gi, grp + 1: sp_products' pair */
                 const int j = gi & 3, sg = (gi >> 2) * CSEGB; /* grp % 4 = j, grp / 4 = cg0 / 4 + gi / 4 */
-                sk_w wa, wb;
-                uint32_t fa[4][4], fb[4][4];
-                wa.q0 = *reinterpret_cast<const uint2 *>(base + cco[j] + sg);
-                wa.q1 = *reinterpret_cast<const uint2 *>(base + cco[j] + sg + 8 * SP_SEG * 4);
-                sk_frags(wa, fa);
-                wb.q0 = *reinterpret_cast<const uint2 *>(base + cco[j + 1] + sg);
-                wb.q1 = *reinterpret_cast<const uint2 *>(base + cco[j + 1] + sg + 8 * SP_SEG * 4);
-                sk_frags(wb, fb);
-                const uint32_t s0 = s0a[gi >> 1], b0 = b0a[gi >> 1], s1 = s1a[gi >> 1], b1 = b1a[gi >> 1];
-                wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
-                wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
-                float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const uint16_t *xa = reinterpret_cast<const uint16_t *>(base + cxo + gi * QGROUP * 2);
-                sk_mma2(fa, fb, xa, xa + QGROUP, ca, cb);
-                const float *sxa = reinterpret_cast<const float *>(base + csx + gi * 4), *sxb = sxa + CSX;
-                sk_group_scale(wa, ca, sxa[0], sxb[0], acc);
-                sk_group_scale(wb, cb, sxa[1], sxb[1], acc);
+                const float *sxa = reinterpret_cast<const float *>(base + csx + gi * 4);
+                spk_pair(base + cco[j] + sg, base + cco[j + 1] + sg, s0a[gi >> 1], b0a[gi >> 1], s1a[gi >> 1], b1a[gi >> 1],
+                         reinterpret_cast<const uint16_t *>(base + cxo + gi * QGROUP * 2), sxa, sxa + CSX, acc);
             }
             sp_handoff(&empty[st], redfree, redfull, reinterpret_cast<float *>(sm + L.red), i, i & 1, warp, lane, acc, clk);
             if (++st == S) st = 0, ph ^= 1;
@@ -518,23 +528,9 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
 #pragma unroll
                 for (int gi = 0; gi < DGP; gi += 2) { /* groups grp = 4k + gi, grp + 1: sp_products' pair */
                     const int grp = k * DGP + gi, sg = k * DSEGB; /* grp % 4 = gi, grp / 4 = k */
-                    sk_w wa, wb;
-                    uint32_t fa[4][4], fb[4][4];
-                    wa.q0 = *reinterpret_cast<const uint2 *>(base + dco[gi] + sg);
-                    wa.q1 = *reinterpret_cast<const uint2 *>(base + dco[gi] + sg + 8 * SP_SEG * 4);
-                    sk_frags(wa, fa);
-                    wb.q0 = *reinterpret_cast<const uint2 *>(base + dco[gi + 1] + sg);
-                    wb.q1 = *reinterpret_cast<const uint2 *>(base + dco[gi + 1] + sg + 8 * SP_SEG * 4);
-                    sk_frags(wb, fb);
-                    const uint32_t s0 = s0a[gi >> 1], b0 = b0a[gi >> 1], s1 = s1a[gi >> 1], b1 = b1a[gi >> 1];
-                    wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
-                    wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
-                    float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const uint16_t *xa = reinterpret_cast<const uint16_t *>(base + dxo + grp * QGROUP * 2);
-                    sk_mma2(fa, fb, xa, xa + QGROUP, ca, cb);
-                    const float *sxa = reinterpret_cast<const float *>(base + dsx + grp * 4), *sxb = sxa + DSX;
-                    sk_group_scale(wa, ca, sxa[0], sxb[0], part);
-                    sk_group_scale(wb, cb, sxa[1], sxb[1], part);
+                    const float *sxa = reinterpret_cast<const float *>(base + dsx + grp * 4);
+                    spk_pair(base + dco[gi] + sg, base + dco[gi + 1] + sg, s0a[gi >> 1], b0a[gi >> 1], s1a[gi >> 1], b1a[gi >> 1],
+                             reinterpret_cast<const uint16_t *>(base + dxo + grp * QGROUP * 2), sxa, sxa + DSX, part);
                 }
 #pragma unroll
                 for (int e = 0; e < 4; e++) tot[e] += part[e];
@@ -818,23 +814,9 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_x_kernel(con
 #pragma unroll
         for (int gi = 0; gi < CGP; gi += 2) {
             const int j = gi & 3, sg = (gi >> 2) * CSEGB;
-            sk_w wa, wb;
-            uint32_t fa[4][4], fb[4][4];
-            wa.q0 = *reinterpret_cast<const uint2 *>(base + cco[j] + sg);
-            wa.q1 = *reinterpret_cast<const uint2 *>(base + cco[j] + sg + 8 * SP_SEG * 4);
-            sk_frags(wa, fa);
-            wb.q0 = *reinterpret_cast<const uint2 *>(base + cco[j + 1] + sg);
-            wb.q1 = *reinterpret_cast<const uint2 *>(base + cco[j + 1] + sg + 8 * SP_SEG * 4);
-            sk_frags(wb, fb);
-            const uint32_t s0 = s0a[gi >> 1], b0 = b0a[gi >> 1], s1 = s1a[gi >> 1], b1 = b1a[gi >> 1];
-            wa.s0 = bf_lo(s0); wa.b0 = bf_lo(b0); wa.s1 = bf_lo(s1); wa.b1 = bf_lo(b1);
-            wb.s0 = bf_hi(s0); wb.b0 = bf_hi(b0); wb.s1 = bf_hi(s1); wb.b1 = bf_hi(b1);
-            float ca[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            const uint16_t *xa = reinterpret_cast<const uint16_t *>(xbase + cxo + gi * QGROUP * 2);
-            sk_mma2(fa, fb, xa, xa + QGROUP, ca, cb);
-            const float *sxa = reinterpret_cast<const float *>(xbase + csx + gi * 4), *sxb = sxa + SXS;
-            sk_group_scale(wa, ca, sxa[0], sxb[0], acc);
-            sk_group_scale(wb, cb, sxa[1], sxb[1], acc);
+            const float *sxa = reinterpret_cast<const float *>(xbase + csx + gi * 4);
+            spk_pair(base + cco[j] + sg, base + cco[j + 1] + sg, s0a[gi >> 1], b0a[gi >> 1], s1a[gi >> 1], b1a[gi >> 1],
+                     reinterpret_cast<const uint16_t *>(xbase + cxo + gi * QGROUP * 2), sxa, sxa + SXS, acc);
         }
         __syncwarp();
         if (lane == 0) {
