@@ -400,16 +400,11 @@ int cuda_skinny_pipe_init(char *err, size_t errlen);
 int cuda_skinny_pipe_enable(int on);
 int cuda_skinny_pipe_launches(void);
 int cuda_skinny_pipe_down_sets(int sets); /* the direct down launch's consumer sets (1 or 2); the previous */
-/* The gate/up launch's compile-time K = 2,048 forms (the same bits; opt-in by
- * ORCHID_SP_K2048=1 the instance, =2 the x-staged kernel): mode -1 by the environment, 0
- * never, 1 or 2 that form whenever the shape matches (K = 2,048, RB 32); returns whether this
- * device and build can run them. _launches: those they took. */
+/* The gate/up launch's K = 2,048 kernel (skinny_pipe_x_kernel: the same bits; on by default,
+ * ORCHID_SP_K2048=0 off): mode -1 by the environment, 0 never, 1 whenever the shape matches
+ * (K = 2,048, RB 32); returns whether this device and build can run it. _launches: those it took. */
 int cuda_skinny_pipe_k2048_force(int mode);
 int cuda_skinny_pipe_k2048_launches(void);
-/* The direct down launch's compile-time K = 512 instance (two consumer sets; opt-in by
- * ORCHID_SP_K512): the same modes and counter. */
-int cuda_skinny_pipe_k512_force(int mode);
-int cuda_skinny_pipe_k512_launches(void);
 int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act);
 int cuda_skinny_pipe_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,
@@ -443,8 +438,8 @@ int cuda_skinny_tall(const struct cuda_ctx *c, const struct cuda_qmat *m, const 
  * takes it) or off, returning the previous state; launches taken so far (tests). */
 int cuda_skinny_tall_wg_enable(int on);
 int cuda_skinny_tall_wg_launches(void);
-/* test hooks: the wgmma form's K = 2,048 instance on (1) or off (0; opt-in by
- * ORCHID_TL_K2048) — returns the previous state — and the launches it took */
+/* test hooks: the wgmma form's K = 2,048 instance on (1) or off (0; on by default,
+ * ORCHID_TL_K2048=0 off) — returns the previous state — and the launches it took */
 int cuda_skinny_tall_k2048_enable(int on);
 int cuda_skinny_tall_k2048_launches(void);
 

@@ -11,9 +11,9 @@
 // each consumer warp adds its own k-slices and stores, two sets of 8 consumer warps taking
 // every other unit) is 67.5 -> 59.5 µs a layer at 64 sequences on the H100. Both launches
 // come here by default (ORCHID_SK_PIPE=0 / swiglu / down: A/B; cuda_skinny_pipe_init).
-// Opt-in (A/B): gate/up at K = 2,048 in an instance with its shapes compile-time
-// (ORCHID_SP_K2048=1), or in skinny_pipe_x_kernel with each (expert, pass)'s x staged once (=2);
-// the direct down at K = 512 likewise (ORCHID_SP_K512=1).
+// The model's gate/up (K = 2,048) runs in skinny_pipe_x_kernel: its shapes compile-time, each
+// (expert, pass)'s x staged once (session 47: 113.7 -> 103.8 µs a layer, H100; ORCHID_SP_K2048=0
+// the A/B).
 //
 // Measured and removed (session 30, H100, 64 sequences): gate/up as 128-row units in
 // k-range stages (four stages of 45 KB, three copies in flight) 115 -> 119 µs, with two
@@ -63,14 +63,10 @@
 /* a block with SETS sets of 8 consumer warps (the direct down launch takes 2) */
 #define SP_THREADS_SETS(SETS) (SP_CONSUMERS * (SETS) + SP_REDUCERS + SP_SUMS + SP_PRODUCER)
 #define SP_SEG 32        /* words of a 128-byte codes segment (4 groups) */
-/* The opt-in compile-time gate/up instance (skinny_pipe_kernel<0, SP_KC_K>, ORCHID_SP_K2048):
- * K = 2,048 with cuda_skinny.cu's RB for it (sk_rb: 32 rows, 2 m-tiles × 4 k-slices) */
+/* skinny_pipe_x_kernel's shape (the model's gate/up: K = 2,048 with cuda_skinny.cu's RB for it,
+ * sk_rb: 32 rows, 2 m-tiles × 4 k-slices) */
 #define SP_KC_K 2048
 #define SP_KC_RB 32
-/* ... and the down launch's at K = 512 (skinny_pipe_kernel<2, SP_KD_K>, ORCHID_SP_K512): its
- * direct form's 128-row units, cuda_skinny.cu's RB 64 split for K = 512 (2 k-slices of 4 groups) */
-#define SP_KD_K 512
-#define SP_KD_KS 2
 
 /* Kernel arguments; the tensor maps live in the parameter space (__grid_constant__) where
  * the TMA reads them. [h]: half h of a tile (gate, up; down: [0] only). */
@@ -339,11 +335,8 @@ __device__ __forceinline__ void spk_pair(const unsigned char *pa, const unsigned
  *     units i with i % sets == s): wait ready[st], every k-slice of cuda_skinny.cu's split for
  *     K (a.KS) summed apart and added in slice order onto 0 — the reducers' operations —
  *     arrive empty[st], store y; the reducer warps exit at once. */
-/* KC: 0 = K, RB from the arguments; SP_KC_K = the compile-time gate/up instance, SP_KD_K the down's */
-template <int DIRECT, int KC = 0>
+template <int DIRECT>
 static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1), 1) skinny_pipe_kernel(const __grid_constant__ sp_args a) {
-    static_assert(KC == 0 || (KC == SP_KC_K && DIRECT == 0) || (KC == SP_KD_K && DIRECT == 2),
-                  "the compile-time instances: gate/up's K = 2,048, the two-set direct down's K = 512");
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr bool SWIGLU = DIRECT == 0; /* the gate/up launch (reducers); the down launch is always direct */
@@ -353,9 +346,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     /* the swizzled boxes need 1,024-byte aligned destinations (sp_lay leaves the room) */
     unsigned char *sm = sm_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(sm_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
-    /* KC: the shape is the launch's (sp_launch checks it), here a constant for every role */
-    const int RB = KC == SP_KC_K ? SP_KC_RB : KC == SP_KD_K ? 128 : a.RB, S = a.stages, K = KC ? KC : a.K, G = K / QGROUP,
-              xstride = K + 8;
+    const int RB = a.RB, S = a.stages, K = a.K, G = K / QGROUP, xstride = K + 8;
     const int E = a.E, orows = SWIGLU ? RB / 2 : RB, upt = a.rows / orows;
     const sp_layout L = sp_lay(RB, K, S, E);
     int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E;
@@ -441,113 +432,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     const int seg = orows * SP_SEG; /* words of one segment of a half */
     const size_t cw = (size_t)h * orows * (K / 8) + (size_t)rr * SP_SEG + (c & 1) * 2;
     clk.lap(0);
-    if constexpr (KC == SP_KC_K) {
-        /* The K = 2,048 instance (SWIGLU, RB 32): G = 32, orows 16, MT 2, KS 4, so warp w
-         * takes m-tile mt = w & 1 (= the half: gate, up) and groups [8·ks, 8·ks + 8), ks =
-         * w >> 1; lane (gq, c)'s rows are half mt's rows rr = sp_prow(gq) and rr + 8 (X = rr).
-         * sp_products' loop with every shape a constant, its four group pairs unrolled: each
-         * shared read is the stage base + a per-lane offset set once here + an immediate
-         * (it must be fully unrolled: in the CPU study's prototype, #pragma unroll 2 put the
-         * per-pair arrays in local memory). The same loads
-         * of the same bits, the same sk_frags, sk_mma2 and sk_group_scale calls in the same
-         * group order onto acc = 0: the same sums as the loop below. */
-        constexpr int CG = SP_KC_K / QGROUP, COR = SP_KC_RB / 2, CGP = 8, CXS = SP_KC_K + 8, CSX = CG + 4;
-        constexpr int CSEGB = COR * SP_SEG * 4; /* bytes of one segment of a half (4 groups of its 16 rows) */
-        static_assert(CG == 32 && CGP * 4 == CG && SP_KC_RB == 32, "the instance's split: 2 m-tiles × 4 k-slices of 8 groups");
-        const int cmt = warp & 1, cks = warp >> 1, cg0 = cks * CGP, crr = sp_prow(gq), cr0 = cmt * 16 + crr;
-        /* codes: byte offset of the lane's two words in group chunk j (group % 4 = j) of the
-         * slice's first segment, swizzled ((2j + c/2) ^ X); row rr + 8 is 8 rows (1 KB) on */
-        int cco[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            cco[j] = (cmt * COR * (SP_KC_K / 8) + crr * SP_SEG + (c & 1) * 2) * 4 + (cg0 >> 2) * CSEGB +
-                     ((((j << 1) | (c >> 1)) ^ crr) << 4);
-        /* the slice's 8 scales of row lr0 (16 bytes from group cg0: 16-byte aligned), of lr1 8 rows
-         * on, the biases RB·G on; the lane's x (x16 of group cg0) and Σx (columns 2c, 2c + 1) */
-        const int cso = (int)L.scales + (cr0 * CG + cg0) * 2;
-        const int cxo = (int)L.x + (gq * CXS + 16 * c + cg0 * QGROUP) * 2;
-        const int csx = (int)L.xsum + (2 * c * CSX + cg0) * 4;
-        int st = 0, ph = 0; /* unit i's stage i % S and parity (i / S) & 1, without the divisions */
-        for (int i = 0; i < n_mine; i++) {
-            const unsigned char *base = sm + (size_t)st * L.stage;
-            mbar_wait(&ready[st], (unsigned)ph);
-            clk.lap(1);
-            /* word k of a row's 16 bytes: groups cg0 + 2k (low half), cg0 + 2k + 1 (high) — the
-             * 4-byte loads of sp_products at grp = cg0 + 2k */
-            const uint4 s0v = *reinterpret_cast<const uint4 *>(base + cso);
-            const uint4 s1v = *reinterpret_cast<const uint4 *>(base + cso + 8 * CG * 2);
-            const uint4 b0v = *reinterpret_cast<const uint4 *>(base + cso + SP_KC_RB * CG * 2);
-            const uint4 b1v = *reinterpret_cast<const uint4 *>(base + cso + SP_KC_RB * CG * 2 + 8 * CG * 2);
-            const uint32_t s0a[4] = {s0v.x, s0v.y, s0v.z, s0v.w}, s1a[4] = {s1v.x, s1v.y, s1v.z, s1v.w};
-            const uint32_t b0a[4] = {b0v.x, b0v.y, b0v.z, b0v.w}, b1a[4] = {b1v.x, b1v.y, b1v.z, b1v.w};
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int gi = 0; gi < CGP; gi += 2) { /* groups grp = cg0 + gi, grp + 1: sp_products' pair */
-                const int j = gi & 3, sg = (gi >> 2) * CSEGB; /* grp % 4 = j, grp / 4 = cg0 / 4 + gi / 4 */
-                const float *sxa = reinterpret_cast<const float *>(base + csx + gi * 4);
-                spk_pair(base + cco[j] + sg, base + cco[j + 1] + sg, s0a[gi >> 1], b0a[gi >> 1], s1a[gi >> 1], b1a[gi >> 1],
-                         reinterpret_cast<const uint16_t *>(base + cxo + gi * QGROUP * 2), sxa, sxa + CSX, acc);
-            }
-            sp_handoff(&empty[st], redfree, redfull, reinterpret_cast<float *>(sm + L.red), i, i & 1, warp, lane, acc, clk);
-            if (++st == S) st = 0, ph ^= 1;
-        }
-    }
-    if constexpr (KC == SP_KD_K) {
-        /* The down instance at K = 512 (DIRECT, two sets; G = 8, 128-row units): warp w takes
-         * m-tile dmt = w & 7 of the units i ≡ w / 8 (mod 2); lane (gq, c)'s rows dr0 =
-         * 16·dmt + sp_prow(gq) and dr0 + 8 (X = sp_prow(gq)); its 8 groups as the generic
-         * loop's two k-slices of sp_products (two pairs each, onto a part from 0), added to tot
-         * in slice order — with every offset the stage base + a per-lane constant + an
-         * immediate, a slice's 4 scales (biases) of a row one 8-byte load, no division for the stage */
-        constexpr int DG = SP_KD_K / QGROUP, DGP = DG / SP_KD_KS, DXS = SP_KD_K + 8, DSX = DG + 4, DRB = 128;
-        constexpr int DSEGB = DRB * SP_SEG * 4; /* bytes of one 128-byte-a-row segment (4 groups of 128 rows) */
-        static_assert(DG == 8 && DGP == 4, "the instance's split: 2 k-slices of 4 groups");
-        const int dmt = warp & 7, drr = sp_prow(gq), dr0 = dmt * 16 + drr;
-        int dco[4]; /* codes: the lane's two words of group chunk j of row dr0 (row dr0 + 8: 1 KB on) */
-#pragma unroll
-        for (int j = 0; j < 4; j++) dco[j] = (dr0 * SP_SEG + (c & 1) * 2) * 4 + ((((j << 1) | (c >> 1)) ^ drr) << 4);
-        const int dso = (int)L.scales + dr0 * DG * 2;
-        const int dxo = (int)L.x + (gq * DXS + 16 * c) * 2;
-        const int dsx = (int)L.xsum + 2 * c * DSX * 4;
-        int st = warp >> 3, ph = 0; /* unit i's stage i % S and parity (i / S) & 1; i steps by 2 (S >= 2) */
-        if (st >= S) st -= S, ph = 1;
-        for (int i = warp >> 3; i < n_mine; i += 2) {
-            const unsigned char *base = sm + (size_t)st * L.stage;
-            mbar_wait(&ready[st], (unsigned)ph);
-            clk.lap(1);
-            float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 1 /* both slices unrolled spilled (80 registers) */
-            for (int k = 0; k < SP_KD_KS; k++) {
-                /* the slice's 4 scales (biases) of rows dr0, dr0 + 8: 8-byte loads */
-                const uint2 s0v = *reinterpret_cast<const uint2 *>(base + dso + k * 8);
-                const uint2 s1v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + 8 * DG * 2);
-                const uint2 b0v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + DRB * DG * 2);
-                const uint2 b1v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + DRB * DG * 2 + 8 * DG * 2);
-                const uint32_t s0a[2] = {s0v.x, s0v.y}, s1a[2] = {s1v.x, s1v.y}, b0a[2] = {b0v.x, b0v.y}, b1a[2] = {b1v.x, b1v.y};
-                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int gi = 0; gi < DGP; gi += 2) { /* groups grp = 4k + gi, grp + 1: sp_products' pair */
-                    const int grp = k * DGP + gi, sg = k * DSEGB; /* grp % 4 = gi, grp / 4 = k */
-                    const float *sxa = reinterpret_cast<const float *>(base + dsx + grp * 4);
-                    spk_pair(base + dco[gi] + sg, base + dco[gi + 1] + sg, s0a[gi >> 1], b0a[gi >> 1], s1a[gi >> 1], b1a[gi >> 1],
-                             reinterpret_cast<const uint16_t *>(base + dxo + grp * QGROUP * 2), sxa, sxa + DSX, part);
-                }
-#pragma unroll
-                for (int e = 0; e < 4; e++) tot[e] += part[e];
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[st]);
-            const sp_unit w = sp_locate(i + u0, pfx, cnt, off, E, orows, ec);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int jj = 2 * c + (e & 1);
-                if (jj < w.n) a.y[(size_t)(w.m0 + jj) * a.ldy + w.rbase + dr0 + (e >= 2 ? 8 : 0)] = tot[e];
-            }
-            st += 2;
-            if (st >= S) st -= S, ph ^= 1;
-        }
-    }
-    for (int i = DIRECT ? warp >> 3 : 0; !KC && i < n_mine; i += SETS) { /* KC: the loops above */
+    for (int i = DIRECT ? warp >> 3 : 0; i < n_mine; i += SETS) {
         const int st = i % S, rb = i & 1;
         const unsigned char *stage = sm + (size_t)st * L.stage;
         const uint32_t *codes = reinterpret_cast<const uint32_t *>(stage);
@@ -592,7 +477,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
 #endif
 }
 
-/* ---- Gate/up at K = 2,048 with each (expert, pass)'s x staged once (ORCHID_SP_K2048=2) ----
+/* ---- Gate/up at K = 2,048 with each (expert, pass)'s x staged once (the default; ORCHID_SP_K2048=0 off) ----
  * skinny_pipe_kernel<0> copies a unit's slots' x rows (4 KB each) into its stage and
  * recomputes their Σx for every unit, though an expert's 32 row blocks of one pass read the
  * same rows; its reducers walk all 128 (row, slot) outputs of a unit whatever its slots
@@ -609,9 +494,12 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
  *  - has the consumers write their partials swizzled (element q of lane l at l ^ q of row q)
  *    so that a reducer warp takes one slot pair — 32 lanes = 8 fragment rows × the 4 outputs
  *    (2 slots × rows g, g + 8) — conflict-free, and only the unit's slot pairs.
- * The consumers are skinny_pipe_kernel<0, SP_KC_K>'s (the same loads, sk_frags, sk_mma2 and
+ * The consumers make skinny_pipe_kernel<0>'s sums (the same loads, sk_frags, sk_mma2 and
  * sk_group_scale in group order), the reducers add the same 4 slices from 0 in slice order
- * and the Σx are sk_group_sums_by's: the same act bits (test_moe compares them). */
+ * and the Σx are sk_group_sums_by's: the same act bits (test_moe compares them). Measured
+ * (H100, session 47, 64 sequences): gate/up 113.7 -> 103.8 µs a layer; the consumers alone
+ * compiled for K = 2,048 (session 46's instance, the loop above without the rest) 112.1,
+ * removed. On by default where the shape is its own (ORCHID_SP_K2048=0: the generic kernel). */
 struct spx_layout {
     size_t stage, xsum, xbuf, xb, red, pfx, total;
 };
@@ -778,8 +666,18 @@ static __global__ void __launch_bounds__(SP_THREADS, 1) skinny_pipe_x_kernel(con
         return;
     }
 
-    /* consumers: skinny_pipe_kernel<0, SP_KC_K>'s (see there): warp w takes m-tile (half)
-     * cmt = w & 1 and groups [8·cks, 8·cks + 8), cks = w >> 1; x and Σx from the epoch's buffer */
+    /* consumers: skinny_pipe_kernel<0>'s split at this shape (G = 32, orows 16, MT 2, KS 4):
+     * warp w takes m-tile cmt = w & 1 (= the half: gate, up) and groups [8·cks, 8·cks + 8),
+     * cks = w >> 1; lane (gq, c)'s rows are half cmt's rows crr = sp_prow(gq) and crr + 8
+     * (X = crr). sp_products' loop with every shape a constant, its four group pairs unrolled
+     * (spk_pair): each shared read is the stage's (the x buffer's) base + a per-lane offset set
+     * once here + an immediate (it must be fully unrolled: in session 46's CPU study
+     * #pragma unroll 2 put the per-pair arrays in local memory). The same loads of the same
+     * bits, the same sk_frags, sk_mma2 and sk_group_scale calls in the same group order onto
+     * acc = 0: skinny_pipe_kernel<0>'s sums. cco[j]: the byte offset of the lane's two words in
+     * group chunk j (group % 4 = j) of its slice's first segment, swizzled ((2j + c/2) ^ X);
+     * cso: the slice's 8 scales of row cr0 (16 bytes from group cg0), of cr0 + 8 8 rows on, the
+     * biases RB·G on; cxo / csx: the lane's x (x16 of group cg0) and Σx (columns 2c, 2c + 1). */
     const int gq = lane >> 2, c = lane & 3;
     constexpr int CGP = 8, CSEGB = OR * SP_SEG * 4;
     static_assert(G == 32 && CGP * 4 == G && RB == 32, "the instance's split: 2 m-tiles × 4 k-slices of 8 groups");
@@ -847,10 +745,10 @@ static int sp_sms = 0, sp_optin = 0, sp_sm90 = 0; /* sp_sm90: the device takes t
 static int sp_on_swiglu = 0, sp_on_down = 0;       /* which of the two launches go here */
 static int sp_down_sets = 2; /* consumer sets of the direct down launch (ORCHID_SP_DOWN_SETS=1: one; A/B) */
 static int sp_launches = 0;                                  /* launches taken (tests: the kernel ran) */
-/* the compile-time K = 2,048 gate/up instance: ORCHID_SP_K2048 (read at init), the tests'
- * override (-1: the environment, 0: never, 1: whenever the shape matches), launches it took */
-static int sp_kc_env = 0, sp_kc_force = -1, sp_kc_launches = 0;
-static int sp_kd_env = 0, sp_kd_force = -1, sp_kd_launches = 0; /* the same for the down's K = 512 instance */
+/* skinny_pipe_x_kernel for the gate/up launches of its shape: on unless ORCHID_SP_K2048=0 (read
+ * at init), the tests' override (-1: the environment, 0: never, 1: whenever the shape
+ * matches), launches it took */
+static int sp_kc_env = 1, sp_kc_force = -1, sp_kc_launches = 0;
 static PFN_cuTensorMapEncodeTiled_v12000 sp_encode = NULL;    /* the driver's encoder (init) */
 static int sp_stages_env(const char *name) {
     const char *s = getenv(name);
@@ -878,11 +776,7 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(skinny_pipe_kernel<0, SP_KC_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_x_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(skinny_pipe_kernel<2, SP_KD_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
     sp_sm90 = 0;
     /* the sm_90a body must be what runs (another architecture or a build without sm_90a gets
@@ -910,10 +804,8 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     sp_on_swiglu = sp_sm90 && (!set || all || sw);
     sp_on_down = sp_sm90 && (!set || all || dn);
     sp_down_sets = sp_stages_env("ORCHID_SP_DOWN_SETS") == 1 ? 1 : 2;
-    /* opt-in (A/B): =1 the compile-time gate/up instance, =2 skinny_pipe_x_kernel */
-    sp_kc_env = sp_stages_env("ORCHID_SP_K2048");
-    if (sp_kc_env < 0 || sp_kc_env > 2) sp_kc_env = 1;
-    sp_kd_env = env_flag("ORCHID_SP_K512"); /* opt-in (A/B): the compile-time down instance */
+    const char *kx = getenv("ORCHID_SP_K2048"); /* =0: the gate/up's generic kernel at K = 2,048 too (A/B) */
+    sp_kc_env = !(kx && !strcmp(kx, "0"));
     return 0;
 }
 
@@ -933,36 +825,32 @@ extern "C" int cuda_skinny_pipe_down_sets(int sets) {
 extern "C" int cuda_skinny_pipe_launches(void) { return sp_launches; }
 
 extern "C" int cuda_skinny_pipe_k2048_force(int mode) {
-    sp_kc_force = mode < 0 ? -1 : mode > 2 ? 1 : mode;
-    return sp_sm90; /* the instance is in the sm_90a body with the rest */
+    sp_kc_force = mode < 0 ? -1 : mode ? 1 : 0;
+    return sp_sm90; /* the kernel is in the sm_90a body with the rest */
 }
 
 extern "C" int cuda_skinny_pipe_k2048_launches(void) { return sp_kc_launches; }
 
-extern "C" int cuda_skinny_pipe_k512_force(int mode) {
-    sp_kd_force = mode < 0 ? -1 : mode ? 1 : 0;
-    return sp_sm90;
+/* Stages of a launch: as many as fit the opt-in (lay(S): the layout's bytes at S stages), at
+ * most cap or the environment's `name` (2..SP_MAX_STAGES) where set; 0 when fewer than 2 fit.
+ * Caps measured (H100, session 47, 64 sequences): the direct down 4 (all that fit) -> 3
+ * stages 59.0 -> 57.5 µs a layer, skinny_pipe_x_kernel 4 / 3 / 2 stages 103.7 / 103.2 / 102.7
+ * (the forward 12.92 / 12.80 / 12.75 ms: a smaller block leaves the SM to the shared
+ * expert's launches beside it) — 3 kept for the H200's higher rate (more bytes in flight). */
+template <class Lay>
+static int sp_fit_stages(const char *name, int cap, Lay lay) {
+    const int want = sp_stages_env(name), lim = want >= 2 ? want : cap;
+    int S = SP_MAX_STAGES;
+    while (S >= 2 && lay(S) > (size_t)sp_optin) S--;
+    if (lim < S) S = lim;
+    return S >= 2 ? S : 0;
 }
-
-extern "C" int cuda_skinny_pipe_k512_launches(void) { return sp_kd_launches; }
-
-/* Stages for a unit layout: as many as fit the opt-in (at most SP_MAX_STAGES, or the
- * ORCHID_SP_STAGES_SWIGLU / _DOWN override), 0 when fewer than 2 fit. */
 static int sp_stages(int RB, int K, int E, bool swiglu) {
-    const int want = sp_stages_env(swiglu ? "ORCHID_SP_STAGES_SWIGLU" : "ORCHID_SP_STAGES_DOWN");
-    int S = SP_MAX_STAGES;
-    while (S >= 2 && sp_lay(RB, K, S, E).total > (size_t)sp_optin) S--;
-    if (want >= 2 && want < S) S = want;
-    return S >= 2 ? S : 0;
+    return sp_fit_stages(swiglu ? "ORCHID_SP_STAGES_SWIGLU" : "ORCHID_SP_STAGES_DOWN", swiglu ? SP_MAX_STAGES : 3,
+                         [&](int S) { return sp_lay(RB, K, S, E).total; });
 }
-
-/* skinny_pipe_x_kernel's stages (ORCHID_SP_STAGES_SWIGLU caps them too); 0 when fewer than 2 fit */
 static int spx_stages(int E) {
-    const int want = sp_stages_env("ORCHID_SP_STAGES_SWIGLU");
-    int S = SP_MAX_STAGES;
-    while (S >= 2 && spx_lay(S, E).total > (size_t)sp_optin) S--;
-    if (want >= 2 && want < S) S = want;
-    return S >= 2 ? S : 0;
+    return sp_fit_stages("ORCHID_SP_STAGES_SWIGLU", 3, [&](int S) { return spx_lay(S, E).total; });
 }
 
 /* The codes' tensor maps of one stack of expert matrices (boxes of orows rows × `inner`
@@ -1057,31 +945,22 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
     }
     size_t smem = sp_lay(a.RB, K, a.stages, a.E).total;
     const dim3 grid(sp_sms);
-    /* the compile-time forms where switched on and the shape is the one they were built for
-     * (the x-staged kernel also needs two stages beside its x buffers) */
-    const int kmode = swiglu && K == SP_KC_K && a.RB == SP_KC_RB ? (sp_kc_force < 0 ? sp_kc_env : sp_kc_force) : 0;
-    const int xs = kmode == 2 ? spx_stages(a.E) : 0;
-    const bool kc = kmode == 1 || xs > 0;
-    const bool kd = !swiglu && sp_down_sets == 2 && (sp_kd_force < 0 ? sp_kd_env : sp_kd_force) && K == SP_KD_K &&
-                    a.KS == SP_KD_KS;
+    /* skinny_pipe_x_kernel where the shape is the one it was built for (and two stages fit
+     * beside its x buffers) */
+    const bool kx = swiglu && K == SP_KC_K && a.RB == SP_KC_RB && (sp_kc_force < 0 ? sp_kc_env : sp_kc_force);
+    const int xs = kx ? spx_stages(a.E) : 0;
     if (xs) {
         a.stages = xs;
         smem = spx_lay(xs, a.E).total;
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_x_kernel, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
-    } else if (kc)
-        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0, SP_KC_K>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
-    else if (swiglu)
+    } else if (swiglu)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
-    else if (kd)
-        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<2, SP_KD_K>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a),
-                   what);
     else if (sp_down_sets == 2)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<2>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a), what);
     else
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<1>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     sp_launches++;
-    sp_kc_launches += kc;
-    sp_kd_launches += kd;
+    sp_kc_launches += xs > 0;
     return 1;
 }
 

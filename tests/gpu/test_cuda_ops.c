@@ -1497,6 +1497,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                 const int dwas = cuda_skinny_pipe_down_sets(sets);
                 cuda_skinny_pipe_enable(3);
                 const int on = cuda_skinny_pipe_enable(3) == 3; /* both on where the device takes them (sm_90+) */
+                cuda_skinny_pipe_k2048_force(0); /* the generic gate/up kernel at every K (the x kernel below) */
                 const int n0 = cuda_skinny_pipe_launches();
                 OK(cuda_skinny_grouped_swiglu(&ctx, &gate.d, &up.d, dx, H, &r, dact2));
                 const int n1 = cuda_skinny_pipe_launches();
@@ -1504,6 +1505,7 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                 const int n2 = cuda_skinny_pipe_launches();
                 cuda_skinny_pipe_enable(was);
                 cuda_skinny_pipe_down_sets(dwas);
+                cuda_skinny_pipe_k2048_force(-1);
                 /* the shapes they take (K a multiple of 256) must have run there, not fallen back */
                 CHECK(!on || ((n1 - n0 == 1) == (H % 256 == 0) && (n2 - n1 == 1) == (I % 256 == 0 && H % 128 == 0)),
                       "skinny pipe E=%d H=%d I=%d: launches taken gate/up %d, down %d", E, H, I, n1 - n0, n2 - n1);
@@ -1514,13 +1516,13 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                       E, K, H, I, T, on ? "on" : "off (not sm_90)", sets, da ? "differs" : "same",
                       de ? "differs" : "same");
             }
-            /* the gate/up launch's compile-time K = 2,048 forms (opt-in: ORCHID_SP_K2048 = 1, the
-             * instance; = 2, skinny_pipe_x_kernel) forced on: the same act bits as the grouped
-             * kernel's, from a cleared buffer, and taken exactly where their shape is the launch's
+            /* the gate/up launch's K = 2,048 kernel (skinny_pipe_x_kernel; the loop above held
+             * the generic one at every shape) forced on: the same act bits as the grouped
+             * kernel's, from a cleared buffer, and taken exactly where its shape is the launch's
              * (K = 2,048 at RB 32: 4 k-slices) */
-            for (int mode = 1; mode <= 2; mode++) {
+            {
                 if (cuda_memset0(dact2, (size_t)T * K * I * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
-                const int kc = cuda_skinny_pipe_k2048_force(mode);
+                const int kc = cuda_skinny_pipe_k2048_force(1);
                 cuda_skinny_pipe_enable(1);
                 const int on = cuda_skinny_pipe_enable(1) == 1 && kc;
                 const int k0 = cuda_skinny_pipe_k2048_launches();
@@ -1529,33 +1531,12 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                 cuda_skinny_pipe_enable(was);
                 cuda_skinny_pipe_k2048_force(-1);
                 const int want = on && H == 2048 && cuda_skinny_kslices(H) == 4;
-                CHECK(k1 - k0 == want, "skinny pipe K=2048 form %d E=%d H=%d I=%d: launches taken %d, expected %d", mode, E, H,
-                      I, k1 - k0, want);
+                CHECK(k1 - k0 == want, "skinny pipe K=2048 kernel E=%d H=%d I=%d: launches taken %d, expected %d", E, H, I,
+                      k1 - k0, want);
                 D2H(a2, dact2, (size_t)T * K * I * 2);
                 const int da = memcmp(a1, a2, (size_t)T * K * I * 2) != 0;
-                CHECK(!da, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined K=2048 form %d %s): act differs", E, K, H, I, T,
-                      mode, want ? "on" : "not taken");
-            }
-            /* the direct down's compile-time K = 512 instance (opt-in: ORCHID_SP_K512) forced on,
-             * two consumer sets: the same y bits from a cleared buffer, taken exactly at K = 512 */
-            {
-                if (cuda_memset0(ded2, (size_t)T * K * H * 4, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
-                const int kd = cuda_skinny_pipe_k512_force(1), dwas = cuda_skinny_pipe_down_sets(2);
-                cuda_skinny_pipe_enable(2);
-                const int on = cuda_skinny_pipe_enable(2) == 2 && kd;
-                const int k0 = cuda_skinny_pipe_k512_launches();
-                OK(cuda_skinny_grouped_down(&ctx, &down.d, dact, &r, ded2));
-                const int k1 = cuda_skinny_pipe_k512_launches();
-                cuda_skinny_pipe_enable(was);
-                cuda_skinny_pipe_down_sets(dwas);
-                cuda_skinny_pipe_k512_force(-1);
-                const int want = on && I == 512 && H % 128 == 0 && cuda_skinny_kslices(I) == 2;
-                CHECK(k1 - k0 == want, "skinny pipe K=512 down instance E=%d H=%d I=%d: launches taken %d, expected %d", E, H,
-                      I, k1 - k0, want);
-                D2H(e2, ded2, (size_t)T * K * H * 4);
-                const int de = memcmp(e1, e2, (size_t)T * K * H * 4) != 0;
-                CHECK(!de, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined down K=512 instance %s): y differs", E, K, H, I,
-                      T, want ? "on" : "not taken");
+                CHECK(!da, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined K=2048 kernel %s): act differs", E, K, H, I, T,
+                      want ? "on" : "not taken");
             }
             free(a1); free(a2); free(e1); free(e2); cuda_free(dact2); cuda_free(ded2);
             OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
