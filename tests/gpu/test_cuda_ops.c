@@ -1519,8 +1519,13 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
             /* the gate/up launch's K = 2,048 kernel (skinny_pipe_x_kernel; the loop above held
              * the generic one at every shape) forced on: the same act bits as the grouped
              * kernel's, from a cleared buffer, and taken exactly where its shape is the launch's
-             * (K = 2,048 at RB 32: 4 k-slices) */
-            {
+             * (K = 2,048 at RB 32: 4 k-slices); at its default stages, then at 2 (the stage
+             * ring's parities wrap every other unit; ORCHID_SP_STAGES_SWIGLU is read at launch) */
+            const char *st_env = getenv("ORCHID_SP_STAGES_SWIGLU");
+            char st_was[32];
+            snprintf(st_was, sizeof st_was, "%s", st_env ? st_env : "");
+            for (int st2 = 0; st2 < 2; st2++) {
+                if (st2) setenv("ORCHID_SP_STAGES_SWIGLU", "2", 1);
                 if (cuda_memset0(dact2, (size_t)T * K * I * 2, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
                 const int kc = cuda_skinny_pipe_k2048_force(1);
                 cuda_skinny_pipe_enable(1);
@@ -1535,9 +1540,11 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
                       k1 - k0, want);
                 D2H(a2, dact2, (size_t)T * K * I * 2);
                 const int da = memcmp(a1, a2, (size_t)T * K * I * 2) != 0;
-                CHECK(!da, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined K=2048 kernel %s): act differs", E, K, H, I, T,
-                      want ? "on" : "not taken");
+                CHECK(!da, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined K=2048 kernel %s, %s stages): act differs", E, K,
+                      H, I, T, want ? "on" : "not taken", st2 ? "2" : "default");
             }
+            if (st_env) setenv("ORCHID_SP_STAGES_SWIGLU", st_was, 1);
+            else unsetenv("ORCHID_SP_STAGES_SWIGLU");
             free(a1); free(a2); free(e1); free(e2); cuda_free(dact2); cuda_free(ded2);
             OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
             OK(cuda_skinny_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
