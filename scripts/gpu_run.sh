@@ -82,15 +82,19 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-240} # seconds a GPU test binary may run (tests pha
 dev=.cache/dev
 root=/tmp/og
 res=$root/res
+rm -rf "$res" # a warm machine keeps /tmp/og: one call's results only (the packs stay unpacked)
 mkdir -p "$res"
 summary=$OUT/summary.txt
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
-unpack() { # $1: pack name → $root/$1
-    [ -d "$root/$1" ] && return 0
+unpack() { # $1: pack name → $root/$1 (again when the carried pack differs: a pack rebuilt under its name)
     [ -f "$dev/$1.txz" ] || { note "missing $dev/$1.txz"; return 1; }
-    mkdir -p "$root/$1" && xz -dc "$dev/$1.txz" | tar -C "$root/$1" -xf -
+    local sum
+    sum=$(cksum <"$dev/$1.txz")
+    [ -d "$root/$1" ] && [ "$(cat "$root/$1/.pack" 2>/dev/null)" = "$sum" ] && return 0
+    rm -rf "${root:?}/$1"
+    mkdir -p "$root/$1" && xz -dc "$dev/$1.txz" | tar -C "$root/$1" -xf - && echo "$sum" >"$root/$1/.pack"
 }
 for p in lib tok tiny; do unpack "$p" || exit 1; done
 export LD_LIBRARY_PATH=$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
