@@ -405,6 +405,10 @@ int cuda_skinny_pipe_down_sets(int sets); /* the direct down launch's consumer s
  * (K = 2,048, RB 32); returns whether this device and build can run it. _launches: those it took. */
 int cuda_skinny_pipe_k2048_force(int mode);
 int cuda_skinny_pipe_k2048_launches(void);
+/* The direct down launch's compile-time K = 512 instance (two consumer sets; opt-in by
+ * ORCHID_SP_K512=1, kept for the H200's A/B): the same modes and counter. */
+int cuda_skinny_pipe_k512_force(int mode);
+int cuda_skinny_pipe_k512_launches(void);
 int cuda_skinny_pipe_swiglu(const struct cuda_ctx *c, const struct cuda_qmat *gate, const struct cuda_qmat *up,
                             const uint16_t *xn, int ldx, const struct cuda_moe_route *r, int RB, uint16_t *act);
 int cuda_skinny_pipe_down(const struct cuda_ctx *c, const struct cuda_qmat *down, const uint16_t *act,

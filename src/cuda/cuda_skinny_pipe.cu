@@ -67,6 +67,10 @@
  * sk_rb: 32 rows, 2 m-tiles × 4 k-slices) */
 #define SP_KC_K 2048
 #define SP_KC_RB 32
+/* The direct down's compile-time instance at K = 512 (skinny_pipe_kernel<2, SP_KD_K>, opt-in
+ * ORCHID_SP_K512=1): cuda_skinny.cu's RB 64 split for K = 512 (2 k-slices of 4 groups) */
+#define SP_KD_K 512
+#define SP_KD_KS 2
 
 /* Kernel arguments; the tensor maps live in the parameter space (__grid_constant__) where
  * the TMA reads them. [h]: half h of a tile (gate, up; down: [0] only). */
@@ -335,8 +339,9 @@ __device__ __forceinline__ void spk_pair(const unsigned char *pa, const unsigned
  *     units i with i % sets == s): wait ready[st], every k-slice of cuda_skinny.cu's split for
  *     K (a.KS) summed apart and added in slice order onto 0 — the reducers' operations —
  *     arrive empty[st], store y; the reducer warps exit at once. */
-template <int DIRECT>
+template <int DIRECT, int KC = 0> /* KC: 0 = K and RB from the arguments; SP_KD_K the down's compile-time instance */
 static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1), 1) skinny_pipe_kernel(const __grid_constant__ sp_args a) {
+    static_assert(KC == 0 || (KC == SP_KD_K && DIRECT == 2), "the compile-time instance: the two-set direct down's K = 512");
     TRACE_KERNEL();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr bool SWIGLU = DIRECT == 0; /* the gate/up launch (reducers); the down launch is always direct */
@@ -346,7 +351,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     /* the swizzled boxes need 1,024-byte aligned destinations (sp_lay leaves the room) */
     unsigned char *sm = sm_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(sm_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, c = lane & 3;
-    const int RB = a.RB, S = a.stages, K = a.K, G = K / QGROUP, xstride = K + 8;
+    const int RB = KC == SP_KD_K ? 128 : a.RB, S = a.stages, K = KC ? KC : a.K, G = K / QGROUP, xstride = K + 8;
     const int E = a.E, orows = SWIGLU ? RB / 2 : RB, upt = a.rows / orows;
     const sp_layout L = sp_lay(RB, K, S, E);
     int *pfx = reinterpret_cast<int *>(sm + L.pfx), *cnt = pfx + E + 1, *off = cnt + E;
@@ -432,7 +437,64 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
     const int seg = orows * SP_SEG; /* words of one segment of a half */
     const size_t cw = (size_t)h * orows * (K / 8) + (size_t)rr * SP_SEG + (c & 1) * 2;
     clk.lap(0);
-    for (int i = DIRECT ? warp >> 3 : 0; i < n_mine; i += SETS) {
+    if constexpr (KC == SP_KD_K) {
+        /* The down instance at K = 512 (opt-in ORCHID_SP_K512=1: on the H100 59.3 -> 59.7 µs,
+         * session 47 — that launch runs near its DRAM rate there; kept for the H200, where
+         * its ~23 % fewer consumer instructions may count; DIRECT, two sets; G = 8, 128-row units): warp w takes
+         * m-tile dmt = w & 7 of the units i ≡ w / 8 (mod 2); lane (gq, c)'s rows dr0 =
+         * 16·dmt + sp_prow(gq) and dr0 + 8 (X = sp_prow(gq)); its 8 groups as the generic
+         * loop's two k-slices of sp_products (two pairs each, onto a part from 0), added to tot
+         * in slice order — with every offset the stage base + a per-lane constant + an
+         * immediate, a slice's 4 scales (biases) of a row one 8-byte load, no division for the stage */
+        constexpr int DG = SP_KD_K / QGROUP, DGP = DG / SP_KD_KS, DXS = SP_KD_K + 8, DSX = DG + 4, DRB = 128;
+        constexpr int DSEGB = DRB * SP_SEG * 4; /* bytes of one 128-byte-a-row segment (4 groups of 128 rows) */
+        static_assert(DG == 8 && DGP == 4, "the instance's split: 2 k-slices of 4 groups");
+        const int dmt = warp & 7, drr = sp_prow(gq), dr0 = dmt * 16 + drr;
+        int dco[4]; /* codes: the lane's two words of group chunk j of row dr0 (row dr0 + 8: 1 KB on) */
+#pragma unroll
+        for (int j = 0; j < 4; j++) dco[j] = (dr0 * SP_SEG + (c & 1) * 2) * 4 + ((((j << 1) | (c >> 1)) ^ drr) << 4);
+        const int dso = (int)L.scales + dr0 * DG * 2;
+        const int dxo = (int)L.x + (gq * DXS + 16 * c) * 2;
+        const int dsx = (int)L.xsum + 2 * c * DSX * 4;
+        int st = warp >> 3, ph = 0; /* unit i's stage i % S and parity (i / S) & 1; i steps by 2 (S >= 2) */
+        if (st >= S) st -= S, ph = 1;
+        for (int i = warp >> 3; i < n_mine; i += 2) {
+            const unsigned char *base = sm + (size_t)st * L.stage;
+            mbar_wait(&ready[st], (unsigned)ph);
+            clk.lap(1);
+            float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1 /* both slices unrolled spilled (80 registers) */
+            for (int k = 0; k < SP_KD_KS; k++) {
+                /* the slice's 4 scales (biases) of rows dr0, dr0 + 8: 8-byte loads */
+                const uint2 s0v = *reinterpret_cast<const uint2 *>(base + dso + k * 8);
+                const uint2 s1v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + 8 * DG * 2);
+                const uint2 b0v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + DRB * DG * 2);
+                const uint2 b1v = *reinterpret_cast<const uint2 *>(base + dso + k * 8 + DRB * DG * 2 + 8 * DG * 2);
+                const uint32_t s0a[2] = {s0v.x, s0v.y}, s1a[2] = {s1v.x, s1v.y}, b0a[2] = {b0v.x, b0v.y}, b1a[2] = {b1v.x, b1v.y};
+                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int gi = 0; gi < DGP; gi += 2) { /* groups grp = 4k + gi, grp + 1: sp_products' pair */
+                    const int grp = k * DGP + gi, sg = k * DSEGB; /* grp % 4 = gi, grp / 4 = k */
+                    const float *sxa = reinterpret_cast<const float *>(base + dsx + grp * 4);
+                    spk_pair(base + dco[gi] + sg, base + dco[gi + 1] + sg, s0a[gi >> 1], b0a[gi >> 1], s1a[gi >> 1], b1a[gi >> 1],
+                             reinterpret_cast<const uint16_t *>(base + dxo + grp * QGROUP * 2), sxa, sxa + DSX, part);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) tot[e] += part[e];
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[st]);
+            const sp_unit w = sp_locate(i + u0, pfx, cnt, off, E, orows, ec);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int jj = 2 * c + (e & 1);
+                if (jj < w.n) a.y[(size_t)(w.m0 + jj) * a.ldy + w.rbase + dr0 + (e >= 2 ? 8 : 0)] = tot[e];
+            }
+            st += 2;
+            if (st >= S) st -= S, ph ^= 1;
+        }
+    }
+    for (int i = DIRECT ? warp >> 3 : 0; !KC && i < n_mine; i += SETS) { /* KC: the loop above */
         const int st = i % S, rb = i & 1;
         const unsigned char *stage = sm + (size_t)st * L.stage;
         const uint32_t *codes = reinterpret_cast<const uint32_t *>(stage);
@@ -749,6 +811,7 @@ static int sp_launches = 0;                                  /* launches taken (
  * at init), the tests' override (-1: the environment, 0: never, 1: whenever the shape
  * matches), launches it took */
 static int sp_kc_env = 1, sp_kc_force = -1, sp_kc_launches = 0;
+static int sp_kd_env = 0, sp_kd_force = -1, sp_kd_launches = 0; /* the same for the down's K = 512 instance (opt-in) */
 static PFN_cuTensorMapEncodeTiled_v12000 sp_encode = NULL;    /* the driver's encoder (init) */
 static int sp_stages_env(const char *name) {
     const char *s = getenv(name);
@@ -777,6 +840,8 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(skinny_pipe_x_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(skinny_pipe_kernel<2, SP_KD_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, sp_optin);
     if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny_pipe: device attributes: %s", cudaGetErrorString(e));
     sp_sm90 = 0;
     /* the sm_90a body must be what runs (another architecture or a build without sm_90a gets
@@ -806,6 +871,7 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     sp_down_sets = sp_stages_env("ORCHID_SP_DOWN_SETS") == 1 ? 1 : 2;
     const char *kx = getenv("ORCHID_SP_K2048"); /* =0: the gate/up's generic kernel at K = 2,048 too (A/B) */
     sp_kc_env = !(kx && !strcmp(kx, "0"));
+    sp_kd_env = env_flag("ORCHID_SP_K512"); /* opt-in (A/B, for the H200): the down's K = 512 instance */
     return 0;
 }
 
@@ -830,6 +896,13 @@ extern "C" int cuda_skinny_pipe_k2048_force(int mode) {
 }
 
 extern "C" int cuda_skinny_pipe_k2048_launches(void) { return sp_kc_launches; }
+
+extern "C" int cuda_skinny_pipe_k512_force(int mode) {
+    sp_kd_force = mode < 0 ? -1 : mode ? 1 : 0;
+    return sp_sm90;
+}
+
+extern "C" int cuda_skinny_pipe_k512_launches(void) { return sp_kd_launches; }
 
 /* Stages of a launch: as many as fit the opt-in (lay(S): the layout's bytes at S stages), at
  * most cap or the environment's `name` (2..SP_MAX_STAGES) where set; 0 when fewer than 2 fit.
@@ -949,18 +1022,24 @@ static int sp_launch(const struct cuda_ctx *c, sp_args a, const cuda_qmat &w0, c
      * beside its x buffers) */
     const bool kx = swiglu && K == SP_KC_K && a.RB == SP_KC_RB && (sp_kc_force < 0 ? sp_kc_env : sp_kc_force);
     const int xs = kx ? spx_stages(a.E) : 0;
+    const bool kd = !swiglu && sp_down_sets == 2 && (sp_kd_force < 0 ? sp_kd_env : sp_kd_force) && K == SP_KD_K &&
+                    a.KS == SP_KD_KS;
     if (xs) {
         a.stages = xs;
         smem = spx_lay(xs, a.E).total;
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_x_kernel, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     } else if (swiglu)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<0>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
+    else if (kd)
+        LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<2, SP_KD_K>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a),
+                   what);
     else if (sp_down_sets == 2)
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<2>, grid, dim3(SP_THREADS_SETS(2)), smem, cstream(c), a), what);
     else
         LAUNCH_TRY(c, launch_k_pdl(sk_pdl(), skinny_pipe_kernel<1>, grid, dim3(SP_THREADS), smem, cstream(c), a), what);
     sp_launches++;
     sp_kc_launches += xs > 0;
+    sp_kd_launches += kd;
     return 1;
 }
 

@@ -1545,6 +1545,27 @@ static void test_moe(int E, int K, int H, int I, int T, int grouped) {
             }
             if (st_env) setenv("ORCHID_SP_STAGES_SWIGLU", st_was, 1);
             else unsetenv("ORCHID_SP_STAGES_SWIGLU");
+            /* the direct down's compile-time K = 512 instance (opt-in: ORCHID_SP_K512) forced on,
+             * two consumer sets: the same y bits from a cleared buffer, taken exactly at K = 512 */
+            {
+                if (cuda_memset0(ded2, (size_t)T * K * H * 4, errbuf, sizeof errbuf)) { CHECK(0, "memset: %s", errbuf); return; }
+                const int kd = cuda_skinny_pipe_k512_force(1), dwas = cuda_skinny_pipe_down_sets(2);
+                cuda_skinny_pipe_enable(2);
+                const int on = cuda_skinny_pipe_enable(2) == 2 && kd;
+                const int k0 = cuda_skinny_pipe_k512_launches();
+                OK(cuda_skinny_grouped_down(&ctx, &down.d, dact, &r, ded2));
+                const int k1 = cuda_skinny_pipe_k512_launches();
+                cuda_skinny_pipe_enable(was);
+                cuda_skinny_pipe_down_sets(dwas);
+                cuda_skinny_pipe_k512_force(-1);
+                const int want = on && I == 512 && H % 128 == 0 && cuda_skinny_kslices(I) == 2;
+                CHECK(k1 - k0 == want, "skinny pipe K=512 down instance E=%d H=%d I=%d: launches taken %d, expected %d", E, H,
+                      I, k1 - k0, want);
+                D2H(e2, ded2, (size_t)T * K * H * 4);
+                const int de = memcmp(e1, e2, (size_t)T * K * H * 4) != 0;
+                CHECK(!de, "skinny grouped E=%d K=%d H=%d I=%d T=%d (pipelined down K=512 instance %s): y differs", E, K, H, I,
+                      T, want ? "on" : "not taken");
+            }
             free(a1); free(a2); free(e1); free(e2); cuda_free(dact2); cuda_free(ded2);
             OK(cuda_skinny_swiglu(&ctx, &sg.d, &su.d, dx, T, H, dsact, I));
             OK(cuda_skinny_dense(&ctx, &sd.d, 0, dsact, T, I, dsd, H, 0));
