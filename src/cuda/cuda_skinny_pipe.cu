@@ -318,6 +318,16 @@ __device__ __forceinline__ void spk_pair(const unsigned char *pa, const unsigned
     sk_group_scale(wb, cb, sxa[1], sxb[1], acc);
 }
 
+/* A direct (down) consumer's four sums of unit w stored to y: rows r0 and r0 + 8 of the
+ * unit's row block, the pass's slots 2c and 2c + 1 (those it has). */
+__device__ __forceinline__ void sp_direct_store(const sp_args &a, const sp_unit &w, int c, int r0, const float (&tot)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int jj = 2 * c + (e & 1);
+        if (jj < w.n) a.y[(size_t)(w.m0 + jj) * a.ldy + w.rbase + r0 + (e >= 2 ? 8 : 0)] = tot[e];
+    }
+}
+
 /* Block = four warp roles, unit i in stage i % S, its partials in red buffer i % 2:
  *   producer (1 warp): wait empty[st] (the unit S before is consumed); lane 0 posts the
  *     unit's bytes on full[st] and issues its weight boxes, lane j < n slot j's x row;
@@ -484,12 +494,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[st]);
-            const sp_unit w = sp_locate(i + u0, pfx, cnt, off, E, orows, ec);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int jj = 2 * c + (e & 1);
-                if (jj < w.n) a.y[(size_t)(w.m0 + jj) * a.ldy + w.rbase + dr0 + (e >= 2 ? 8 : 0)] = tot[e];
-            }
+            sp_direct_store(a, sp_locate(i + u0, pfx, cnt, off, E, orows, ec), c, dr0, tot);
             st += 2;
             if (st >= S) st -= S, ph ^= 1;
         }
@@ -518,12 +523,7 @@ static __global__ void __launch_bounds__(SP_THREADS_SETS(DIRECT > 1 ? DIRECT : 1
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[st]);
-            const sp_unit w = sp_locate(u0 + i, pfx, cnt, off, E, orows, ec);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int jj = 2 * c + (e & 1);
-                if (jj < w.n) a.y[(size_t)(w.m0 + jj) * a.ldy + w.rbase + (e >= 2 ? lr1 : lr0)] = tot[e];
-            }
+            sp_direct_store(a, sp_locate(u0 + i, pfx, cnt, off, E, orows, ec), c, lr0, tot); /* lr1 = lr0 + 8 */
             continue;
         }
         sp_products(codes + cw, codes + cw + 8 * SP_SEG, rr & 7, c >> 1, seg, scs + lr0 * G, bis + lr0 * G, scs + lr1 * G,
