@@ -279,6 +279,12 @@ inline bool env_flag(const char *name) {
     const char *e = getenv(name);
     return e && *e && strcmp(e, "0");
 }
+/* The same rule for a switch that is on by default: unset or "" gives dflt, "0" off, anything
+ * else on (the kernels kept after their A/B: ORCHID_TL_K2048=0, ORCHID_SP_K2048=0). */
+inline bool env_flag_or(const char *name, bool dflt) {
+    const char *e = getenv(name);
+    return e && *e ? strcmp(e, "0") != 0 : dflt;
+}
 
 /* A cudaLaunchKernelEx configuration: programmatic stream serialisation when pdl &&
  * pdl_enabled(); with cx > 0, thread-block clusters of cx blocks along x (sm_90). It holds

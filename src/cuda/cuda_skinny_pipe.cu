@@ -132,22 +132,25 @@ __device__ __forceinline__ void sp_bulk(void *dst, const void *src, unsigned byt
                  : "memory");
 }
 
-/* Unit u of the block's work → expert, row block and pass. pfx[e]: units before expert e;
- * the largest e with pfx[e] <= u owns u. ec: the caller's cursor over the experts (-1 at
- * first: a binary search; then, its units coming in increasing order, a forward walk). */
+/* The expert that owns unit u: pfx[e] = units before expert e, u < pfx[E]; the largest e
+ * with pfx[e] <= u (a binary search: pfx[lo] <= u < pfx[hi]), which has units. */
+__device__ __forceinline__ int sp_owner(int u, const int *pfx, int E) {
+    int lo = 0, hi = E;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (pfx[mid] <= u) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Unit u of the block's work → expert, row block and pass. ec: the caller's cursor over the
+ * experts (-1 at first: sp_owner; then, its units coming in increasing order, a forward walk). */
 struct sp_unit {
     int e, rbase, m0, n;
 };
 __device__ __forceinline__ sp_unit sp_locate(int u, const int *pfx, const int *cnt, const int *off, int E, int orows, int &ec) {
-    if (ec < 0) {
-        int lo = 0, hi = E; /* pfx[lo] <= u < pfx[hi] */
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (pfx[mid] <= u) lo = mid;
-            else hi = mid;
-        }
-        ec = lo;
-    }
+    if (ec < 0) ec = sp_owner(u, pfx, E);
     while (pfx[ec + 1] <= u) ec++;
     const int passes = (cnt[ec] + SP_SLOTS - 1) / SP_SLOTS, v = u - pfx[ec], p = v % passes;
     sp_unit r;
@@ -579,18 +582,13 @@ __host__ __device__ __forceinline__ spx_layout spx_lay(int S, int E) {
 }
 
 /* A block's walk over its units: expert e (with units), pass p of its `passes`, row block rb
- * of upt; an expert's units are p·upt + rb. spx_first: unit u's (the route's units prefix
- * pfx, as sp_locate); spx_next: the unit after (the caller knows there is one). */
+ * of upt; an expert's units are p·upt + rb. spx_first: unit u's (its expert by sp_owner);
+ * spx_next: the unit after (the caller knows there is one). */
 struct spx_cursor {
     int e, p, rb, passes;
 };
 __device__ __forceinline__ spx_cursor spx_first(int u, const int *pfx, const int *cnt, int E, int upt) {
-    int lo = 0, hi = E; /* pfx[lo] <= u < pfx[hi]: lo ends on the expert with units that owns u */
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (pfx[mid] <= u) lo = mid;
-        else hi = mid;
-    }
+    const int lo = sp_owner(u, pfx, E);
     spx_cursor k;
     const int v = u - pfx[lo];
     k.e = lo;
@@ -869,8 +867,7 @@ extern "C" int cuda_skinny_pipe_init(char *err, size_t errlen) {
     sp_on_swiglu = sp_sm90 && (!set || all || sw);
     sp_on_down = sp_sm90 && (!set || all || dn);
     sp_down_sets = sp_stages_env("ORCHID_SP_DOWN_SETS") == 1 ? 1 : 2;
-    const char *kx = getenv("ORCHID_SP_K2048"); /* =0: the gate/up's generic kernel at K = 2,048 too (A/B) */
-    sp_kc_env = !(kx && !strcmp(kx, "0"));
+    sp_kc_env = env_flag_or("ORCHID_SP_K2048", true); /* =0: the gate/up's generic kernel at K = 2,048 too (A/B) */
     sp_kd_env = env_flag("ORCHID_SP_K512"); /* opt-in (A/B, for the H200): the down's K = 512 instance */
     return 0;
 }

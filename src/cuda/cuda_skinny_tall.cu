@@ -525,8 +525,7 @@ extern "C" int cuda_skinny_tall_init(char *err, size_t errlen) {
         if (e != cudaSuccess) return errorf(err, errlen, ST_DEVICE, "skinny tall (wgmma): setup: %s", cudaGetErrorString(e));
     }
     tw_on = tw_grid > 0 && !env_flag("ORCHID_TL_NOWG");
-    const char *tk = getenv("ORCHID_TL_K2048");
-    tk_on = tw_grid_k > 0 && !(tk && !strcmp(tk, "0")); /* on by default since session 47's measurement */
+    tk_on = tw_grid_k > 0 && env_flag_or("ORCHID_TL_K2048", true); /* on by default since session 47's measurement */
     return 0;
 }
 
